@@ -1,0 +1,65 @@
+# Finds torchrr's dependencies. A missing one fails with how to fix it.
+function(torchrr_require found what)
+  if(NOT ${found})
+    message(FATAL_ERROR "torchrr: ${what} not found: run `make setup` (or install the Debian "
+                        "packages listed in tools/setup.sh)")
+  endif()
+endfunction()
+
+find_package(Threads REQUIRED)
+find_package(PkgConfig)
+
+find_package(flatbuffers CONFIG QUIET)
+find_program(FLATC flatc)
+torchrr_require(flatbuffers_FOUND "FlatBuffers (libflatbuffers-dev)")
+torchrr_require(FLATC "flatc (flatbuffers-compiler)")
+
+find_path(ZSTD_INCLUDE_DIR zstd.h)
+find_library(ZSTD_LIBRARY zstd)
+torchrr_require(ZSTD_LIBRARY "zstd (libzstd-dev)")
+add_library(torchrr_zstd INTERFACE)
+target_include_directories(torchrr_zstd INTERFACE ${ZSTD_INCLUDE_DIR})
+target_link_libraries(torchrr_zstd INTERFACE ${ZSTD_LIBRARY})
+
+find_path(XXHASH_INCLUDE_DIR xxhash.h)
+find_library(XXHASH_LIBRARY xxhash)
+torchrr_require(XXHASH_LIBRARY "xxHash (libxxhash-dev)")
+add_library(torchrr_xxhash INTERFACE)
+target_include_directories(torchrr_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
+target_link_libraries(torchrr_xxhash INTERFACE ${XXHASH_LIBRARY})
+
+find_package(fmt CONFIG QUIET)
+torchrr_require(fmt_FOUND "fmt (libfmt-dev)")
+find_package(nlohmann_json CONFIG QUIET)
+torchrr_require(nlohmann_json_FOUND "nlohmann-json (nlohmann-json3-dev)")
+find_package(CLI11 CONFIG QUIET)
+torchrr_require(CLI11_FOUND "CLI11 (libcli11-dev)")
+if(TORCHRR_BUILD_TESTS)
+  find_package(GTest QUIET)
+  torchrr_require(GTest_FOUND "GoogleTest (libgtest-dev)")
+endif()
+
+# Torch: the one in TORCHRR_PYTHON's environment (the project's .venv by default), through its own
+# CMake config, so the same recipe builds against a user's torch.
+set(TORCHRR_TORCH_FOUND OFF)
+if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
+  execute_process(
+    COMMAND ${TORCHRR_PYTHON} -c "import torch, sys; sys.stdout.write(torch.utils.cmake_prefix_path)"
+    OUTPUT_VARIABLE TORCHRR_TORCH_PREFIX RESULT_VARIABLE torch_rc ERROR_QUIET)
+  if(torch_rc EQUAL 0)
+    list(APPEND CMAKE_PREFIX_PATH ${TORCHRR_TORCH_PREFIX})
+    # Torch's config looks for CUDA when its libraries were built with it; the CPU build of
+    # torchrr does not need that, and CUPTI is found separately.
+    find_package(Torch CONFIG QUIET)
+    if(Torch_FOUND)
+      set(TORCHRR_TORCH_FOUND ON)
+      execute_process(
+        COMMAND ${TORCHRR_PYTHON} -c "import torch, sys; sys.stdout.write(torch.__version__)"
+        OUTPUT_VARIABLE TORCHRR_TORCH_VERSION)
+      message(STATUS "torchrr: building against torch ${TORCHRR_TORCH_VERSION} (${TORCHRR_TORCH_PREFIX})")
+    endif()
+  endif()
+endif()
+if(NOT TORCHRR_TORCH_FOUND)
+  message(STATUS "torchrr: torch not found; building format/ and the replayer only")
+endif()

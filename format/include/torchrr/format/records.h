@@ -1,0 +1,297 @@
+// The records of a torchrr trace, as plain C++ values.
+//
+// The recorder fills these and hands them to TraceWriter; the reader gives them back. How they are
+// laid out on disk (FlatBuffers tables in checksummed zstd chunks) is the codec's business, not the
+// caller's: see format/SPEC.md. Every field here has a meaning the replayer relies on, and every
+// later version keeps it (fields are appended, never removed).
+//
+// Identities. Tensors, storages, version counters, autograd nodes and ops each get an ObjectId from
+// one counter per trace, in the order the recorder first sees them. An id is never reused for a
+// different object within a trace, even when the memory behind the object is (0 means "none").
+// Strings, frames and stacks are interned: defined once by a StringDef / FrameDef / StackDef record
+// that precedes every record referring to them, and referenced by a small InternId (0 means "none").
+#ifndef TORCHRR_FORMAT_RECORDS_H_
+#define TORCHRR_FORMAT_RECORDS_H_
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace torchrr::format {
+
+using ObjectId = uint64_t;
+using InternId = uint32_t;
+
+// Who wrote the trace. Carried by the first chunk of every file.
+struct FileInfo {
+  std::string torchrr_version;
+  std::string torch_version;
+  std::string cuda_version;  // Empty when the writer had no CUDA.
+  std::string host;
+  int64_t pid = 0;
+  int32_t rank = -1;             // Distributed rank; -1 when not distributed.
+  int32_t world_size = 0;        // 0 when not distributed.
+  int64_t start_time_unix_ns = 0;
+  std::vector<std::string> command_line;
+};
+
+// An interned string: op names, overloads, file, function and library names, messages.
+struct StringDef {
+  InternId id = 0;
+  std::string text;
+};
+
+enum class FrameKind : uint8_t { kNative = 0, kPython = 1 };
+
+// One stack frame, symbolized. For native frames `pc` is the return address in the recording
+// process (meaningless elsewhere, kept to tell frames apart); function/file/line come from the
+// symbolizer and may be 0 when unknown.
+struct FrameDef {
+  InternId id = 0;
+  FrameKind kind = FrameKind::kNative;
+  uint64_t pc = 0;
+  InternId function = 0;  // StringDef id.
+  InternId file = 0;      // StringDef id: the path as the recorded program saw it.
+  uint32_t line = 0;
+  InternId library = 0;   // StringDef id: shared object (native) or module (Python).
+  bool framework = false; // torch, the C++ runtime, the standard library, or torchrr itself.
+};
+
+// A whole stack, innermost frame first.
+struct StackDef {
+  InternId id = 0;
+  std::vector<InternId> frames;  // FrameDef ids.
+};
+
+// c10::ScalarType values, stored as their integer (stable across torch versions for the ones in use).
+using DType = int8_t;
+
+struct Device {
+  int8_t type = 0;    // c10::DeviceType: 0 CPU, 1 CUDA, ...
+  int8_t index = -1;  // -1 when the device has no index.
+  bool operator==(const Device&) const = default;
+};
+
+// A snapshot of a tensor's metadata. Written when the recorder first sees a tensor and again
+// whenever any field changes (an in-place op gives it a new grad_fn, resize_ changes its shape,
+// requires_grad_() flips), so the last TensorInfo before a record is the tensor's state then.
+struct TensorInfo {
+  ObjectId tensor = 0;
+  ObjectId storage = 0;           // Same storage => same id (views, .data, detach()).
+  ObjectId version_counter = 0;   // Same counter => same id (views, detach(); not .data). 0: none
+                                  // (inference tensors and tensors without autograd metadata).
+  DType dtype = 0;
+  Device device;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  bool requires_grad = false;
+  bool is_leaf = true;
+  ObjectId grad_fn = 0;           // NodeRecord id, 0 for leaves and tensors without history.
+  uint32_t output_nr = 0;         // Which output of grad_fn this tensor is.
+  uint64_t storage_nbytes = 0;
+};
+
+// One tensor argument or output of an op, with its version counter's value at the op's start and
+// at its end: an op with version_after != version_before wrote the tensor (or something sharing its
+// counter) in place.
+struct TensorUse {
+  ObjectId tensor = 0;
+  uint32_t version_before = 0;
+  uint32_t version_after = 0;
+  uint16_t position = 0;     // Argument index in the op's schema (outputs: return index).
+  uint16_t list_index = kNotInList;  // Index within a Tensor[] argument.
+  static constexpr uint16_t kNotInList = 0xffff;
+};
+
+enum class ValueKind : uint8_t {
+  kNone = 0, kBool = 1, kInt = 2, kDouble = 3, kString = 4, kIntList = 5, kDoubleList = 6,
+  kDType = 7, kDevice = 8, kLayout = 9, kMemoryFormat = 10, kOther = 11, kBoolList = 12,
+  kComplex = 13,
+};
+
+// A non-tensor argument: numbers, bools, lists, strings, None, dtypes, devices.
+struct Value {
+  uint16_t position = 0;
+  ValueKind kind = ValueKind::kNone;
+  int64_t i = 0;           // kBool, kInt, kDType, kLayout, kMemoryFormat; kDevice: type*256+index.
+  double d = 0;            // kDouble; real part of kComplex.
+  double d_imag = 0;       // Imaginary part of kComplex.
+  InternId s = 0;          // kString; kOther: the IValue's type name.
+  std::vector<int64_t> ints;     // kIntList, kBoolList.
+  std::vector<double> doubles;   // kDoubleList.
+};
+
+enum class OpScope : uint8_t {
+  kFunction = 0,          // An ATen op.
+  kBackwardFunction = 1,  // An autograd node running in backward (name is the node's name).
+  kUserScope = 2,         // A user's record_function() range.
+  kOther = 3,
+};
+
+// One op: an ATen op, an autograd node's execution, or a user scope. Written at the op's end.
+struct OpRecord {
+  ObjectId op = 0;
+  InternId name = 0;            // "aten::add_"
+  InternId overload = 0;        // "Tensor"; 0 for the default overload.
+  ObjectId parent = 0;          // The op this one ran inside (same thread), 0 at top level.
+  uint32_t thread = 0;          // RecordFunction's logical thread id.
+  OpScope scope = OpScope::kFunction;
+  int64_t sequence_nr = -1;     // Autograd sequence number (forward ops that create nodes and
+                                // backward functions), -1 when none.
+  uint64_t forward_thread = 0;  // For backward functions: the forward op's thread id.
+  int64_t start_ns = 0;         // Steady clock.
+  int64_t end_ns = 0;
+  InternId stack = 0;           // StackDef id, 0 when stacks are off.
+  bool threw = false;           // Ended by an exception.
+  bool grad_mode = true;        // GradMode at the op's start.
+  std::vector<TensorUse> inputs;
+  std::vector<TensorUse> outputs;
+  std::vector<Value> values;    // Non-tensor arguments.
+};
+
+struct Edge {
+  ObjectId node = 0;     // 0: an undefined edge (the input needs no gradient).
+  uint32_t input_nr = 0;
+};
+
+// A tensor an autograd node saved for backward (a SavedVariable), as it was at save time.
+struct SavedTensor {
+  InternId name = 0;             // The member as autograd declares it: "self", "result", "other".
+  uint32_t list_index = TensorUse::kNotInList;  // For std::vector<SavedVariable> members.
+  ObjectId tensor = 0;           // The tensor as the recorded program saw it (the op's argument or
+                                 // output), when known.
+  ObjectId storage = 0;
+  ObjectId version_counter = 0;
+  uint32_t saved_version = 0;    // The version autograd will compare against at unpack.
+  bool is_output = false;        // Saved an output of the node's own op.
+  bool defined = true;           // False for an undefined (None) saved tensor.
+  bool has_hooks = false;        // Saved-tensor hooks: PyTorch skips the version check.
+  bool is_leaf = false;
+  uint32_t output_nr = 0;
+};
+
+enum class SavedSetKind : uint8_t {
+  kExact = 0,      // Read from the node's own SavedVariables (generated nodes, known C++ nodes).
+  kNone = 1,       // The node type saves nothing.
+  kCustom = 2,     // A custom autograd Function: saved what ctx.save_for_backward was given.
+  kUnknown = 3,    // A node type the recorder cannot look inside; saved list may be incomplete.
+};
+
+// An autograd node, written when the recorder first sees it (at the end of the op that created
+// it, or when reached through another node's edges).
+struct NodeRecord {
+  ObjectId node = 0;
+  InternId name = 0;             // "SigmoidBackward0"
+  uint64_t forward_thread = 0;   // With sequence_nr, the key the backward pass carries.
+  int64_t sequence_nr = -1;
+  ObjectId created_by = 0;       // OpRecord id of the op whose end first saw it; 0 if unknown.
+  ObjectId variable = 0;         // AccumulateGrad: the leaf tensor it accumulates into.
+  SavedSetKind saved_kind = SavedSetKind::kExact;
+  std::vector<Edge> edges;
+  std::vector<SavedTensor> saved;
+};
+
+// A node's execution in a backward pass. The op record of the same execution carries the timing
+// and the thread; this ties it to the node.
+struct NodeExecRecord {
+  ObjectId node = 0;
+  ObjectId op = 0;               // The OpRecord (scope kBackwardFunction) of this execution.
+  uint32_t thread = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  bool threw = false;
+};
+
+enum class ErrorKind : uint8_t {
+  kCppException = 0,     // A C++ exception thrown inside a recorded op.
+  kPythonException = 1,  // The script's uncaught Python exception.
+  kUncaught = 2,         // std::terminate with an exception.
+  kRecorder = 3,         // The recorder's own trouble (it stopped recording).
+};
+
+struct ErrorRecord {
+  ErrorKind kind = ErrorKind::kCppException;
+  ObjectId op = 0;               // Innermost recorded op the error came out of, 0 if none.
+  uint32_t thread = 0;
+  int64_t time_ns = 0;
+  InternId type = 0;             // "c10::Error", "RuntimeError".
+  std::string message;
+  InternId stack = 0;
+};
+
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+struct CudaKernelRecord {
+  InternId name = 0;
+  ObjectId op = 0;               // The op that launched it (external correlation), 0 if outside.
+  int8_t device = 0;
+  uint32_t stream = 0;
+  uint32_t correlation = 0;
+  int64_t start_ns = 0;          // GPU clock, converted to the trace's clock when possible.
+  int64_t end_ns = 0;
+  Dim3 grid;
+  Dim3 block;
+  uint32_t shared_memory = 0;
+  uint32_t registers = 0;
+};
+
+enum class CudaCopyKind : uint8_t {
+  kUnknown = 0, kHostToDevice = 1, kDeviceToHost = 2, kDeviceToDevice = 3, kMemset = 4,
+  kPeer = 5, kOther = 6,
+};
+
+struct CudaMemcpyRecord {
+  CudaCopyKind kind = CudaCopyKind::kUnknown;
+  ObjectId op = 0;
+  int8_t device = 0;
+  uint32_t stream = 0;
+  uint32_t correlation = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  uint64_t bytes = 0;
+  uint32_t memset_value = 0;
+};
+
+// What the recorder could not keep: the records are gone, this says how many and why.
+struct DataLossRecord {
+  uint64_t records = 0;
+  uint64_t bytes = 0;
+  int64_t first_ns = 0;
+  int64_t last_ns = 0;
+  std::string reason;
+};
+
+enum class FingerprintWhen : uint8_t { kAtSave = 0, kAtUse = 1 };
+
+// A 64-bit hash of a storage's bytes (kernels/), for writes that bypass version counters.
+struct FingerprintRecord {
+  ObjectId node = 0;
+  InternId saved_name = 0;
+  uint32_t list_index = TensorUse::kNotInList;
+  ObjectId storage = 0;
+  ObjectId tensor = 0;
+  FingerprintWhen when = FingerprintWhen::kAtSave;
+  uint64_t byte_offset = 0;
+  uint64_t byte_length = 0;
+  uint64_t hash = 0;
+  int64_t time_ns = 0;
+};
+
+using Record = std::variant<StringDef, FrameDef, StackDef, TensorInfo, OpRecord, NodeRecord,
+                            NodeExecRecord, ErrorRecord, CudaKernelRecord, CudaMemcpyRecord,
+                            DataLossRecord, FingerprintRecord>;
+
+// The record kind's name, as `torchrr info` and `dump --json` print it ("op", "tensor", ...).
+const char* RecordKindName(const Record& record);
+// Number of record kinds (the size of Record's alternatives).
+inline constexpr size_t kRecordKindCount = std::variant_size_v<Record>;
+// Name of the record kind with the given variant index; "unknown" past the end.
+const char* RecordKindNameAt(size_t index);
+
+}  // namespace torchrr::format
+
+#endif  // TORCHRR_FORMAT_RECORDS_H_

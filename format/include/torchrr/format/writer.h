@@ -1,0 +1,79 @@
+// TraceWriter: streams records into a torchrr trace file.
+//
+// The caller appends records; the writer encodes them into the current chunk (a FlatBuffers
+// RecordBatch) and, when the chunk reaches its target size or on Flush(), compresses it into one
+// zstd frame and writes it with write(2): a process killed with SIGKILL after a Flush() keeps every
+// chunk flushed before the kill. Close() writes the chunk index and the trailer that points at it.
+//
+// Not thread-safe: one thread (the recorder's writer thread) owns a TraceWriter.
+#ifndef TORCHRR_FORMAT_WRITER_H_
+#define TORCHRR_FORMAT_WRITER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "torchrr/format/records.h"
+#include "torchrr/format/status.h"
+
+namespace torchrr::format {
+
+struct WriterOptions {
+  // 4 MiB of raw FlatBuffers per chunk: large enough that zstd sees a repeating training step many
+  // times within one frame, small enough that a crash loses little.
+  size_t chunk_raw_bytes = 4u << 20;
+  int zstd_level = 3;
+};
+
+// Where the bytes go. FileSink writes to a file descriptor; tests and benchmarks use memory.
+class ByteSink {
+ public:
+  virtual ~ByteSink() = default;
+  // Writes all of data or fails (disk full, closed descriptor).
+  virtual Status Write(const void* data, size_t size) = 0;
+  virtual Status Close() { return Status::Ok(); }
+};
+
+class TraceWriter {
+ public:
+  // Creates (truncates) `path` and writes the file header and the FileInfo chunk.
+  // Errors: kIoError with the path and strerror.
+  static StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path, const FileInfo& info,
+                                                     const WriterOptions& options = {});
+  // Same, into any sink (the writer owns it).
+  static StatusOr<std::unique_ptr<TraceWriter>> Create(std::unique_ptr<ByteSink> sink,
+                                                       const FileInfo& info,
+                                                       const WriterOptions& options = {});
+  // Appends into `out` (the string must outlive the writer).
+  static std::unique_ptr<TraceWriter> ToString(std::string* out, const FileInfo& info,
+                                               const WriterOptions& options = {});
+
+  ~TraceWriter();  // Closes if the caller did not; errors are dropped.
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // Encodes one record into the current chunk; writes the chunk when it is full.
+  // After an error every later call returns the same error.
+  Status Append(const Record& record);
+  // Ends the current chunk (if it has records) and writes it.
+  Status Flush();
+  // Flushes, writes the index and the trailer, closes the sink. Idempotent.
+  Status Close();
+
+  uint64_t records_written() const;  // Records in chunks written so far.
+  uint64_t bytes_written() const;    // File bytes so far.
+  uint64_t raw_bytes_written() const;  // Uncompressed chunk payload bytes so far.
+  uint64_t chunks_written() const;
+  // Raw bytes of the chunk being built (not yet written).
+  size_t pending_raw_bytes() const;
+
+ private:
+  class Impl;
+  explicit TraceWriter(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace torchrr::format
+
+#endif  // TORCHRR_FORMAT_WRITER_H_

@@ -1,0 +1,72 @@
+// torchrr's recorder: the whole public C++ API.
+//
+// A Recorder records every tensor op of the process (forward, backward, optimizer, on every thread)
+// into a torchrr trace, from its construction to its destruction (or Stop()). It attaches through
+// libtorch's RecordFunction callbacks and never breaks or changes the run it records: every failure
+// inside it (an unwritable path, a full disk, an internal error) prints one warning on stderr and
+// stops the recording, and the training goes on with identical results.
+//
+// At most one Recorder records at a time in a process; constructing a second one while the first
+// records prints a warning and the second records nothing.
+//
+//   torchrr::RecorderOptions options;
+//   options.path = "step.trr";
+//   torchrr::Recorder recorder(options);   // Records from here...
+//   loss.backward();
+//   // ...to the end of the scope.
+#ifndef TORCHRR_RECORDER_H_
+#define TORCHRR_RECORDER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace torchrr {
+
+enum class WhenFull {
+  kWait,  // The training thread waits for the writer thread (no data lost). The default.
+  kDrop,  // Records are dropped and a data-loss record says how many.
+};
+
+struct RecorderOptions {
+  std::string path = "torchrr.trr";
+  bool native_stacks = true;     // A C++ stack per op (Boost.Stacktrace), symbolized at close.
+  bool python_stacks = true;     // Python frames per op, when the process runs Python.
+  size_t max_buffered_bytes = 256u << 20;  // Records waiting for the writer thread, at most.
+  WhenFull when_full = WhenFull::kWait;
+  bool verify_saved = false;     // Fingerprint saved tensors at save and at use (silent writes).
+  int rank = -1;                 // Distributed rank written to the file header; -1 reads RANK.
+  int zstd_level = 3;
+};
+
+class Recorder {
+ public:
+  explicit Recorder(RecorderOptions options = {});
+  ~Recorder();  // Stop().
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // Stops recording, symbolizes stacks, writes everything buffered and closes the trace.
+  // Idempotent; safe to call from any thread.
+  void Stop();
+
+  // True while this recorder records (false after Stop() or after it degraded).
+  bool recording() const;
+
+  // Records an error message into the trace (for example the what() of an exception the caller
+  // caught from backward()), so the replay can quote it. Thread-safe; a no-op when not recording.
+  void RecordError(const std::string& type, const std::string& message);
+
+  // Counts so far. Thread-safe.
+  uint64_t ops_recorded() const;
+  uint64_t records_dropped() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace torchrr
+
+#endif  // TORCHRR_RECORDER_H_
