@@ -9,9 +9,9 @@ endfunction()
 find_package(Threads REQUIRED)
 find_package(PkgConfig)
 
-find_package(flatbuffers CONFIG QUIET)
+find_package(FlatBuffers CONFIG QUIET)
 find_program(FLATC flatc)
-torchrr_require(flatbuffers_FOUND "FlatBuffers (libflatbuffers-dev)")
+torchrr_require(FlatBuffers_FOUND "FlatBuffers (libflatbuffers-dev)")
 torchrr_require(FLATC "flatc (flatbuffers-compiler)")
 
 find_path(ZSTD_INCLUDE_DIR zstd.h)
@@ -50,6 +50,11 @@ if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
     list(APPEND CMAKE_PREFIX_PATH ${TORCHRR_TORCH_PREFIX})
     # Torch's config looks for CUDA when its libraries were built with it; the CPU build of
     # torchrr does not need that, and CUPTI is found separately.
+    # A CUDA build of torch probes the installed GPUs with a test program unless told the
+    # architectures; there is no GPU at build time here, and the recorder compiles no CUDA.
+    if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+      set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+    endif()
     find_package(Torch CONFIG QUIET)
     if(Torch_FOUND)
       set(TORCHRR_TORCH_FOUND ON)

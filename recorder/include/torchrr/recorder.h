@@ -37,7 +37,7 @@ struct RecorderOptions {
   WhenFull when_full = WhenFull::kWait;
   bool verify_saved = false;     // Fingerprint saved tensors at save and at use (silent writes).
   int rank = -1;                 // Distributed rank written to the file header; -1 reads RANK.
-  int zstd_level = 3;
+  int zstd_level = 1;           // Level 1: on trace data it compresses better than 3, and faster.
 };
 
 class Recorder {

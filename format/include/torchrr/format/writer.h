@@ -23,7 +23,7 @@ struct WriterOptions {
   // 4 MiB of raw FlatBuffers per chunk: large enough that zstd sees a repeating training step many
   // times within one frame, small enough that a crash loses little.
   size_t chunk_raw_bytes = 4u << 20;
-  int zstd_level = 3;
+  int zstd_level = 1;
 };
 
 // Where the bytes go. FileSink writes to a file descriptor; tests and benchmarks use memory.

@@ -1,0 +1,37 @@
+// Records and file metadata as JSON, for `torchrr dump --json` and the replayer's reports.
+//
+// Every record becomes one object with "kind" (RecordKindName) first, then every field of its
+// struct under the field's name in records.h, in declaration order (ordered_json); enums are
+// written as their names ("function", "python"; an enum field that would clash with "kind" is
+// "<what>_kind"), ObjectIds and InternIds as numbers, NaN and infinities as "nan"/"inf"/"-inf".
+// Thread-safe (pure functions).
+#ifndef TORCHRR_FORMAT_JSON_H_
+#define TORCHRR_FORMAT_JSON_H_
+
+#include <nlohmann/json.hpp>
+
+#include "torchrr/format/reader.h"
+#include "torchrr/format/records.h"
+
+namespace torchrr::format {
+
+nlohmann::ordered_json RecordToJson(const Record& record);
+nlohmann::ordered_json FileInfoToJson(const FileInfo& info);
+nlohmann::ordered_json FileHeaderToJson(const FileHeader& header);
+// The header, the FileInfo and what the read found: status, warnings, clean close, chunk count,
+// records per kind, sizes. `"kind": "trace"`.
+nlohmann::ordered_json SummaryToJson(const ReadSummary& summary);
+
+// Enum names, as the JSON and `torchrr dump` write them.
+const char* FrameKindName(FrameKind kind);
+const char* ValueKindName(ValueKind kind);
+const char* OpScopeName(OpScope scope);
+const char* SavedSetKindName(SavedSetKind kind);
+const char* ErrorKindName(ErrorKind kind);
+const char* CudaCopyKindName(CudaCopyKind kind);
+const char* FingerprintWhenName(FingerprintWhen when);
+const char* StatusCodeName(StatusCode code);
+
+}  // namespace torchrr::format
+
+#endif  // TORCHRR_FORMAT_JSON_H_

@@ -1,0 +1,486 @@
+#include "torchrr/format/reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "container.h"
+#include "record_codec.h"
+
+namespace torchrr::format {
+namespace {
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%" PRIx64, v);
+  return buf;
+}
+
+}  // namespace
+
+uint64_t ReadSummary::records() const {
+  return std::accumulate(records_per_kind.begin(), records_per_kind.end(), uint64_t{0});
+}
+
+// The parser walks a buffer of not-yet-consumed bytes. In order: the 16-byte file header, then
+// chunks. After a chunk that fails (bad magic, bad length, checksum, zstd, verifier) it reports
+// the chunk once and resyncs: it moves one byte on and scans for the next chunk magic whose chunk
+// verifies, silently skipping candidates that do not.
+class TraceParser::Impl {
+ public:
+  explicit Impl(RecordCallback on_record) : on_record_(std::move(on_record)) {}
+  ~Impl() {
+    if (dctx_ != nullptr) ZSTD_freeDCtx(dctx_);
+  }
+
+  bool Feed(const void* data, size_t size) {
+    if (stopped_ || finished_) return false;
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    buf_.insert(buf_.end(), bytes, bytes + size);
+    fed_ += size;
+    Process();
+    Compact();
+    return !stopped_;
+  }
+
+  ReadSummary Finish() {
+    if (finished_) return summary_;
+    finished_ = true;
+    eof_ = true;
+    if (!stopped_) Process();
+    summary_.file_size = fed_;
+    if (!stopped_) Settle();
+    return summary_;
+  }
+
+ private:
+  enum class Outcome { kNeedMore, kDone, kBad };
+
+  // The whole chunk at pos_ (its framing verified) or why not.
+  struct Attempt {
+    Outcome outcome = Outcome::kBad;
+    std::string reason;
+    size_t size = 0;        // kDone, or kBad with a verified checksum: the chunk's whole size.
+  };
+
+  void Problem(StatusCode code, std::string message) {
+    if (static_cast<int>(code) > static_cast<int>(summary_.status.code())) {
+      summary_.status = Status(code, message);
+    }
+    summary_.warnings.push_back(std::move(message));
+  }
+
+  void Stop(StatusCode code, std::string message) {
+    Problem(code, std::move(message));
+    stopped_ = true;
+  }
+
+  uint64_t Offset() const { return buf_offset_ + pos_; }
+  size_t Available() const { return buf_.size() - pos_; }
+  const uint8_t* At() const { return buf_.data() + pos_; }
+
+  void Compact() {
+    if (pos_ > 0 && (pos_ >= buf_.size() / 2 || pos_ >= (1u << 20))) {
+      buf_.erase(buf_.begin(), buf_.begin() + static_cast<ptrdiff_t>(pos_));
+      buf_offset_ += pos_;
+      pos_ = 0;
+    }
+  }
+
+  void Process() {
+    if (!header_done_ && !ParseHeader()) return;
+    while (!stopped_) {
+      if (resyncing_ && !SeekCandidate()) return;
+      size_t available = Available();
+      if (available < 4) {
+        if (!eof_ || available == 0) return;
+        if (!resyncing_ && (std::memcmp(At(), kChunkMagic, available) == 0 ||
+                            std::memcmp(At(), kTrailerMagic, available) == 0)) {
+          cut_ = Cut{chunk_number_ + 1, Offset()};  // Cut inside a chunk's magic.
+          pos_ = buf_.size();
+          return;
+        }
+        Bad("bad chunk magic");  // A few stray bytes at the end.
+        continue;
+      }
+      if (std::memcmp(At(), kChunkMagic, 4) == 0) {
+        Attempt attempt = TryChunk();
+        if (attempt.outcome == Outcome::kNeedMore) {
+          if (!eof_) return;
+          if (!resyncing_) {
+            // Cut inside this chunk, or its length is corrupt: it is a cut unless a chunk that
+            // verifies follows.
+            cut_ = Cut{chunk_number_ + 1, Offset()};
+            resyncing_ = true;
+          }
+          ++pos_;
+          continue;
+        }
+        if (attempt.outcome == Outcome::kDone) {
+          pos_ += attempt.size;
+          resyncing_ = false;
+          continue;
+        }
+        if (attempt.size > 0) {
+          // Checksummed, so the framing is right even though the content is not: skip it whole.
+          ReportCut();
+          ++chunk_number_;
+          Problem(StatusCode::kCorrupt, ChunkPlace(chunk_number_, Offset()) + ": " +
+                                            attempt.reason + " (corrupt)");
+          pos_ += attempt.size;
+          resyncing_ = false;
+          continue;
+        }
+        Bad(attempt.reason);
+        continue;
+      }
+      if (std::memcmp(At(), kTrailerMagic, 4) == 0) {
+        if (available > kTrailerSize) {
+          Bad("bad chunk magic");
+          continue;
+        }
+        if (!eof_) return;
+        if (available == kTrailerSize) {
+          ParseTrailer();
+          pos_ += kTrailerSize;
+          return;
+        }
+        // Cut inside the trailer.
+        if (!resyncing_) cut_ = Cut{chunk_number_ + 1, Offset()};
+        pos_ = buf_.size();
+        return;
+      }
+      Bad("bad chunk magic");
+    }
+  }
+
+  // A failure at pos_: reported unless resyncing (then the candidate was not a chunk).
+  void Bad(const std::string& reason) {
+    if (!resyncing_) {
+      ++chunk_number_;
+      Problem(StatusCode::kCorrupt,
+              ChunkPlace(chunk_number_, Offset()) + ": " + reason + " (corrupt)");
+      resyncing_ = true;
+    }
+    ++pos_;
+  }
+
+  static std::string ChunkPlace(uint64_t number, uint64_t offset) {
+    return "chunk " + std::to_string(number) + " @ " + Hex(offset);
+  }
+
+  // A chunk verified after a chunk that ran past the end: that one was corrupt, not cut.
+  void ReportCut() {
+    if (!cut_.has_value()) return;
+    ++chunk_number_;
+    Problem(StatusCode::kCorrupt, ChunkPlace(cut_->number, cut_->offset) +
+                                      ": length runs past the end of the file (corrupt)");
+    cut_.reset();
+  }
+
+  // Moves pos_ to the next byte that may start a chunk or the trailer. False: need more bytes.
+  bool SeekCandidate() {
+    while (Available() >= 4) {
+      const uint8_t* start = At();
+      const void* hit = std::memchr(start, 'T', Available() - 3);
+      if (hit == nullptr) {
+        pos_ = buf_.size() - 3;
+        break;
+      }
+      pos_ += static_cast<const uint8_t*>(hit) - start;
+      if (std::memcmp(At(), kChunkMagic, 4) == 0 || std::memcmp(At(), kTrailerMagic, 4) == 0) {
+        return true;
+      }
+      ++pos_;
+    }
+    if (eof_) {
+      pos_ = buf_.size();
+      return false;
+    }
+    return false;
+  }
+
+  bool ParseHeader() {
+    size_t available = Available();
+    size_t magic_bytes = std::min(available, sizeof(kFileMagic));
+    if (available == 0) {
+      if (eof_) Stop(StatusCode::kNotATrace, "not a torchrr trace (empty)");
+      return false;
+    }
+    if (std::memcmp(At(), kFileMagic, magic_bytes) != 0) {
+      Stop(StatusCode::kNotATrace, "not a torchrr trace");
+      return false;
+    }
+    if (available < kFileHeaderSize) {
+      if (eof_) Stop(StatusCode::kNotATrace, "not a torchrr trace (ends inside the file header)");
+      return false;
+    }
+    const uint8_t* p = At();
+    FileHeader& h = summary_.header;
+    h.major = LoadLe16(p + 8);
+    h.minor = LoadLe16(p + 10);
+    h.oldest_reader_major = LoadLe16(p + 12);
+    h.oldest_reader_minor = LoadLe16(p + 14);
+    if (h.oldest_reader_major > kFormatMajor ||
+        (h.oldest_reader_major == kFormatMajor && h.oldest_reader_minor > kFormatMinor)) {
+      Stop(StatusCode::kTooNew, "written by torchrr format " + std::to_string(h.major) + "." +
+                                    std::to_string(h.minor) + "; this torchrr reads up to " +
+                                    std::to_string(kFormatMajor) + "." +
+                                    std::to_string(kFormatMinor));
+      return false;
+    }
+    pos_ += kFileHeaderSize;
+    header_done_ = true;
+    return true;
+  }
+
+  Attempt TryChunk() {
+    Attempt attempt;
+    size_t available = Available();
+    if (available < kChunkHeaderSize) {
+      attempt.outcome = Outcome::kNeedMore;
+      return attempt;
+    }
+    const uint8_t* p = At();
+    ChunkHeader h = ParseChunkHeader(p);
+    if (h.compressed_len > kMaxChunkBytes || h.raw_len > kMaxChunkBytes) {
+      attempt.reason = "length over 64 MiB";
+      return attempt;
+    }
+    size_t whole = kChunkHeaderSize + h.compressed_len;
+    if (available < whole) {
+      attempt.outcome = Outcome::kNeedMore;
+      return attempt;
+    }
+    if (ChunkChecksum(p, p + kChunkHeaderSize, h.compressed_len) != h.checksum) {
+      attempt.reason = "checksum mismatch";
+      return attempt;
+    }
+    attempt.size = whole;  // From here on the framing is trusted.
+    if (h.flags != 0) {
+      attempt.reason = "unknown flags " + Hex(h.flags);
+      return attempt;
+    }
+    if (dctx_ == nullptr) dctx_ = ZSTD_createDCtx();
+    if (dctx_ == nullptr) {
+      attempt.reason = "zstd: out of memory";
+      return attempt;
+    }
+    raw_.resize(h.raw_len);
+    size_t n = ZSTD_decompressDCtx(dctx_, raw_.data(), raw_.size(), p + kChunkHeaderSize,
+                                   h.compressed_len);
+    if (ZSTD_isError(n)) {
+      attempt.reason = std::string("zstd: ") + ZSTD_getErrorName(n);
+      return attempt;
+    }
+    if (n != h.raw_len) {
+      attempt.reason = "raw length mismatch";
+      return attempt;
+    }
+    if (!VerifyPayload(h.type, raw_.data(), raw_.size())) {
+      attempt.reason = "FlatBuffer fails verification";
+      return attempt;
+    }
+    ReportCut();
+    ++chunk_number_;
+    ChunkInfo chunk{Offset(), h.type, h.compressed_len, h.raw_len, 0};
+    switch (h.type) {
+      case kChunkFileInfo:
+        summary_.info = DecodeFileInfo(*flatbuffers::GetRoot<fb::FileInfo>(raw_.data()));
+        summary_.has_info = true;
+        break;
+      case kChunkRecordBatch: {
+        const auto* batch = flatbuffers::GetRoot<fb::RecordBatch>(raw_.data());
+        uint32_t records = 0;
+        size_t unknown = DecodeBatch(*batch, [&](const Record& record) {
+          ++records;
+          ++summary_.records_per_kind[record.index()];
+          if (on_record_) on_record_(record);
+        });
+        if (unknown > 0 && !warned_unknown_) {
+          warned_unknown_ = true;
+          summary_.warnings.push_back(ChunkPlace(chunk_number_, Offset()) +
+                                      ": skipped records of kinds newer than this torchrr");
+        }
+        chunk.records = records;
+        summary_.compressed_bytes += h.compressed_len;
+        summary_.raw_bytes += h.raw_len;
+        break;
+      }
+      case kChunkIndex: {
+        const auto* index = flatbuffers::GetRoot<fb::Index>(raw_.data());
+        index_entries_.clear();
+        if (const auto* entries = index->chunks()) {
+          for (const fb::ChunkEntry* e : *entries) {
+            index_entries_.push_back(ChunkInfo{e->offset(), e->type(), e->compressed_len(),
+                                               e->raw_len(), e->records()});
+          }
+        }
+        index_offset_ = Offset();
+        break;
+      }
+      default:
+        break;  // A newer minor version's chunk type.
+    }
+    summary_.chunks.push_back(chunk);
+    attempt.outcome = Outcome::kDone;
+    return attempt;
+  }
+
+  void ParseTrailer() {
+    const uint8_t* p = At();
+    uint64_t index_offset = LoadLe64(p + 8);
+    if (!index_offset_.has_value() || *index_offset_ != index_offset || LoadLe32(p + 4) != 0) {
+      if (cut_.has_value() && cut_->offset == index_offset) {
+        ReportCut();  // The index chunk's length was corrupt, not cut: the trailer follows it.
+        return;
+      }
+      if (cut_.has_value()) return;  // Bytes of the chunk the input was cut in.
+      Problem(StatusCode::kCorrupt, "trailer @ " + Hex(Offset()) + ": points at " +
+                                        Hex(index_offset) + ", not at a verified index (corrupt)");
+      return;
+    }
+    ReportCut();
+    trailer_ok_ = true;
+  }
+
+  // At the end of the input: truncation, and whether the index matches what was read.
+  void Settle() {
+    if (cut_.has_value()) {
+      Problem(StatusCode::kTruncated, "truncated after chunk " + std::to_string(cut_->number - 1));
+      return;
+    }
+    if (!trailer_ok_) {
+      if (summary_.status.ok() || !resyncing_) {
+        Problem(StatusCode::kTruncated, "truncated after chunk " + std::to_string(chunk_number_));
+      }
+      return;
+    }
+    summary_.has_index = true;
+    if (summary_.status.ok()) {
+      // Every chunk before the index, exactly as read.
+      bool same = index_entries_.size() + 1 == summary_.chunks.size();
+      for (size_t i = 0; same && i < index_entries_.size(); ++i) {
+        const ChunkInfo& a = index_entries_[i];
+        const ChunkInfo& b = summary_.chunks[i];
+        same = a.offset == b.offset && a.type == b.type &&
+               a.compressed_bytes == b.compressed_bytes && a.raw_bytes == b.raw_bytes &&
+               a.records == b.records;
+      }
+      if (!same) {
+        Problem(StatusCode::kCorrupt, "index @ " + Hex(*index_offset_) +
+                                          ": does not match the chunks read (corrupt)");
+      }
+    }
+  }
+
+  struct Cut {
+    uint64_t number;  // The chunk the input ends in.
+    uint64_t offset;
+  };
+
+  RecordCallback on_record_;
+  std::vector<uint8_t> buf_;  // Bytes not consumed yet, from buf_offset_ on.
+  size_t pos_ = 0;            // Next byte of buf_ to parse.
+  uint64_t buf_offset_ = 0;   // File offset of buf_[0].
+  uint64_t fed_ = 0;
+  bool header_done_ = false;
+  bool eof_ = false;
+  bool stopped_ = false;
+  bool finished_ = false;
+  bool resyncing_ = false;
+  bool warned_unknown_ = false;
+  bool trailer_ok_ = false;
+  uint64_t chunk_number_ = 0;  // Chunks seen so far, whole or corrupt; chunk 1 is the FileInfo.
+  std::optional<Cut> cut_;
+  std::optional<uint64_t> index_offset_;
+  std::vector<ChunkInfo> index_entries_;
+  ZSTD_DCtx* dctx_ = nullptr;
+  std::vector<uint8_t> raw_;  // The decompressed payload of the current chunk.
+  ReadSummary summary_;
+};
+
+TraceParser::TraceParser(RecordCallback on_record)
+    : impl_(std::make_unique<Impl>(std::move(on_record))) {}
+TraceParser::~TraceParser() = default;
+bool TraceParser::Feed(const void* data, size_t size) { return impl_->Feed(data, size); }
+ReadSummary TraceParser::Finish() { return impl_->Finish(); }
+
+ReadSummary ReadTraceFile(const std::string& path, const RecordCallback& on_record) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    ReadSummary summary;
+    summary.status = Status(StatusCode::kNotATrace, std::strerror(errno));
+    summary.warnings.push_back(summary.status.message());
+    return summary;
+  }
+  TraceParser parser(on_record);
+  std::vector<char> buf(1u << 20);
+  int read_errno = 0;
+  bool read_any = false;
+  while (true) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      read_errno = errno;
+      break;
+    }
+    if (n == 0) break;
+    read_any = true;
+    if (!parser.Feed(buf.data(), static_cast<size_t>(n))) break;
+  }
+  struct stat st {};
+  bool have_size = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  ::close(fd);
+  ReadSummary summary = parser.Finish();
+  if (have_size) summary.file_size = static_cast<uint64_t>(st.st_size);
+  if (read_errno != 0 && !read_any) {
+    summary.status = Status(StatusCode::kNotATrace, std::strerror(read_errno));
+    summary.warnings.assign(1, summary.status.message());
+  } else if (read_errno != 0) {
+    summary.warnings.push_back(std::string("read: ") + std::strerror(read_errno));
+    if (static_cast<int>(summary.status.code()) < static_cast<int>(StatusCode::kIoError)) {
+      summary.status = Status(StatusCode::kIoError, std::string("read: ") + std::strerror(read_errno));
+    }
+  }
+  return summary;
+}
+
+ReadSummary ReadTraceBytes(std::string_view bytes, const RecordCallback& on_record) {
+  TraceParser parser(on_record);
+  parser.Feed(bytes.data(), bytes.size());
+  return parser.Finish();
+}
+
+Trace ReadTraceFileAll(const std::string& path) {
+  Trace trace;
+  trace.summary = ReadTraceFile(path, [&](const Record& r) { trace.records.push_back(r); });
+  return trace;
+}
+
+Trace ReadTraceBytesAll(std::string_view bytes) {
+  Trace trace;
+  trace.summary = ReadTraceBytes(bytes, [&](const Record& r) { trace.records.push_back(r); });
+  return trace;
+}
+
+int ExitCodeFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return 0;
+    case StatusCode::kNotATrace: return 3;
+    case StatusCode::kTruncated: return 4;
+    case StatusCode::kCorrupt: return 5;
+    case StatusCode::kTooNew: return 6;
+    default: return 7;
+  }
+}
+
+}  // namespace torchrr::format

@@ -1,0 +1,241 @@
+#include "torchrr/format/writer.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "byte_sinks.h"
+#include "container.h"
+#include "record_codec.h"
+#include "torchrr/format/reader.h"
+
+namespace torchrr::format {
+
+// Writer thread only, like TraceWriter.
+class TraceWriter::Impl {
+ public:
+  Impl(std::unique_ptr<ByteSink> sink, const WriterOptions& options)
+      : sink_(std::move(sink)),
+        chunk_target_(std::min(options.chunk_raw_bytes, kMaxChunkTargetBytes)),
+        zstd_level_(options.zstd_level),
+        batch_(std::min(chunk_target_, kMaxChunkTargetBytes) + (64u << 10)) {
+    batch_.Reset(0, 0);
+  }
+
+  ~Impl() {
+    if (cctx_ != nullptr) ZSTD_freeCCtx(cctx_);
+  }
+
+  Status Start(const FileInfo& info) {
+    cctx_ = ZSTD_createCCtx();
+    if (cctx_ == nullptr) return Fail(Status(StatusCode::kIoError, "zstd: out of memory"));
+    ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, zstd_level_);
+    ZSTD_CCtx_setParameter(cctx_, ZSTD_c_contentSizeFlag, 1);
+    ZSTD_CCtx_setParameter(cctx_, ZSTD_c_checksumFlag, 0);  // The chunk has its own checksum.
+
+    uint8_t header[kFileHeaderSize];
+    std::memcpy(header, kFileMagic, sizeof(kFileMagic));
+    StoreLe16(header + 8, kFormatMajor);
+    StoreLe16(header + 10, kFormatMinor);
+    StoreLe16(header + 12, kOldestReaderMajor);
+    StoreLe16(header + 14, kOldestReaderMinor);
+    TORCHRR_RETURN_IF_ERROR(WriteBytes(header, sizeof(header)));
+
+    size_t estimate = 1024 + info.torchrr_version.size() + info.torch_version.size() +
+                      info.cuda_version.size() + info.host.size();
+    for (const std::string& arg : info.command_line) estimate += arg.size() + 8;
+    if (estimate > kMaxRecordBytes) {
+      return Fail(Status(StatusCode::kInvalidArgument, "FileInfo is larger than 16 MiB"));
+    }
+    flatbuffers::FlatBufferBuilder fbb(estimate);
+    EncodeFileInfo(info, fbb);
+    return WriteChunk(kChunkFileInfo, fbb.GetBufferPointer(), fbb.GetSize(), 0);
+  }
+
+  Status Append(const Record& record) {
+    if (!status_.ok()) return status_;
+    if (closed_) return Status(StatusCode::kInvalidArgument, "Append after Close");
+    if (MayBeLarge(record)) {
+      size_t estimate = EstimateEncodedBytes(record);
+      if (estimate > kMaxRecordBytes) {
+        return Status(StatusCode::kInvalidArgument,
+                      std::string(RecordKindName(record)) + " record larger than 16 MiB; dropped");
+      }
+      if (batch_.records() > 0 && batch_.raw_size() + estimate > kMaxChunkTargetBytes) {
+        TORCHRR_RETURN_IF_ERROR(Flush());
+      }
+    }
+    TORCHRR_RETURN_IF_ERROR(batch_.Add(record));
+    if (batch_.raw_size() >= chunk_target_) return Flush();
+    return Status::Ok();
+  }
+
+  Status Flush() {
+    if (!status_.ok()) return status_;
+    if (batch_.records() == 0) return Status::Ok();
+    auto records = static_cast<uint32_t>(batch_.records());
+    std::span<const uint8_t> payload = batch_.Finish();
+    TORCHRR_RETURN_IF_ERROR(WriteChunk(kChunkRecordBatch, payload.data(), payload.size(), records));
+    records_written_ += records;
+    raw_bytes_written_ += payload.size();
+    // The next batch continues the cursors, so it codes like this one would have continued.
+    batch_.Reset(batch_.high(), batch_.time_cursor());
+    return Status::Ok();
+  }
+
+  Status Close() {
+    if (closed_) return status_;
+    Status flushed = Flush();
+    closed_ = true;
+    if (flushed.ok()) {
+      flatbuffers::FlatBufferBuilder fbb(64 + chunks_.size() * 32);
+      EncodeIndex(chunks_, fbb);
+      uint64_t index_offset = bytes_written_;
+      Status written = WriteChunk(kChunkIndex, fbb.GetBufferPointer(), fbb.GetSize(), 0);
+      if (written.ok()) {
+        uint8_t trailer[kTrailerSize];
+        std::memcpy(trailer, kTrailerMagic, 4);
+        StoreLe32(trailer + 4, 0);
+        StoreLe64(trailer + 8, index_offset);
+        written = WriteBytes(trailer, sizeof(trailer));
+      }
+    }
+    Status sink_closed = sink_->Close();
+    if (status_.ok() && !sink_closed.ok()) status_ = sink_closed;
+    return status_;
+  }
+
+  uint64_t records_written() const { return records_written_; }
+  uint64_t bytes_written() const { return bytes_written_; }
+  uint64_t raw_bytes_written() const { return raw_bytes_written_; }
+  uint64_t chunks_written() const { return chunks_.size(); }
+  size_t pending_raw_bytes() const { return batch_.records() == 0 ? 0 : batch_.raw_size(); }
+
+ private:
+  // The oldest reader that can read what this writer writes.
+  static constexpr uint16_t kOldestReaderMajor = 1;
+  static constexpr uint16_t kOldestReaderMinor = 0;
+
+  // Cheap test for the records whose strings or vectors could make them large (most are not
+  // looked at any closer).
+  static bool MayBeLarge(const Record& record) {
+    constexpr size_t kElements = 4096;
+    switch (record.index()) {
+      case 0: return std::get<StringDef>(record).text.size() > kElements;
+      case 2: return std::get<StackDef>(record).frames.size() > kElements;
+      case 3: {
+        const auto& r = std::get<TensorInfo>(record);
+        return r.shape.size() + r.strides.size() > kElements;
+      }
+      case 4: {
+        const auto& r = std::get<OpRecord>(record);
+        if (r.inputs.size() + r.outputs.size() + r.values.size() > kElements) return true;
+        for (const Value& v : r.values) {
+          if (v.ints.size() + v.doubles.size() > kElements) return true;
+        }
+        return false;
+      }
+      case 5: {
+        const auto& r = std::get<NodeRecord>(record);
+        return r.edges.size() + r.saved.size() > kElements;
+      }
+      case 7: return std::get<ErrorRecord>(record).message.size() > kElements;
+      case 10: return std::get<DataLossRecord>(record).reason.size() > kElements;
+      default: return false;
+    }
+  }
+
+  Status Fail(Status status) {
+    if (status_.ok()) status_ = std::move(status);
+    return status_;
+  }
+
+  Status WriteBytes(const void* data, size_t size) {
+    Status written = sink_->Write(data, size);
+    if (!written.ok()) return Fail(std::move(written));
+    bytes_written_ += size;
+    return Status::Ok();
+  }
+
+  Status WriteChunk(uint16_t type, const uint8_t* raw, size_t raw_size, uint32_t records) {
+    if (raw_size > kMaxChunkBytes) {
+      return Fail(Status(StatusCode::kInvalidArgument, "chunk larger than 64 MiB"));
+    }
+    size_t bound = ZSTD_compressBound(raw_size);
+    if (out_.size() < kChunkHeaderSize + bound) out_.resize(kChunkHeaderSize + bound);
+    size_t compressed =
+        ZSTD_compress2(cctx_, out_.data() + kChunkHeaderSize, bound, raw, raw_size);
+    if (ZSTD_isError(compressed)) {
+      return Fail(Status(StatusCode::kIoError,
+                         std::string("zstd: ") + ZSTD_getErrorName(compressed)));
+    }
+    if (compressed > kMaxChunkBytes) {
+      return Fail(Status(StatusCode::kInvalidArgument, "compressed chunk larger than 64 MiB"));
+    }
+    uint8_t* header = out_.data();
+    StoreChunkHeaderPrefix(header, type, static_cast<uint32_t>(compressed),
+                           static_cast<uint32_t>(raw_size));
+    StoreLe64(header + kChunkHeaderChecksummedSize,
+              ChunkChecksum(header, header + kChunkHeaderSize, compressed));
+    ChunkInfo chunk{bytes_written_, type, static_cast<uint32_t>(compressed),
+                    static_cast<uint32_t>(raw_size), records};
+    TORCHRR_RETURN_IF_ERROR(WriteBytes(out_.data(), kChunkHeaderSize + compressed));
+    chunks_.push_back(chunk);
+    return Status::Ok();
+  }
+
+  std::unique_ptr<ByteSink> sink_;
+  size_t chunk_target_;
+  int zstd_level_;
+  BatchEncoder batch_;
+  ZSTD_CCtx* cctx_ = nullptr;
+  std::vector<uint8_t> out_;  // Chunk header + compressed payload.
+  std::vector<ChunkInfo> chunks_;
+  Status status_;  // The first error; sticky.
+  bool closed_ = false;
+  uint64_t records_written_ = 0;
+  uint64_t bytes_written_ = 0;
+  uint64_t raw_bytes_written_ = 0;
+};
+
+TraceWriter::TraceWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TraceWriter::~TraceWriter() {
+  if (impl_ != nullptr) (void)impl_->Close();
+}
+
+StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path,
+                                                         const FileInfo& info,
+                                                         const WriterOptions& options) {
+  StatusOr<std::unique_ptr<FileSink>> sink = FileSink::Open(path);
+  if (!sink.ok()) return sink.status();
+  return Create(std::move(sink.value()), info, options);
+}
+
+StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(std::unique_ptr<ByteSink> sink,
+                                                           const FileInfo& info,
+                                                           const WriterOptions& options) {
+  auto impl = std::make_unique<Impl>(std::move(sink), options);
+  TORCHRR_RETURN_IF_ERROR(impl->Start(info));
+  return std::unique_ptr<TraceWriter>(new TraceWriter(std::move(impl)));
+}
+
+std::unique_ptr<TraceWriter> TraceWriter::ToString(std::string* out, const FileInfo& info,
+                                                   const WriterOptions& options) {
+  auto impl = std::make_unique<Impl>(std::make_unique<StringSink>(out), options);
+  (void)impl->Start(info);  // A string sink does not fail; a bad FileInfo fails every Append.
+  return std::unique_ptr<TraceWriter>(new TraceWriter(std::move(impl)));
+}
+
+Status TraceWriter::Append(const Record& record) { return impl_->Append(record); }
+Status TraceWriter::Flush() { return impl_->Flush(); }
+Status TraceWriter::Close() { return impl_->Close(); }
+uint64_t TraceWriter::records_written() const { return impl_->records_written(); }
+uint64_t TraceWriter::bytes_written() const { return impl_->bytes_written(); }
+uint64_t TraceWriter::raw_bytes_written() const { return impl_->raw_bytes_written(); }
+uint64_t TraceWriter::chunks_written() const { return impl_->chunks_written(); }
+size_t TraceWriter::pending_raw_bytes() const { return impl_->pending_raw_bytes(); }
+
+}  // namespace torchrr::format

@@ -1,0 +1,79 @@
+#include "autograd_internals.h"
+
+namespace torchrr::recorder {
+namespace {
+
+// Explicit instantiation may name private members; the friend function it defines hands the
+// pointer to member out. One Tag type per member.
+template <typename Tag, auto Member>
+struct MemberAccess {
+  friend constexpr auto GetMember(Tag) { return Member; }
+};
+
+struct VersionCounterTag { friend constexpr auto GetMember(VersionCounterTag); };
+template struct MemberAccess<VersionCounterTag, &c10::VariableVersion::version_counter_>;
+
+using torch::autograd::SavedVariable;
+struct SavedDataTag { friend constexpr auto GetMember(SavedDataTag); };
+struct SavedVersionTag { friend constexpr auto GetMember(SavedVersionTag); };
+struct OutputNrTag { friend constexpr auto GetMember(OutputNrTag); };
+struct DefaultConstructedTag { friend constexpr auto GetMember(DefaultConstructedTag); };
+struct SavedOriginalTag { friend constexpr auto GetMember(SavedOriginalTag); };
+struct IsLeafTag { friend constexpr auto GetMember(IsLeafTag); };
+struct IsOutputTag { friend constexpr auto GetMember(IsOutputTag); };
+struct HooksTag { friend constexpr auto GetMember(HooksTag); };
+template struct MemberAccess<SavedDataTag, &SavedVariable::data_>;
+template struct MemberAccess<SavedVersionTag, &SavedVariable::saved_version_>;
+template struct MemberAccess<OutputNrTag, &SavedVariable::output_nr_>;
+template struct MemberAccess<DefaultConstructedTag, &SavedVariable::was_default_constructed_>;
+template struct MemberAccess<SavedOriginalTag, &SavedVariable::saved_original_>;
+template struct MemberAccess<IsLeafTag, &SavedVariable::is_leaf_>;
+template struct MemberAccess<IsOutputTag, &SavedVariable::is_output_>;
+template struct MemberAccess<HooksTag, &SavedVariable::hooks_>;
+
+const auto& CounterPtr(const c10::TensorImpl& impl) {
+  return impl.version_counter().*GetMember(VersionCounterTag{});
+}
+
+}  // namespace
+
+const c10::intrusive_ptr_target* VersionCounterOf(const c10::TensorImpl& impl) {
+  return CounterPtr(impl).get();
+}
+
+c10::weak_intrusive_ptr<c10::intrusive_ptr_target> WeakVersionCounter(const c10::TensorImpl& impl) {
+  const auto& counter = CounterPtr(impl);  // The caller checked VersionCounterOf() != nullptr.
+  // intrusive_ptr<Derived> -> weak_intrusive_ptr<Base>: the refcounts live in the base.
+  c10::intrusive_ptr<c10::intrusive_ptr_target> base(counter);
+  return c10::weak_intrusive_ptr<c10::intrusive_ptr_target>(base);
+}
+
+c10::intrusive_ptr<c10::intrusive_ptr_target> StrongVersionCounter(const c10::TensorImpl& impl) {
+  if (!CounterPtr(impl)) return {};
+  return c10::intrusive_ptr<c10::intrusive_ptr_target>(CounterPtr(impl));
+}
+
+uint32_t ReadVersionCounter(const c10::intrusive_ptr_target* counter) {
+  if (counter == nullptr) return 0;
+  // VersionCounter is { intrusive_ptr_target; std::atomic<uint32_t> version_; }.
+  using CounterType = std::remove_cv_t<std::remove_reference_t<
+      decltype(*(std::declval<const c10::VariableVersion&>().*GetMember(VersionCounterTag{})))>>;
+  return static_cast<const CounterType*>(counter)->version_.load();
+}
+
+SavedVariableFacts ReadSavedVariable(const SavedVariable& saved) {
+  SavedVariableFacts facts;
+  const auto& hooks = saved.*GetMember(HooksTag{});
+  const at::Tensor& data = saved.*GetMember(SavedDataTag{});
+  facts.has_hooks = static_cast<bool>(hooks);
+  facts.defined = facts.has_hooks || data.defined();
+  facts.is_output = saved.*GetMember(IsOutputTag{});
+  facts.saved_original = saved.*GetMember(SavedOriginalTag{});
+  facts.is_leaf = saved.*GetMember(IsLeafTag{});
+  facts.saved_version = saved.*GetMember(SavedVersionTag{});
+  facts.output_nr = saved.*GetMember(OutputNrTag{});
+  facts.data = data.defined() ? &data : nullptr;
+  return facts;
+}
+
+}  // namespace torchrr::recorder

@@ -1,0 +1,47 @@
+// The one place that reaches into autograd and c10 internals that have no public accessor.
+//
+// autograd keeps the facts torchrr needs private: the identity of a tensor's version counter
+// (c10::VariableVersion::version_counter_) and what a SavedVariable holds (its saved version, its
+// data, whether it saved an output, whether hooks replaced the data). They are read here through
+// pointers to members obtained by explicit template instantiation, which C++ allows to name
+// private members ([temp.spec]/6); the layouts are those of the headers of the torch we are built
+// against, so a torch that renames a member fails to compile here instead of misreading memory.
+#ifndef TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_
+#define TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+namespace torchrr::recorder {
+
+// The counter object a tensor's VariableVersion points at; tensors that share it (views, detach())
+// get the same pointer. nullptr for inference tensors (no counter).
+const c10::intrusive_ptr_target* VersionCounterOf(const c10::TensorImpl& impl);
+
+// A weak reference that keeps the counter's memory from being reused while torchrr tracks it.
+c10::weak_intrusive_ptr<c10::intrusive_ptr_target> WeakVersionCounter(const c10::TensorImpl& impl);
+
+// A strong reference used to read the counter's value at an op's end even if the tensor is gone.
+c10::intrusive_ptr<c10::intrusive_ptr_target> StrongVersionCounter(const c10::TensorImpl& impl);
+uint32_t ReadVersionCounter(const c10::intrusive_ptr_target* counter);
+
+// The facts of one SavedVariable, as autograd will check them at unpack.
+struct SavedVariableFacts {
+  bool defined = false;        // False when nothing was saved (default constructed or released).
+  bool has_hooks = false;      // Saved-tensor hooks: PyTorch skips the version check.
+  bool is_output = false;
+  bool saved_original = false; // data is the very tensor the program had (not a shallow copy).
+  bool is_leaf = false;
+  uint32_t saved_version = 0;
+  uint32_t output_nr = 0;
+  const at::Tensor* data = nullptr;  // Valid while the node is alive; null when !defined.
+};
+SavedVariableFacts ReadSavedVariable(const torch::autograd::SavedVariable& saved);
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_

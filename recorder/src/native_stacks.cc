@@ -1,0 +1,138 @@
+#include "native_stacks.h"
+
+#include <dlfcn.h>
+
+#include <array>
+#include <mutex>
+#include <string_view>
+
+#include <backtrace.h>
+
+#include <boost/core/demangle.hpp>
+#include <boost/stacktrace.hpp>
+
+namespace torchrr::recorder {
+
+size_t CaptureNativeStack(uintptr_t* out, size_t max, size_t skip) {
+  // safe_dump_to writes void* addresses followed by a null terminator.
+  std::array<void*, kMaxNativeFrames + 1> buffer;
+  size_t n = boost::stacktrace::safe_dump_to(skip + 1, buffer.data(), sizeof(buffer));
+  size_t written = 0;
+  for (size_t i = 0; i < n && written < max && buffer[i] != nullptr; ++i) {
+    out[written++] = reinterpret_cast<uintptr_t>(buffer[i]);
+  }
+  return written;
+}
+
+namespace {
+
+bool StartsWith(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+bool Contains(std::string_view s, std::string_view part) { return s.find(part) != s.npos; }
+
+std::string_view Basename(std::string_view path) {
+  size_t slash = path.rfind('/');
+  return slash == path.npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+bool IsFrameworkFrame(const std::string& function, const std::string& file,
+                      const std::string& library) {
+  static constexpr std::string_view kFrameworkLibraries[] = {
+      "libtorch", "libc10", "libc.so", "libstdc++", "libgcc_s", "ld-linux", "libpthread",
+      "libm.so", "libgomp", "libpython", "libboost", "libcuda", "libcudart", "libcupti",
+      "libnvrtc", "libcublas", "libcudnn", "libshm", "libtorchrr", "libiomp", "libmkl",
+      "libopenblas", "libdnnl", "libnccl", "_C.cpython", "libunwind"};
+  std::string_view lib = Basename(library);
+  if (StartsWith(lib, "python")) return true;  // An interpreter with libpython linked in.
+  for (std::string_view prefix : kFrameworkLibraries) {
+    if (StartsWith(lib, prefix)) return true;
+  }
+  static constexpr std::string_view kFrameworkNamespaces[] = {
+      "at::", "c10::", "torch::", "std::", "__gnu_cxx::", "boost::", "caffe2::",
+      "__libc_", "_start", "__cxa_", "_Py", "PyEval_", "PyObject_", "PyVectorcall_"};
+  for (std::string_view prefix : kFrameworkNamespaces) {
+    if (StartsWith(function, prefix)) return true;
+  }
+  // Inlined torch and standard-library code compiled into the user's binary.
+  if (Contains(file, "/torch/include/") || Contains(file, "/include/c++/") ||
+      Contains(file, "/boost/")) {
+    return true;
+  }
+  return false;
+}
+
+namespace {
+
+// libbacktrace (which Boost.Stacktrace's backtrace backend is built on) is used directly here
+// because Boost's frame API reports only the innermost of the functions inlined at an address.
+struct Backtrace {
+  std::mutex mu;
+  backtrace_state* state = nullptr;
+  Backtrace() { state = backtrace_create_state(nullptr, /*threaded=*/1, &OnError, nullptr); }
+  static void OnError(void*, const char*, int) {}  // Unknown frames stay unnamed.
+};
+
+Backtrace& GetBacktrace() {
+  static Backtrace* backtrace = new Backtrace();  // Leaked: used until exit, by any thread.
+  return *backtrace;
+}
+
+struct PcInfo {
+  std::vector<SymbolizedFrame>* frames;
+};
+
+int OnPcInfo(void* data, uintptr_t, const char* file, int line, const char* function) {
+  auto* info = static_cast<PcInfo*>(data);
+  if (file == nullptr && function == nullptr) return 0;
+  SymbolizedFrame frame;
+  if (function != nullptr) frame.function = boost::core::demangle(function);
+  if (file != nullptr) frame.file = file;
+  frame.line = line > 0 ? static_cast<uint32_t>(line) : 0;
+  info->frames->push_back(std::move(frame));
+  return 0;
+}
+
+void OnSymInfo(void* data, uintptr_t, const char* symbol, uintptr_t, uintptr_t) {
+  if (symbol != nullptr) *static_cast<std::string*>(data) = boost::core::demangle(symbol);
+}
+
+}  // namespace
+
+std::vector<SymbolizedFrame> SymbolizeNativeFrame(uintptr_t return_address) {
+  uintptr_t call_site = return_address - 1;
+  std::vector<SymbolizedFrame> frames;
+  Backtrace& backtrace = GetBacktrace();
+  {
+    std::lock_guard<std::mutex> lock(backtrace.mu);
+    if (backtrace.state != nullptr) {
+      PcInfo info{&frames};
+      backtrace_pcinfo(backtrace.state, call_site, &OnPcInfo, &Backtrace::OnError, &info);
+      if (frames.empty()) {
+        SymbolizedFrame frame;
+        backtrace_syminfo(backtrace.state, call_site, &OnSymInfo, &Backtrace::OnError,
+                          &frame.function);
+        frames.push_back(std::move(frame));
+      }
+    }
+  }
+  if (frames.empty()) frames.emplace_back();
+  std::string library;
+  Dl_info dl{};
+  if (dladdr(reinterpret_cast<const void*>(call_site), &dl) != 0 && dl.dli_fname != nullptr) {
+    library = dl.dli_fname;
+    if (frames.back().function.empty() && dl.dli_sname != nullptr) {
+      frames.back().function = boost::core::demangle(dl.dli_sname);
+    }
+  }
+  for (auto& frame : frames) {
+    frame.library = library;
+    frame.framework = IsFrameworkFrame(frame.function, frame.file, frame.library);
+  }
+  return frames;
+}
+
+}  // namespace torchrr::recorder

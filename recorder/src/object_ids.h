@@ -1,0 +1,80 @@
+// Stable ids for objects whose addresses get reused.
+//
+// The recorder names tensors, storages, version counters and autograd nodes by ids that never
+// alias two different objects in one trace. Addresses alone would: memory is reused as soon as a
+// tensor is freed. Each entry therefore holds a weak reference to its object, which keeps the
+// object's memory (not the object) from being released, so its address cannot be reused while the
+// entry exists; entries whose object died are swept when the table has doubled since the last
+// sweep, after which the address may come back with a new id. Memory stays proportional to the
+// live objects.
+//
+// Not thread-safe: the caller holds the recorder's lock.
+#ifndef TORCHRR_RECORDER_OBJECT_IDS_H_
+#define TORCHRR_RECORDER_OBJECT_IDS_H_
+
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+
+#include "torchrr/format/records.h"
+
+namespace torchrr::recorder {
+
+// WeakRef must have expired() and be movable. Extra is per-entry state the caller keeps (for
+// tensors: the last metadata written, to know when to write it again).
+template <typename WeakRef, typename Extra = char>
+class ObjectIdTable {
+ public:
+  struct Entry {
+    WeakRef weak;
+    format::ObjectId id = 0;
+    Extra extra{};
+  };
+
+  // Returns the entry for the live object at `address`, creating it (with a fresh id from
+  // `next_id`) when the address is new or its previous object died. `make_weak` is called only
+  // when an entry is created. `created` says which.
+  template <typename MakeWeak>
+  Entry& Lookup(const void* address, MakeWeak&& make_weak, format::ObjectId& next_id,
+                bool& created) {
+    auto it = entries_.find(address);
+    if (it != entries_.end() && !it->second.weak.expired()) {
+      created = false;
+      return it->second;
+    }
+    created = true;
+    if (it != entries_.end()) {
+      it->second = Entry{make_weak(), ++next_id, Extra{}};
+      return it->second;
+    }
+    MaybeSweep();
+    return entries_.emplace(address, Entry{make_weak(), ++next_id, Extra{}}).first->second;
+  }
+
+  // The id of a live object already in the table, or 0.
+  format::ObjectId Find(const void* address) const {
+    auto it = entries_.find(address);
+    if (it == entries_.end() || it->second.weak.expired()) return 0;
+    return it->second.id;
+  }
+
+  size_t size() const { return entries_.size(); }
+  void Clear() { entries_.clear(); }
+
+ private:
+  void MaybeSweep() {
+    if (entries_.size() < sweep_at_) return;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = it->second.weak.expired() ? entries_.erase(it) : std::next(it);
+    }
+    sweep_at_ = std::max<size_t>(kMinSweep, 2 * entries_.size());
+  }
+
+  static constexpr size_t kMinSweep = 1024;
+  std::unordered_map<const void*, Entry> entries_;
+  size_t sweep_at_ = kMinSweep;
+};
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_OBJECT_IDS_H_

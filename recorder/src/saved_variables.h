@@ -1,0 +1,44 @@
+// What an autograd node saved for backward, read from the node itself.
+//
+// The node types generated from derivatives.yaml (torch/csrc/autograd/generated/Functions.h) keep
+// their SavedVariables as named members; gen_saved_table.py turns that header into a visitor per
+// type at build time, so the table always matches the torch being built against. Nodes outside it
+// (CopySlices, AccumulateGrad, custom Functions) are handled in saved_variables.cc.
+#ifndef TORCHRR_RECORDER_SAVED_VARIABLES_H_
+#define TORCHRR_RECORDER_SAVED_VARIABLES_H_
+
+#include <cstdint>
+#include <functional>
+#include <typeindex>
+#include <unordered_map>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include "torchrr/format/records.h"
+
+namespace torchrr::recorder {
+
+inline constexpr uint32_t kNotInList = format::TensorUse::kNotInList;
+
+// Called once per SavedVariable: its member name ("self", "result"), its index within a
+// std::vector<SavedVariable> member (kNotInList otherwise), and the SavedVariable.
+using SavedVariableVisitor =
+    std::function<void(const char* name, uint32_t list_index, const torch::autograd::SavedVariable&)>;
+using SavedVariableVisitFn = void (*)(torch::autograd::Node&, const SavedVariableVisitor&);
+using GeneratedSavedTable = std::unordered_map<std::type_index, SavedVariableVisitFn>;
+
+// The generated table (saved_variables_table.cc).
+const GeneratedSavedTable& GeneratedNodes();
+size_t GeneratedNodeTypeCount();
+
+// Visits every SavedVariable of `node` and says how exact that list is: kExact for generated
+// nodes (an empty list means the node saved nothing), kNone for node types known to save nothing,
+// kUnknown for types the recorder cannot look inside. CopySlices is looked through to the node it
+// wraps. Must run while the node is alive; does not unpack anything (no version check, no hooks).
+format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
+                                         const SavedVariableVisitor& visit);
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_SAVED_VARIABLES_H_

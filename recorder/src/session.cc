@@ -1,0 +1,687 @@
+#include "session.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "autograd_internals.h"
+#include "native_stacks.h"
+#include "saved_variables.h"
+
+#ifndef TORCHRR_VERSION
+#define TORCHRR_VERSION "unknown"
+#endif
+#ifndef TORCHRR_TORCH_VERSION
+#define TORCHRR_TORCH_VERSION "unknown"
+#endif
+#ifndef TORCHRR_TORCH_CUDA_VERSION
+#define TORCHRR_TORCH_CUDA_VERSION ""
+#endif
+
+namespace torchrr::recorder {
+
+using format::ObjectId;
+using format::Record;
+
+// What the start callback keeps for the end callback.
+struct OpFrame : at::ObserverContext {
+  format::OpRecord op;
+  // Strong references to the inputs' version counters, parallel to op.inputs: the versions after
+  // the op are read from them even if an input died inside the op.
+  std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> input_counters;
+  std::vector<Record> before;  // Definitions and TensorInfos to write before the op.
+  int uncaught_at_start = 0;
+  uint64_t sequence_at_start = 0;  // at::sequence_number::peek() at start and end: nodes created
+  uint64_t sequence_at_end = 0;    // by this op have numbers in [start, end) on this thread.
+  uint64_t thread = 0;
+  bool active = false;
+};
+
+namespace {
+
+std::mutex g_active_mu;
+std::shared_ptr<Session> g_active;          // Guarded by g_active_mu.
+std::atomic<Session*> g_active_raw{nullptr};  // The callbacks' fast path.
+
+struct ThreadState {
+  std::vector<ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
+  int backward_depth = 0;          // Backward functions running on this thread.
+  bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
+};
+thread_local ThreadState t_state;
+
+std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
+  Session* session = g_active_raw.load(std::memory_order_acquire);
+  if (session == nullptr || t_state.busy || !session->recording()) return nullptr;
+  return session->OnStart(fn);
+}
+
+void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (ctx == nullptr) return;
+  auto& frame = static_cast<OpFrame&>(*ctx);
+  if (!frame.active) return;
+  Session* session = g_active_raw.load(std::memory_order_acquire);
+  if (session == nullptr || t_state.busy) return;
+  session->OnEnd(fn, frame);
+}
+
+format::OpScope ScopeOf(at::RecordScope scope) {
+  switch (scope) {
+    case at::RecordScope::FUNCTION: return format::OpScope::kFunction;
+    case at::RecordScope::BACKWARD_FUNCTION: return format::OpScope::kBackwardFunction;
+    case at::RecordScope::USER_SCOPE: return format::OpScope::kUserScope;
+    default: return format::OpScope::kOther;
+  }
+}
+
+struct BusyGuard {
+  BusyGuard() { t_state.busy = true; }
+  ~BusyGuard() { t_state.busy = false; }
+};
+
+std::vector<std::string> ReadCommandLine() {
+  std::vector<std::string> args;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  return std::atoi(value);
+}
+
+format::FileInfo MakeFileInfo(const RecorderOptions& options) {
+  format::FileInfo info;
+  info.torchrr_version = TORCHRR_VERSION;
+  info.torch_version = TORCHRR_TORCH_VERSION;
+  info.cuda_version = TORCHRR_TORCH_CUDA_VERSION;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) info.host = host;
+  info.pid = getpid();
+  info.rank = options.rank >= 0 ? options.rank : EnvInt("RANK", -1);
+  info.world_size = EnvInt("WORLD_SIZE", 0);
+  info.start_time_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+  info.command_line = ReadCommandLine();
+  return info;
+}
+
+bool SameMetadata(const format::TensorInfo& a, const format::TensorInfo& b) {
+  return a.storage == b.storage && a.version_counter == b.version_counter &&
+         a.dtype == b.dtype && a.device == b.device && a.shape == b.shape &&
+         a.strides == b.strides && a.storage_offset == b.storage_offset &&
+         a.requires_grad == b.requires_grad && a.is_leaf == b.is_leaf &&
+         a.grad_fn == b.grad_fn && a.output_nr == b.output_nr &&
+         a.storage_nbytes == b.storage_nbytes;
+}
+
+}  // namespace
+
+Session::Session(const RecorderOptions& options) : options_(options) {}
+
+Session::~Session() { Stop(); }
+
+std::shared_ptr<Session> Session::Active() {
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  return g_active;
+}
+
+std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::string* error) {
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  if (g_active) {
+    *error = "another torchrr recorder is already recording in this process";
+    return nullptr;
+  }
+  std::shared_ptr<Session> session(new Session(options));
+  TraceSink::Options sink_options;
+  sink_options.path = options.path;
+  sink_options.max_buffered_bytes = options.max_buffered_bytes;
+  sink_options.when_full = options.when_full;
+  sink_options.zstd_level = options.zstd_level;
+  session->sink_ = TraceSink::Open(sink_options, MakeFileInfo(options), error);
+  if (!session->sink_) return nullptr;
+
+  session->recording_.store(true, std::memory_order_release);
+  g_active = session;
+  g_active_raw.store(session.get(), std::memory_order_release);
+  session->callback_handle_ = at::addGlobalCallback(
+      at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
+          .needsInputs(true)
+          .needsOutputs(true)
+          .needsIds(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                   at::RecordScope::USER_SCOPE}));
+  return session;
+}
+
+void Session::Stop() {
+  std::call_once(stop_once_, [this] {
+    recording_.store(false, std::memory_order_release);
+    if (callback_handle_ != 0) at::removeCallback(callback_handle_);
+    // Callbacks that were already running finish before the tables and the sink go away.
+    while (in_flight_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    if (sink_) sink_->Close();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tensors_.Clear();
+      storages_.Clear();
+      counters_.Clear();
+      nodes_.Clear();
+      node_keys_.clear();
+    }
+    if (callback_handle_ == 0) return;  // Never started (Start() failed, holding g_active_mu).
+    std::lock_guard<std::mutex> lock(g_active_mu);
+    if (g_active.get() == this) {
+      g_active_raw.store(nullptr, std::memory_order_release);
+      g_active.reset();  // The caller still holds a reference; this is not the last one.
+    }
+  });
+}
+
+void Session::Degrade(const std::string& why) {
+  if (!recording_.exchange(false)) return;
+  std::fprintf(stderr,
+               "torchrr: warning: recording stopped: %s; the run goes on without recording\n",
+               why.c_str());
+}
+
+void Session::PushGroup(std::vector<Record>& group) {
+  switch (sink_->Push(group)) {
+    case TraceSink::PushResult::kQueued:
+      return;
+    case TraceSink::PushResult::kDropped: {
+      std::lock_guard<std::mutex> lock(mu_);
+      ForgetInterned();
+      return;
+    }
+    case TraceSink::PushResult::kFailed:
+      recording_.store(false, std::memory_order_release);  // The sink already warned.
+      return;
+  }
+}
+
+void Session::ForgetInterned() {
+  strings_.clear();
+  op_names_.clear();
+  frames_.clear();
+  stacks_.clear();
+  // Tensors keep their ids (ids must not change) but their metadata is written again.
+  tensors_.Clear();
+}
+
+void Session::RecordError(format::ErrorKind kind, const std::string& type,
+                          const std::string& message) {
+  if (!recording()) return;
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  BusyGuard busy;
+  std::vector<Record> group;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    format::ErrorRecord error;
+    error.kind = kind;
+    error.op = t_state.op_stack.empty() ? 0 : t_state.op_stack.back();
+    error.thread = static_cast<uint32_t>(at::RecordFunction::currentThreadId());
+    error.time_ns = NowNs();
+    error.type = InternString(type, group);
+    error.message = message;
+    group.emplace_back(std::move(error));
+  }
+  PushGroup(group);
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+format::InternId Session::InternString(const std::string& text, std::vector<Record>& out) {
+  if (text.empty()) return 0;
+  auto it = strings_.find(text);
+  if (it != strings_.end()) return it->second;
+  format::InternId id = sink_->NextStringId();
+  strings_.emplace(text, id);
+  out.emplace_back(format::StringDef{id, text});
+  return id;
+}
+
+format::InternId Session::InternOpName(const char* name, std::vector<Record>& out) {
+  if (name == nullptr || *name == '\0') return 0;
+  auto it = op_names_.find(name);
+  if (it != op_names_.end()) return it->second;
+  format::InternId id = InternString(name, out);
+  op_names_.emplace(name, id);
+  return id;
+}
+
+format::InternId Session::InternNativeStack(const uintptr_t* pcs, size_t n,
+                                            std::vector<Record>& out) {
+  if (n == 0) return 0;
+  std::string key(reinterpret_cast<const char*>(pcs), n * sizeof(uintptr_t));
+  auto it = stacks_.find(key);
+  if (it != stacks_.end()) return it->second;
+  format::StackDef stack;
+  stack.id = ++next_stack_id_;
+  stack.frames.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto [frame, created] = frames_.try_emplace(pcs[i], 0);
+    if (created) {
+      frame->second = sink_->NextFrameId();
+      format::FrameDef def;  // Symbolized by the writer thread before it is written.
+      def.id = frame->second;
+      def.kind = format::FrameKind::kNative;
+      def.pc = pcs[i];
+      out.emplace_back(def);
+    }
+    stack.frames.push_back(frame->second);
+  }
+  stacks_.emplace(std::move(key), stack.id);
+  format::InternId id = stack.id;
+  out.emplace_back(std::move(stack));
+  return id;
+}
+
+format::ObjectId Session::StorageId(const c10::TensorImpl& impl) {
+  if (!impl.has_storage()) return 0;
+  const c10::Storage& storage = impl.unsafe_storage();
+  c10::StorageImpl* storage_impl = storage.unsafeGetStorageImpl();
+  if (storage_impl == nullptr) return 0;
+  bool created = false;
+  return storages_
+      .Lookup(storage_impl, [&] { return storage.getWeakStorageImpl(); }, next_id_, created)
+      .id;
+}
+
+format::ObjectId Session::VersionCounterId(const c10::TensorImpl& impl) {
+  const c10::intrusive_ptr_target* counter = VersionCounterOf(impl);
+  if (counter == nullptr) return 0;
+  bool created = false;
+  return counters_.Lookup(counter, [&] { return WeakVersionCounter(impl); }, next_id_, created)
+      .id;
+}
+
+format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record>& out) {
+  if (!tensor.defined()) return 0;
+  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  bool created = false;
+  auto& entry = tensors_.Lookup(
+      impl, [&] { return c10::weak_intrusive_ptr<c10::TensorImpl>(tensor.getIntrusivePtr()); },
+      next_id_, created);
+
+  format::TensorInfo info;
+  info.tensor = entry.id;
+  info.storage = StorageId(*impl);
+  info.version_counter = VersionCounterId(*impl);
+  info.dtype = static_cast<format::DType>(impl->dtype().toScalarType());
+  info.device.type = static_cast<int8_t>(impl->device_type());
+  info.device.index = impl->device().has_index() ? impl->device().index() : -1;
+  if (impl->layout() == c10::kStrided) {
+    auto sizes = impl->sizes();
+    auto strides = impl->strides();
+    info.shape.assign(sizes.begin(), sizes.end());
+    info.strides.assign(strides.begin(), strides.end());
+    info.storage_offset = impl->storage_offset();
+  }
+  info.requires_grad = impl->requires_grad();
+  torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
+  info.is_leaf = grad_fn == nullptr;
+  info.grad_fn = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
+  info.output_nr = impl->autograd_meta() != nullptr ? tensor.output_nr() : 0;
+  info.storage_nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
+
+  if (created || !SameMetadata(entry.extra, info)) {
+    entry.extra = info;
+    out.emplace_back(std::move(info));
+  }
+  return entry.id;
+}
+
+format::ObjectId Session::RefNode(torch::autograd::Node* node, const OpFrame* creator,
+                                  std::vector<Record>& out) {
+  if (node == nullptr) return 0;
+  std::vector<torch::autograd::Node*> pending;
+  bool created = false;
+  auto& entry = nodes_.Lookup(node, [&] { return node->weak_from_this(); }, next_id_, created);
+  ObjectId id = entry.id;
+  if (!created) return id;
+  WriteNodeRecord(node, id, creator, pending, out);
+  // Nodes reached through edges that were never seen as an op's grad_fn (AccumulateGrad of
+  // leaves, nodes created before the recording started).
+  while (!pending.empty()) {
+    torch::autograd::Node* next = pending.back();
+    pending.pop_back();
+    ObjectId next_id = nodes_.Find(next);
+    WriteNodeRecord(next, next_id, creator, pending, out);
+  }
+  return id;
+}
+
+void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const OpFrame* creator,
+                              std::vector<torch::autograd::Node*>& pending,
+                              std::vector<Record>& out) {
+  format::NodeRecord record;
+  record.node = id;
+  record.name = InternString(node->name(), out);
+  record.forward_thread = node->thread_id();
+  uint64_t sequence_nr = node->sequence_nr();
+  record.sequence_nr = static_cast<int64_t>(sequence_nr);
+  if (creator != nullptr && node->thread_id() == creator->thread &&
+      sequence_nr >= creator->sequence_at_start && sequence_nr < creator->sequence_at_end) {
+    record.created_by = creator->op.op;
+  }
+  if (auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+    record.variable = RefTensor(accumulate->variable, out);
+  }
+
+  record.saved_kind = VisitSavedVariables(
+      *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
+        SavedVariableFacts facts = ReadSavedVariable(sv);
+        format::SavedTensor saved;
+        saved.name = InternString(name, out);
+        saved.list_index = list_index;
+        saved.defined = facts.defined;
+        saved.has_hooks = facts.has_hooks;
+        saved.is_output = facts.is_output;
+        saved.is_leaf = facts.is_leaf;
+        saved.saved_version = facts.saved_version;
+        saved.output_nr = facts.output_nr;
+        if (facts.data != nullptr) {
+          const c10::TensorImpl& data = *facts.data->unsafeGetTensorImpl();
+          saved.storage = StorageId(data);
+          saved.version_counter = VersionCounterId(data);
+          // A saved output is a shallow copy sharing the output's storage and counter; OnEnd
+          // names the output the program holds instead.
+          if (facts.saved_original) saved.tensor = RefTensor(*facts.data, out);
+        }
+        record.saved.push_back(saved);
+      });
+  if (record.saved_kind == format::SavedSetKind::kUnknown) {
+    std::string type = typeid(*node).name();
+    if (type.find("CppNode") != std::string::npos || type.find("PyNode") != std::string::npos) {
+      record.saved_kind = format::SavedSetKind::kCustom;
+    }
+  }
+
+  const auto& edges = node->next_edges();
+  record.edges.reserve(edges.size());
+  for (const auto& edge : edges) {
+    format::Edge out_edge;
+    out_edge.input_nr = edge.input_nr;
+    if (edge.function) {
+      bool created = false;
+      torch::autograd::Node* next = edge.function.get();
+      out_edge.node =
+          nodes_.Lookup(next, [&] { return next->weak_from_this(); }, next_id_, created).id;
+      if (created) pending.push_back(next);
+    }
+    record.edges.push_back(out_edge);
+  }
+
+  if (sequence_nr != UINT64_MAX) {
+    node_keys_[{node->thread_id(), record.sequence_nr}] = KeyedNode{id, node};
+    if (node_keys_.size() >= prune_node_keys_at_) {
+      for (auto it = node_keys_.begin(); it != node_keys_.end();) {
+        it = nodes_.Find(it->second.address) == it->second.id ? std::next(it)
+                                                                : node_keys_.erase(it);
+      }
+      prune_node_keys_at_ = std::max<size_t>(4096, 2 * node_keys_.size());
+    }
+  }
+  out.emplace_back(std::move(record));
+}
+
+std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn) {
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  BusyGuard busy;
+  std::unique_ptr<OpFrame> frame;
+  try {
+    frame = std::make_unique<OpFrame>();
+    format::OpRecord& op = frame->op;
+    op.start_ns = NowNs();
+    frame->uncaught_at_start = std::uncaught_exceptions();
+    frame->sequence_at_start = at::sequence_number::peek();
+    frame->thread = at::RecordFunction::currentThreadId();
+    op.thread = static_cast<uint32_t>(fn.threadId());
+    op.scope = ScopeOf(fn.scope());
+    op.sequence_nr = fn.seqNr();
+    op.forward_thread = fn.forwardThreadId();
+    op.grad_mode = at::GradMode::is_enabled();
+    op.parent = t_state.op_stack.empty() ? 0 : t_state.op_stack.back();
+
+    // Stacks for top-level ops outside backward: nested ops share their top-level op's stack,
+    // and ops run by autograd's engine have no user frames.
+    uintptr_t pcs[kMaxNativeFrames];
+    size_t n_pcs = 0;
+    bool is_backward = op.scope == format::OpScope::kBackwardFunction;
+    if (options_.native_stacks && t_state.op_stack.empty() && t_state.backward_depth == 0 &&
+        !is_backward) {
+      n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
+    }
+
+    auto inputs = fn.inputs();
+    std::lock_guard<std::mutex> lock(mu_);
+    op.op = ++next_id_;
+    op.name = InternOpName(fn.name(), frame->before);
+    const char* overload = fn.overload_name();
+    if (overload != nullptr && *overload != '\0') op.overload = InternString(overload, frame->before);
+    op.stack = InternNativeStack(pcs, n_pcs, frame->before);
+
+    auto add_tensor = [&](const at::Tensor& t, uint16_t position, uint16_t list_index) {
+      if (!t.defined()) return;
+      format::TensorUse use;
+      use.tensor = RefTensor(t, frame->before);
+      use.position = position;
+      use.list_index = list_index;
+      auto counter = StrongVersionCounter(*t.unsafeGetTensorImpl());
+      use.version_before = ReadVersionCounter(counter.get());
+      use.version_after = use.version_before;
+      op.inputs.push_back(use);
+      frame->input_counters.push_back(std::move(counter));
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const c10::IValue& v = inputs[i];
+      auto position = static_cast<uint16_t>(i);
+      if (v.isTensor()) {
+        add_tensor(v.toTensor(), position, format::TensorUse::kNotInList);
+        continue;
+      }
+      if (v.isTensorList()) {
+        auto list = v.toTensorList();
+        for (size_t j = 0; j < list.size(); ++j) {
+          add_tensor(list.get(j), position, static_cast<uint16_t>(j));
+        }
+        continue;
+      }
+      if (v.isList()) {
+        auto list = v.toListRef();
+        bool has_tensor = false;
+        for (size_t j = 0; j < list.size(); ++j) {
+          if (list[j].isTensor()) {
+            add_tensor(list[j].toTensor(), position, static_cast<uint16_t>(j));
+            has_tensor = true;
+          }
+        }
+        if (has_tensor) continue;
+      }
+      format::Value value;
+      value.position = position;
+      if (v.isNone()) {
+        value.kind = format::ValueKind::kNone;
+      } else if (v.isBool()) {
+        value.kind = format::ValueKind::kBool;
+        value.i = v.toBool();
+      } else if (v.isInt()) {
+        value.kind = format::ValueKind::kInt;
+        value.i = v.toInt();
+      } else if (v.isDouble()) {
+        value.kind = format::ValueKind::kDouble;
+        value.d = v.toDouble();
+      } else if (v.isComplexDouble()) {
+        value.kind = format::ValueKind::kComplex;
+        auto c = v.toComplexDouble();
+        value.d = c.real();
+        value.d_imag = c.imag();
+      } else if (v.isString()) {
+        value.kind = format::ValueKind::kString;
+        value.s = InternString(v.toStringRef(), frame->before);
+      } else if (v.isIntList()) {
+        value.kind = format::ValueKind::kIntList;
+        auto ints = v.toIntVector();
+        value.ints.assign(ints.begin(), ints.end());
+      } else if (v.isDoubleList()) {
+        value.kind = format::ValueKind::kDoubleList;
+        auto doubles = v.toDoubleVector();
+        value.doubles.assign(doubles.begin(), doubles.end());
+      } else if (v.isBoolList()) {
+        value.kind = format::ValueKind::kBoolList;
+        for (bool b : v.toBoolList()) value.ints.push_back(b);
+      } else if (v.isDevice()) {
+        value.kind = format::ValueKind::kDevice;
+        auto device = v.toDevice();
+        value.i = static_cast<int64_t>(device.type()) * 256 + (device.has_index() ? device.index() : 255);
+      } else {
+        value.kind = format::ValueKind::kOther;
+        value.s = InternString(v.tagKind(), frame->before);
+      }
+      op.values.push_back(std::move(value));
+    }
+    t_state.op_stack.push_back(op.op);
+    if (is_backward) ++t_state.backward_depth;
+    frame->active = true;
+  } catch (const std::exception& e) {
+    Degrade(std::string("internal error at an op's start: ") + e.what());
+    frame.reset();
+  }
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  return frame;
+}
+
+void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  BusyGuard busy;
+  format::OpRecord& op = frame.op;
+  bool is_backward = op.scope == format::OpScope::kBackwardFunction;
+  if (!t_state.op_stack.empty() && t_state.op_stack.back() == op.op) t_state.op_stack.pop_back();
+  if (is_backward && t_state.backward_depth > 0) --t_state.backward_depth;
+  frame.active = false;
+  if (!recording()) {
+    in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+    return;
+  }
+  try {
+    op.end_ns = NowNs();
+    op.threw = std::uncaught_exceptions() > frame.uncaught_at_start;
+    frame.sequence_at_end = at::sequence_number::peek();
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      op.inputs[i].version_after = ReadVersionCounter(frame.input_counters[i].get());
+    }
+    frame.input_counters.clear();
+
+    std::vector<Record> group = std::move(frame.before);
+    std::vector<Record> after;
+    const auto& outputs = fn.outputs();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Outputs, in order: tensors and the positions they came from.
+      std::vector<at::Tensor> touched;  // Parallel to op.outputs.
+      std::vector<std::pair<uint16_t, uint16_t>> positions;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        const c10::IValue& v = outputs[i];
+        if (v.isTensor()) {
+          if (!v.toTensor().defined()) continue;
+          touched.push_back(v.toTensor());
+          positions.emplace_back(static_cast<uint16_t>(i), format::TensorUse::kNotInList);
+        } else if (v.isTensorList()) {
+          auto list = v.toTensorList();
+          for (size_t j = 0; j < list.size(); ++j) {
+            at::Tensor t = list.get(j);
+            if (!t.defined()) continue;
+            touched.push_back(std::move(t));
+            positions.emplace_back(static_cast<uint16_t>(i), static_cast<uint16_t>(j));
+          }
+        }
+      }
+      // The nodes this op created, first (so the outputs' TensorInfo can name them): the outputs'
+      // grad_fn, and for an in-place op on a view the CopySlices autograd put on the view's base.
+      std::vector<Record> nodes;
+      for (const at::Tensor& t : touched) {
+        torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
+        if (grad_fn != nullptr) RefNode(grad_fn, &frame, nodes);
+        if (t.is_view()) {
+          auto* view_meta = torch::autograd::impl::get_view_autograd_meta(t);
+          if (view_meta != nullptr && view_meta->has_bw_view()) {
+            const at::Tensor& base = view_meta->get_backward_view().base_;
+            torch::autograd::Node* base_fn = torch::autograd::impl::grad_fn_unsafe(base);
+            if (base_fn != nullptr) RefNode(base_fn, &frame, nodes);
+            RefTensor(base, after);
+          }
+        }
+      }
+      for (size_t i = 0; i < touched.size(); ++i) {
+        const at::Tensor& t = touched[i];
+        format::TensorUse use;
+        use.tensor = RefTensor(t, after);
+        use.position = positions[i].first;
+        use.list_index = positions[i].second;
+        use.version_after = ReadVersionCounter(VersionCounterOf(*t.unsafeGetTensorImpl()));
+        use.version_before = use.version_after;
+        for (const auto& in : op.inputs) {  // An in-place op returns its input.
+          if (in.tensor == use.tensor) use.version_before = in.version_before;
+        }
+        op.outputs.push_back(use);
+      }
+      // A saved output names the output tensor the program holds.
+      for (auto& r : nodes) {
+        auto* node = std::get_if<format::NodeRecord>(&r);
+        if (node == nullptr) continue;
+        for (auto& saved : node->saved) {
+          if (saved.tensor != 0 || saved.version_counter == 0) continue;
+          for (size_t i = 0; i < touched.size(); ++i) {
+            const c10::TensorImpl& impl = *touched[i].unsafeGetTensorImpl();
+            if (VersionCounterId(impl) == saved.version_counter &&
+                StorageId(impl) == saved.storage) {
+              saved.tensor = op.outputs[i].tensor;
+              break;
+            }
+          }
+        }
+      }
+
+      format::NodeExecRecord exec;
+      bool has_exec = false;
+      if (is_backward) {
+        has_exec = true;
+        auto it = node_keys_.find({op.forward_thread, op.sequence_nr});
+        if (it != node_keys_.end() && nodes_.Find(it->second.address) == it->second.id) {
+          exec.node = it->second.id;
+        }
+        exec.op = op.op;
+        exec.thread = op.thread;
+        exec.start_ns = op.start_ns;
+        exec.end_ns = op.end_ns;
+        exec.threw = op.threw;
+      }
+      // Order: definitions and inputs' metadata (before), the outputs' metadata as the op left
+      // them, the nodes it created (whose saved tensors those describe), the op itself.
+      for (auto& r : after) group.push_back(std::move(r));
+      for (auto& r : nodes) group.push_back(std::move(r));
+      group.emplace_back(std::move(op));
+      if (has_exec) group.emplace_back(exec);
+    }
+    ops_recorded_.fetch_add(1, std::memory_order_relaxed);
+    PushGroup(group);
+  } catch (const std::exception& e) {
+    Degrade(std::string("internal error at an op's end: ") + e.what());
+  }
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+}  // namespace torchrr::recorder

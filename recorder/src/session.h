@@ -1,0 +1,121 @@
+// Session: one recording, from the moment its RecordFunction callbacks are registered to Stop().
+//
+// The callbacks run on every thread that dispatches an op (training threads, autograd's worker
+// threads, the optimizer). The start callback takes what is only valid then (the inputs, their
+// versions, the stack); the end callback adds the outputs, the versions after the op, the autograd
+// nodes the op created (with what each saved) and, for a node running in backward, its execution;
+// then it hands the op's records to the TraceSink in one group. Shared tables (ids, interned
+// strings and stacks) are guarded by one mutex taken once per callback.
+//
+// Nothing here throws into the program or aborts it: a callback that fails stops the recording
+// with one warning.
+#ifndef TORCHRR_RECORDER_SESSION_H_
+#define TORCHRR_RECORDER_SESSION_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/function.h>
+
+#include "object_ids.h"
+#include "torchrr/format/records.h"
+#include "torchrr/recorder.h"
+#include "trace_sink.h"
+
+namespace torchrr::recorder {
+
+struct OpFrame;
+
+class Session {
+ public:
+  // Opens the trace and registers the callbacks. Returns nullptr (and sets *error) when the trace
+  // cannot be opened or another session is recording.
+  static std::shared_ptr<Session> Start(const RecorderOptions& options, std::string* error);
+  ~Session();
+
+  // Unregisters the callbacks, waits for callbacks in flight, closes the trace. Idempotent.
+  void Stop();
+  bool recording() const { return recording_.load(std::memory_order_acquire); }
+
+  void RecordError(format::ErrorKind kind, const std::string& type, const std::string& message);
+
+  uint64_t ops_recorded() const { return ops_recorded_.load(std::memory_order_relaxed); }
+  uint64_t records_dropped() const { return sink_ ? sink_->dropped_records() : 0; }
+
+  // The session recording now, or nullptr. Used by the callbacks, the terminate handler and the
+  // Python bindings.
+  static std::shared_ptr<Session> Active();
+
+  // Callback bodies (public for the static trampolines).
+  std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn);
+  void OnEnd(const at::RecordFunction& fn, OpFrame& frame);
+
+ private:
+  explicit Session(const RecorderOptions& options);
+  // Stops with one warning; for failures inside callbacks.
+  void Degrade(const std::string& why);
+  void PushGroup(std::vector<format::Record>& group);
+
+  // All of the following run with mu_ held.
+  format::InternId InternString(const std::string& text, std::vector<format::Record>& out);
+  format::InternId InternOpName(const char* name, std::vector<format::Record>& out);
+  format::InternId InternNativeStack(const uintptr_t* pcs, size_t n,
+                                     std::vector<format::Record>& out);
+  // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed.
+  format::ObjectId RefTensor(const at::Tensor& tensor, std::vector<format::Record>& out);
+  format::ObjectId StorageId(const c10::TensorImpl& impl);
+  format::ObjectId VersionCounterId(const c10::TensorImpl& impl);
+  // The node's id; on first sight writes its NodeRecord (and those of unseen nodes it reaches).
+  // `creator` is the op whose end this is (nullptr outside an op end).
+  format::ObjectId RefNode(torch::autograd::Node* node, const OpFrame* creator,
+                           std::vector<format::Record>& out);
+  void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, const OpFrame* creator,
+                       std::vector<torch::autograd::Node*>& pending,
+                       std::vector<format::Record>& out);
+  void ForgetInterned();  // After a dropped group: everything is defined again on next use.
+
+  const RecorderOptions options_;
+  std::unique_ptr<TraceSink> sink_;
+  std::atomic<bool> recording_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<uint64_t> ops_recorded_{0};
+  at::CallbackHandle callback_handle_ = 0;
+  std::once_flag stop_once_;
+
+  std::mutex mu_;
+  format::ObjectId next_id_ = 0;  // Guarded by mu_.
+  std::unordered_map<std::string, format::InternId> strings_;      // Guarded by mu_.
+  std::unordered_map<const char*, format::InternId> op_names_;     // Guarded by mu_.
+  std::unordered_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
+  std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
+  format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, format::TensorInfo> tensors_;
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_;
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_;
+  ObjectIdTable<std::weak_ptr<torch::autograd::Node>> nodes_;
+  // (forward thread, sequence_nr) -> node: the key a backward function carries.
+  struct NodeKeyHash {
+    size_t operator()(const std::pair<uint64_t, int64_t>& key) const {
+      return std::hash<uint64_t>()(key.first * 0x9e3779b97f4a7c15ULL ^
+                                   static_cast<uint64_t>(key.second));
+    }
+  };
+  struct KeyedNode {
+    format::ObjectId id = 0;
+    const void* address = nullptr;  // To check, with nodes_, that the node is still alive.
+  };
+  std::unordered_map<std::pair<uint64_t, int64_t>, KeyedNode, NodeKeyHash> node_keys_;  // mu_.
+  size_t prune_node_keys_at_ = 4096;  // Guarded by mu_.
+};
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_SESSION_H_

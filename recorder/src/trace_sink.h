@@ -1,0 +1,106 @@
+// TraceSink: the bounded queue between the training threads and the writer thread.
+//
+// Training threads hand over groups of records (one op's worth) and go back to work; the writer
+// thread symbolizes new native frames, encodes, compresses and writes. The queue holds at most
+// max_buffered_bytes: when it is full a producer either waits for the writer (kWait, no data lost)
+// or drops the group and counts it (kDrop); the count becomes a DataLossRecord in the trace.
+// A write that fails (disk full, path gone) prints one warning and fails the sink: every later
+// Push() returns false and the recorder stops recording. The training run is never interrupted.
+#ifndef TORCHRR_RECORDER_TRACE_SINK_H_
+#define TORCHRR_RECORDER_TRACE_SINK_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "torchrr/format/records.h"
+#include "torchrr/format/writer.h"
+#include "torchrr/recorder.h"
+
+namespace torchrr::recorder {
+
+class TraceSink {
+ public:
+  struct Options {
+    std::string path;
+    size_t max_buffered_bytes = 256u << 20;
+    WhenFull when_full = WhenFull::kWait;
+    int zstd_level = 3;
+  };
+
+  // Opens the trace file and starts the writer thread. On failure returns nullptr and sets *error.
+  static std::unique_ptr<TraceSink> Open(const Options& options, const format::FileInfo& info,
+                                         std::string* error);
+  ~TraceSink();  // Close().
+
+  enum class PushResult { kQueued, kDropped, kFailed };
+  // Moves `records` into the queue (leaving it empty). Thread-safe. kDropped: the queue was full
+  // in kDrop mode and the group was counted as lost (the caller must forget what it interned in
+  // it). kFailed: the sink has failed; stop recording.
+  PushResult Push(std::vector<format::Record>& records);
+
+  // Drains the queue, closes the trace (index and trailer) and joins the writer thread.
+  // Idempotent. Returns false if the trace could not be written whole.
+  bool Close();
+
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  uint64_t dropped_records() const { return dropped_records_total_.load(); }
+
+  // String ids come from one counter shared by the recorder and the writer thread (which interns
+  // the names it finds when symbolizing). Thread-safe.
+  format::InternId NextStringId() { return next_string_id_.fetch_add(1) + 1; }
+  // Frame ids likewise. A native FrameDef the recorder queues with only `pc` set is a
+  // placeholder: the writer thread symbolizes it into the frames it stands for (several when
+  // functions were inlined there), writes those under fresh ids, and rewrites the StackDefs that
+  // name the placeholder to name them instead.
+  format::InternId NextFrameId() { return next_frame_id_.fetch_add(1) + 1; }
+
+  // Rough memory a record holds while queued.
+  static size_t ApproxBytes(const format::Record& record);
+
+ private:
+  TraceSink(const Options& options, std::unique_ptr<format::TraceWriter> writer);
+  void WriterLoop();
+  bool WriteBatch(std::vector<format::Record>& batch);  // Writer thread only.
+  void Fail(const std::string& why);
+  // Writes the frames a placeholder symbolizes to, with the StringDefs they need first.
+  // Writer thread only.
+  bool Symbolize(const format::FrameDef& placeholder);
+  format::InternId InternSymbolString(const std::string& text, bool* ok);
+
+  const Options options_;
+  std::unique_ptr<format::TraceWriter> writer_;  // Writer thread only (and Close after join).
+
+  std::mutex mu_;
+  std::condition_variable has_work_;   // Writer waits on it.
+  std::condition_variable has_room_;   // Producers wait on it (kWait).
+  std::vector<format::Record> queue_;  // Guarded by mu_.
+  size_t queued_bytes_ = 0;            // Guarded by mu_.
+  bool closing_ = false;               // Guarded by mu_.
+  uint64_t dropped_records_ = 0;       // Guarded by mu_: not yet reported in the trace.
+  uint64_t dropped_bytes_ = 0;         // Guarded by mu_.
+  int64_t dropped_first_ns_ = 0;       // Guarded by mu_.
+  int64_t dropped_last_ns_ = 0;        // Guarded by mu_.
+
+  std::unordered_map<std::string, format::InternId> symbol_strings_;  // Writer thread only.
+  std::unordered_map<format::InternId, std::vector<format::InternId>> expanded_frames_;  // Writer.
+  std::atomic<format::InternId> next_string_id_{0};
+  std::atomic<format::InternId> next_frame_id_{0};
+  std::atomic<bool> failed_{false};
+  std::atomic<uint64_t> dropped_records_total_{0};
+  std::thread thread_;
+  bool closed_ = false;                // Close() caller only.
+};
+
+// Steady-clock nanoseconds, the trace's clock.
+int64_t NowNs();
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_TRACE_SINK_H_

@@ -1,0 +1,29 @@
+// The verbs of the `torchrr` command line. main.cc only parses arguments; each verb lives in its
+// own <verb>_command.cc and adds itself to the app with a Register<Verb>Command function.
+#ifndef TORCHRR_REPLAYER_CLI_COMMANDS_H_
+#define TORCHRR_REPLAYER_CLI_COMMANDS_H_
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "torchrr/format/reader.h"
+
+namespace torchrr::cli {
+
+// Adds the verb's subcommand to `app`. When the verb runs (inside app.parse), it stores its exit
+// code in *exit_code.
+void RegisterInfoCommand(CLI::App& app, int* exit_code);
+void RegisterDumpCommand(CLI::App& app, int* exit_code);
+
+// Exit codes, as `torchrr --help` lists them (format::ExitCodeFor gives 0 and 3-7).
+inline constexpr int kExitViolations = 1;  // replay: violations found.
+inline constexpr int kExitUsage = 2;
+
+// Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
+// after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.
+int ReportRead(const std::string& path, const format::ReadSummary& summary);
+
+}  // namespace torchrr::cli
+
+#endif  // TORCHRR_REPLAYER_CLI_COMMANDS_H_

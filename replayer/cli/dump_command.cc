@@ -1,0 +1,120 @@
+// `torchrr dump FILE`: every record, one line each, as text (interned names resolved) or JSON.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "commands.h"
+#include "torchrr/format/json.h"
+#include "torchrr/format/reader.h"
+
+namespace torchrr::cli {
+namespace {
+
+struct DumpOptions {
+  std::string path;
+  bool json = false;
+};
+
+// Fields that hold a StringDef id, by name in the JSON of records.h.
+bool IsStringField(const std::string& kind, const std::string& field) {
+  if (field == "name" || field == "overload" || field == "function" || field == "file" ||
+      field == "library" || field == "saved_name") {
+    return kind != "saved";
+  }
+  return field == "type" && kind == "error";
+}
+
+class TextDumper {
+ public:
+  void Print(const format::Record& record) {
+    if (const auto* def = std::get_if<format::StringDef>(&record)) strings_[def->id] = def->text;
+    nlohmann::ordered_json j = format::RecordToJson(record);
+    line_.clear();
+    const std::string kind = j["kind"].get<std::string>();
+    line_ += kind;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "kind") continue;
+      line_ += ' ';
+      line_ += it.key();
+      line_ += '=';
+      Append(kind, it.key(), it.value());
+    }
+    line_ += '\n';
+    std::fwrite(line_.data(), 1, line_.size(), stdout);
+  }
+
+ private:
+  void Append(const std::string& kind, const std::string& field, const nlohmann::ordered_json& value) {
+    if (IsStringField(kind, field) && value.is_number_unsigned()) {
+      auto id = value.get<format::InternId>();
+      auto it = strings_.find(id);
+      if (id != 0 && it != strings_.end()) {
+        line_ += nlohmann::ordered_json(it->second).dump();  // Quoted and escaped.
+        return;
+      }
+    }
+    if (value.is_array() && !value.empty() && value.front().is_object()) {
+      // Tensor uses, edges, saved tensors, values: resolve names inside them too.
+      line_ += '[';
+      bool first = true;
+      for (const nlohmann::ordered_json& element : value) {
+        if (!first) line_ += ", ";
+        first = false;
+        line_ += '{';
+        bool first_field = true;
+        for (auto it = element.begin(); it != element.end(); ++it) {
+          if (!first_field) line_ += ' ';
+          first_field = false;
+          line_ += it.key();
+          line_ += '=';
+          Append(field == "saved" ? "saved_tensor" : "element", it.key(), it.value());
+        }
+        line_ += '}';
+      }
+      line_ += ']';
+      return;
+    }
+    line_ += value.dump();
+  }
+
+  std::unordered_map<format::InternId, std::string> strings_;
+  std::string line_;
+};
+
+int RunDump(const DumpOptions& options) {
+  format::ReadSummary summary;
+  if (options.json) {
+    // The first line describes the whole file, so a first pass reads the summary; the second
+    // prints the records as they come (memory stays bounded by one chunk).
+    summary = format::ReadTraceFile(options.path, nullptr);
+    int rc = ReportRead(options.path, summary);
+    if (rc == 3 || rc == 6) return rc;
+    std::printf("%s\n", format::SummaryToJson(summary).dump().c_str());
+    (void)format::ReadTraceFile(options.path, [](const format::Record& record) {
+      std::string line = format::RecordToJson(record).dump();
+      line += '\n';
+      std::fwrite(line.data(), 1, line.size(), stdout);
+    });
+    std::fflush(stdout);
+    return rc;
+  }
+  TextDumper dumper;
+  summary = format::ReadTraceFile(options.path,
+                                  [&](const format::Record& record) { dumper.Print(record); });
+  std::fflush(stdout);
+  return ReportRead(options.path, summary);
+}
+
+}  // namespace
+
+void RegisterDumpCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<DumpOptions>();
+  CLI::App* dump = app.add_subcommand("dump", "Print every record of a trace, one per line");
+  dump->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  dump->add_flag("--json", options->json,
+                 "One JSON object per line; the first describes the file (kind \"trace\")");
+  dump->callback([options, exit_code] { *exit_code = RunDump(*options); });
+}
+
+}  // namespace torchrr::cli

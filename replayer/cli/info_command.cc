@@ -1,0 +1,100 @@
+// `torchrr info FILE`: who wrote the trace, whether it was closed cleanly, and what is in it.
+#include <ctime>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <variant>
+
+#include <fmt/core.h>
+
+#include "commands.h"
+#include "torchrr/format/json.h"
+#include "torchrr/format/reader.h"
+
+namespace torchrr::cli {
+namespace {
+
+// Record's alternative index of OpRecord.
+constexpr size_t kOpKind = 4;
+static_assert(std::is_same_v<std::variant_alternative_t<kOpKind, format::Record>, format::OpRecord>);
+
+struct InfoOptions {
+  std::string path;
+  bool json = false;
+};
+
+std::string UtcTime(int64_t unix_ns) {
+  std::time_t seconds = static_cast<std::time_t>(unix_ns / 1'000'000'000);
+  std::tm tm{};
+  if (unix_ns <= 0 || gmtime_r(&seconds, &tm) == nullptr) return "unknown";
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+std::string Join(const std::vector<std::string>& args) {
+  std::string out;
+  for (const std::string& a : args) {
+    if (!out.empty()) out += ' ';
+    out += a.find_first_of(" \t\"'") == std::string::npos ? a : "'" + a + "'";
+  }
+  return out;
+}
+
+int RunInfo(const InfoOptions& options) {
+  using format::ReadSummary;
+  // Records are counted by the reader; none is kept.
+  ReadSummary s = format::ReadTraceFile(options.path, nullptr);
+  int rc = ReportRead(options.path, s);
+  if (rc == 3 || rc == 6) return rc;
+  if (options.json) {
+    fmt::print("{}\n", format::SummaryToJson(s).dump());
+    return rc;
+  }
+  const format::FileInfo& info = s.info;
+  fmt::print("file:             {} ({} bytes)\n", options.path, s.file_size);
+  fmt::print("format:           {}.{} (oldest reader {}.{})\n", s.header.major, s.header.minor,
+             s.header.oldest_reader_major, s.header.oldest_reader_minor);
+  if (s.has_info) {
+    fmt::print("written by:       torchrr {}, torch {}, cuda {}\n", info.torchrr_version,
+               info.torch_version, info.cuda_version.empty() ? "none" : info.cuda_version);
+    std::string rank = info.rank < 0 ? "not distributed"
+                                     : fmt::format("rank {} of {}", info.rank, info.world_size);
+    fmt::print("host:             {}, pid {}, {}\n", info.host, info.pid, rank);
+    fmt::print("started:          {} ({} ns)\n", UtcTime(info.start_time_unix_ns),
+               info.start_time_unix_ns);
+    fmt::print("command line:     {}\n", Join(info.command_line));
+  } else {
+    fmt::print("written by:       unknown (no file info chunk)\n");
+  }
+  fmt::print("closed cleanly:   {}\n", s.has_index ? "yes" : "no");
+  fmt::print("status:           {}\n", s.status.ok() ? "ok" : s.status.message());
+  fmt::print("chunks:           {}\n", s.chunks.size());
+  fmt::print("records:          {}\n", s.records());
+  for (size_t i = 0; i < format::kRecordKindCount; ++i) {
+    if (s.records_per_kind[i] > 0) {
+      fmt::print("  {:<16}{}\n", format::RecordKindNameAt(i), s.records_per_kind[i]);
+    }
+  }
+  fmt::print("raw bytes:        {}\n", s.raw_bytes);
+  fmt::print("compressed bytes: {}\n", s.compressed_bytes);
+  uint64_t op_count = s.records_per_kind[kOpKind];
+  if (op_count > 0) {
+    fmt::print("bytes per op:     {:.2f} compressed ({:.1f} raw)\n",
+               static_cast<double>(s.compressed_bytes) / static_cast<double>(op_count),
+               static_cast<double>(s.raw_bytes) / static_cast<double>(op_count));
+  }
+  return rc;
+}
+
+}  // namespace
+
+void RegisterInfoCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<InfoOptions>();
+  CLI::App* info = app.add_subcommand("info", "Show a trace's header, writer and contents");
+  info->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  info->add_flag("--json", options->json, "One JSON object instead of text");
+  info->callback([options, exit_code] { *exit_code = RunInfo(*options); });
+}
+
+}  // namespace torchrr::cli

@@ -1,0 +1,56 @@
+// torchrr: the command line. Parses arguments and hands each verb to its own file (commands.h).
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+#ifdef TORCHRR_HAVE_REPLAY
+#include "replay_command.h"
+#endif
+#include "torchrr/format/reader.h"
+
+namespace {
+
+constexpr const char* kExitCodes = R"(Exit codes:
+  0  ok
+  1  replay: violations found
+  2  usage error
+  3  unreadable file, or not a torchrr trace
+  4  trace truncated (data before the cut still used)
+  5  trace corrupt (data that verifies still used)
+  6  trace written by a newer torchrr format
+  7  other error
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("torchrr: records every tensor op of a PyTorch training step and replays it "
+               "offline to find the in-place op that broke autograd.",
+               "torchrr");
+  app.set_version_flag("--version", std::string("torchrr ") + TORCHRR_VERSION + " (trace format " +
+                                        std::to_string(torchrr::format::kFormatMajor) + "." +
+                                        std::to_string(torchrr::format::kFormatMinor) + ")");
+  app.footer(kExitCodes);
+  app.require_subcommand(1);
+
+  int exit_code = 0;
+  torchrr::cli::RegisterInfoCommand(app, &exit_code);
+  torchrr::cli::RegisterDumpCommand(app, &exit_code);
+#ifdef TORCHRR_HAVE_REPLAY
+  torchrr::cli::RegisterReplayCommand(app, &exit_code);
+#endif
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);  // Prints help, the version or the usage error.
+    return rc == 0 ? 0 : torchrr::cli::kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "torchrr: error: %s\n", e.what());
+    return 7;
+  }
+  return exit_code;
+}

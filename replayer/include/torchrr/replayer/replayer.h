@@ -1,0 +1,169 @@
+// The replayer's analysis: which op, on which line, modified which saved tensor.
+//
+// PyTorch says "one of the variables needed for gradient computation has been modified by an
+// inplace operation" and names the node that needed the tensor, not the op that modified it. A
+// torchrr trace holds every op with the version counters it read and bumped, every autograd node
+// with the tensors it saved (and their versions at save time), and every node's execution in
+// backward. The Analyzer rebuilds the timeline of every version counter from those records and
+// re-runs autograd's version check (SavedVariable::unpack) for every node execution, at the point
+// in the trace where the node started; a saved tensor whose counter moved since the save is a
+// violation, and the ops that moved it are the culprits. It also finds writes into a saved
+// tensor's bytes through a tensor that shares the storage but not the counter (`.data`), which
+// PyTorch never reports, and, when a backward pass threw part way, the violations the rest of that
+// pass would have hit.
+//
+// Torch-free: it reads records (torchrr/format/records.h) and nothing else. The meaning of every
+// field it relies on is in records.h; what it reports, field by field, is in replayer/SCHEMA.md.
+#ifndef TORCHRR_REPLAYER_REPLAYER_H_
+#define TORCHRR_REPLAYER_REPLAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "torchrr/format/records.h"
+
+namespace torchrr::replayer {
+
+// One frame of a recorded stack, symbolized; strings are empty and line 0 when unknown.
+struct Frame {
+  std::string function;
+  std::string file;
+  uint32_t line = 0;
+  std::string library;
+  bool python = false;
+  bool framework = false;
+};
+
+// Where in the user's code an op was called: the first frame, innermost first, that is not
+// framework code (torch, the runtime, torchrr).
+struct UserFrame {
+  std::string file;
+  uint32_t line = 0;
+  std::string function;
+};
+
+// An op as a report names it.
+struct OpRef {
+  format::ObjectId id = 0;       // OpRecord id; 0 when the op was not recorded.
+  std::string name;              // "aten::mul_"; for a culprit, the outermost ATen op the user called.
+  std::string overload;          // "Tensor"; empty for the default overload.
+  std::string detail;            // Culprits: the innermost op that did the write, when it differs
+                                 // from `name` ("aten::add_" inside "aten::foo").
+  uint32_t thread = 0;
+  std::vector<Frame> stack;      // Innermost first; empty when stacks were off.
+  std::optional<UserFrame> user_frame;
+};
+
+enum class ViolationKind : uint8_t {
+  kVersion = 0,  // The saved tensor's version counter moved: PyTorch raises (or would have).
+  kSilent = 1,   // Its bytes were written through a tensor with another counter: PyTorch is silent.
+};
+const char* ViolationKindName(ViolationKind kind);  // "version", "silent"
+
+// The saved tensor, as it was when the node saved it.
+struct SavedTensorRef {
+  format::ObjectId id = 0;              // Tensor id; 0 when the recorder did not know it.
+  std::string saved_name;               // The SavedVariable member: "self", "result", "other".
+  uint32_t list_index = format::TensorUse::kNotInList;
+  std::vector<int64_t> shape;           // Empty when the tensor's metadata was not recorded.
+  std::string dtype;                    // "float32"; empty when unknown.
+  std::string device;                   // "cpu", "cuda:0"; empty when unknown.
+  format::ObjectId storage = 0;
+  format::ObjectId version_counter = 0;
+  bool is_output = false;
+  bool is_leaf = false;
+  uint32_t output_nr = 0;
+};
+
+struct NodeRef {
+  format::ObjectId id = 0;
+  std::string name;                     // "SigmoidBackward0"
+  int64_t sequence_nr = -1;
+  uint64_t forward_thread = 0;
+};
+
+struct Violation {
+  ViolationKind kind = ViolationKind::kVersion;
+  // The first op that wrote the tensor after the save; absent when the write was not recorded
+  // (the counter jumped between two recorded uses).
+  std::optional<OpRef> culprit;
+  std::vector<OpRef> later_culprits;    // Later writes before the use, in trace order.
+  std::optional<OpRef> victim;          // The forward op that created the node (saved the tensor).
+  NodeRef backward_node;                // The node that needed the tensor.
+  uint32_t saved_version = 0;
+  uint32_t current_version = 0;         // The counter's version when the node ran (or would have).
+  SavedTensorRef tensor;
+  bool pytorch_raised = false;          // PyTorch raised for this node's version check.
+  std::optional<std::string> pytorch_message;  // PyTorch's message, when recorded.
+  // What PyTorch's message names: "output 0 of SigmoidBackward0"; nullopt for a leaf or unknown.
+  std::optional<std::string> pytorch_names;
+  // Found by simulating the part of a backward pass that did not run because a node threw.
+  bool simulated = false;
+  uint64_t backward_pass = 0;           // Index of the backward pass, from 0.
+  format::ObjectId node_exec_op = 0;    // The execution's OpRecord; 0 when simulated.
+};
+
+// What the analysis found, and how much it looked at.
+struct Report {
+  // Every violation. When PyTorch raised, the first one is the one it stopped at; the rest follow
+  // in the order autograd met (or would have met) them.
+  std::vector<Violation> violations;
+  uint64_t records = 0;
+  uint64_t ops = 0;                  // OpRecords.
+  uint64_t tensors = 0;
+  uint64_t nodes = 0;
+  uint64_t node_executions = 0;
+  uint64_t backward_passes = 0;
+  uint64_t version_bumps = 0;        // In-place writes seen (outermost op per write).
+  uint64_t data_loss_records = 0;    // Records the recorder said it lost (DataLossRecord).
+  // What the analysis could not be sure of (nodes with unknown saved sets, lost records, a
+  // PyTorch version error the trace does not explain), one line each.
+  std::vector<std::string> warnings;
+};
+
+// The streaming analysis: feed records in file order, then Finish(). Memory grows with the
+// tensors, nodes and in-place writes of the trace, not with its ops: records are not kept.
+// Records may be malformed (a truncated or corrupt trace): unknown ids are skipped, never trusted.
+// Not thread-safe: one thread feeds one Analyzer.
+class Analyzer {
+ public:
+  Analyzer();
+  ~Analyzer();
+  Analyzer(const Analyzer&) = delete;
+  Analyzer& operator=(const Analyzer&) = delete;
+
+  void Add(const format::Record& record);
+  // Ends the trace: runs what is pending (the last backward pass) and builds the report.
+  // Call once; later Add() calls are ignored.
+  Report Finish();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Analyzes records already in memory. Same result as feeding them to an Analyzer.
+Report Analyze(const std::vector<format::Record>& records);
+
+// The human report, one compiler-style diagnostic per violation (ANSI colours when `color`).
+// Source lines are quoted when the recorded file is readable on this machine. Ends with a summary
+// line; says "no saved tensor was modified" when there is nothing to report.
+std::string FormatText(const Report& report, bool color);
+
+// The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).
+inline constexpr int kSchemaVersion = 1;
+nlohmann::json ToJson(const Report& report);
+
+// Tensor metadata helpers, shared with the CLI and the tests.
+const char* DTypeName(format::DType dtype);     // "float32"; "unknown" past the table.
+size_t DTypeSize(format::DType dtype);          // Bytes per element; 0 when unknown.
+std::string DeviceName(const format::Device& device);  // "cpu", "cuda:0"
+
+}  // namespace torchrr::replayer
+
+#endif  // TORCHRR_REPLAYER_REPLAYER_H_

@@ -1,0 +1,94 @@
+// The JSON report. Its schema is replayer/SCHEMA.md: change both together, and bump
+// kSchemaVersion for anything but an added field.
+#include <nlohmann/json.hpp>
+
+#include "torchrr/replayer/replayer.h"
+
+namespace torchrr::replayer {
+namespace {
+
+using nlohmann::json;
+
+json UserFrameJson(const std::optional<UserFrame>& frame) {
+  if (!frame) return nullptr;
+  return {{"file", frame->file}, {"line", frame->line}, {"function", frame->function}};
+}
+
+json OpJson(const OpRef& op) {
+  json stack = json::array();
+  for (const Frame& f : op.stack) {
+    stack.push_back({{"function", f.function},
+                     {"file", f.file},
+                     {"line", f.line},
+                     {"library", f.library},
+                     {"python", f.python},
+                     {"framework", f.framework}});
+  }
+  return {{"id", op.id},
+          {"op", op.name.empty() ? json(nullptr) : json(op.name)},
+          {"overload", op.overload},
+          {"detail", op.detail.empty() ? json(nullptr) : json(op.detail)},
+          {"thread", op.thread},
+          {"user_frame", UserFrameJson(op.user_frame)},
+          {"stack", std::move(stack)}};
+}
+
+json OptionalOpJson(const std::optional<OpRef>& op) { return op ? OpJson(*op) : json(nullptr); }
+
+json ViolationJson(const Violation& v) {
+  json later = json::array();
+  for (const OpRef& op : v.later_culprits) later.push_back(OpJson(op));
+  const SavedTensorRef& t = v.tensor;
+  return {
+      {"kind", ViolationKindName(v.kind)},
+      {"culprit", OptionalOpJson(v.culprit)},
+      {"later_culprits", std::move(later)},
+      {"victim", OptionalOpJson(v.victim)},
+      {"backward_node",
+       {{"id", v.backward_node.id},
+        {"name", v.backward_node.name},
+        {"sequence_nr", v.backward_node.sequence_nr},
+        {"forward_thread", v.backward_node.forward_thread}}},
+      {"saved_version", v.saved_version},
+      {"current_version", v.current_version},
+      {"tensor",
+       {{"id", t.id},
+        {"name", t.saved_name},
+        {"list_index", t.list_index == format::TensorUse::kNotInList ? json(nullptr)
+                                                                      : json(t.list_index)},
+        {"shape", t.shape},
+        {"dtype", t.dtype.empty() ? json(nullptr) : json(t.dtype)},
+        {"device", t.device.empty() ? json(nullptr) : json(t.device)},
+        {"storage", t.storage},
+        {"version_counter", t.version_counter},
+        {"is_output", t.is_output},
+        {"is_leaf", t.is_leaf},
+        {"output_nr", t.output_nr}}},
+      {"pytorch_raised", v.pytorch_raised},
+      {"pytorch_message", v.pytorch_message ? json(*v.pytorch_message) : json(nullptr)},
+      {"pytorch_names", v.pytorch_names ? json(*v.pytorch_names) : json(nullptr)},
+      {"simulated", v.simulated},
+      {"backward_pass", v.backward_pass},
+      {"node_exec_op", v.node_exec_op == 0 ? json(nullptr) : json(v.node_exec_op)},
+  };
+}
+
+}  // namespace
+
+nlohmann::json ToJson(const Report& report) {
+  json violations = json::array();
+  for (const Violation& v : report.violations) violations.push_back(ViolationJson(v));
+  return {{"schema_version", kSchemaVersion},
+          {"violations", std::move(violations)},
+          {"ops", report.ops},
+          {"records", report.records},
+          {"tensors", report.tensors},
+          {"nodes", report.nodes},
+          {"node_executions", report.node_executions},
+          {"backward_passes", report.backward_passes},
+          {"version_bumps", report.version_bumps},
+          {"data_loss_records", report.data_loss_records},
+          {"warnings", report.warnings}};
+}
+
+}  // namespace torchrr::replayer

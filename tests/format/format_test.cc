@@ -1,0 +1,369 @@
+// The trace format: round trips, codec branches, and a reader that survives cuts, flips and any
+// piece size.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "record_codec.h"
+#include "sample_records.h"
+#include "torchrr/format/json.h"
+#include "torchrr/format/reader.h"
+#include "torchrr/format/writer.h"
+
+namespace torchrr::format {
+namespace {
+
+using testing::EveryKind;
+using testing::ManySteps;
+using testing::SampleFileInfo;
+
+std::string Write(const std::vector<Record>& records, size_t chunk_raw_bytes = 4u << 20) {
+  std::string out;
+  WriterOptions options;
+  options.chunk_raw_bytes = chunk_raw_bytes;
+  auto writer = TraceWriter::ToString(&out, SampleFileInfo(), options);
+  for (const Record& r : records) EXPECT_TRUE(writer->Append(r).ok());
+  EXPECT_TRUE(writer->Close().ok());
+  return out;
+}
+
+std::vector<nlohmann::ordered_json> Json(const std::vector<Record>& records) {
+  std::vector<nlohmann::ordered_json> out;
+  for (const Record& r : records) out.push_back(RecordToJson(r));
+  return out;
+}
+
+void ExpectSameRecords(const std::vector<Record>& want, const std::vector<Record>& got) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(RecordToJson(want[i]), RecordToJson(got[i])) << "record " << i;
+  }
+}
+
+TEST(IdCoder, EveryBranchRoundTrips) {
+  const uint64_t base = 100;
+  std::vector<ObjectId> ids = {0, 150, 150, 149, 101, 100, 1, 0, 151, 1000, 500, kMaxObjectId, 7,
+                               kMaxObjectId - 1, 101};
+  IdCoder encoder(base);
+  std::vector<uint64_t> coded;
+  for (ObjectId id : ids) coded.push_back(encoder.Encode(id));
+  EXPECT_FALSE(encoder.overflow());
+  EXPECT_EQ(coded[0], 0u);
+  EXPECT_EQ(coded[1], (50u << 2) | 1);   // New: distance above high.
+  EXPECT_EQ(coded[2], (0u << 2) | 2);    // Seen: distance below high.
+  EXPECT_EQ(coded[3], (1u << 2) | 2);
+  EXPECT_EQ(coded[5], (100u << 2) | 3);  // At or below base: absolute.
+  EXPECT_EQ(coded[6], (1u << 2) | 3);
+  IdCoder decoder(base);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(decoder.Decode(coded[i]), ids[i]) << i;
+
+  IdCoder overflowing(0);
+  overflowing.Encode(kMaxObjectId + 1);
+  EXPECT_TRUE(overflowing.overflow());
+}
+
+TEST(TimeCoder, ExtremesRoundTrip) {
+  std::vector<int64_t> times = {0, 5, 3, INT64_MAX, INT64_MIN, -1, 1, INT64_MIN, INT64_MAX, 0};
+  TimeCoder encoder(17);
+  TimeCoder decoder(17);
+  for (int64_t t : times) EXPECT_EQ(decoder.Decode(encoder.Encode(t)), t);
+  TimeCoder small(1000);
+  EXPECT_EQ(small.Encode(1003), 6u);  // zigzag(+3)
+  EXPECT_EQ(small.Encode(1002), 1u);  // zigzag(-1)
+}
+
+TEST(RoundTrip, EveryKindEveryField) {
+  std::vector<Record> records = EveryKind(1000, 7, 5'000'000'000);
+  ASSERT_EQ(records.size(), kRecordKindCount);
+  for (size_t i = 0; i < records.size(); ++i) EXPECT_EQ(records[i].index(), i);
+  Trace trace = ReadTraceBytesAll(Write(records));
+  EXPECT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  EXPECT_TRUE(trace.summary.has_index);
+  ExpectSameRecords(records, trace.records);
+  for (size_t i = 0; i < kRecordKindCount; ++i) EXPECT_EQ(trace.summary.records_per_kind[i], 1u);
+  ASSERT_TRUE(trace.summary.has_info);
+  EXPECT_EQ(FileInfoToJson(trace.summary.info), FileInfoToJson(SampleFileInfo()));
+  EXPECT_EQ(trace.summary.header.major, kFormatMajor);
+  EXPECT_EQ(trace.summary.header.minor, kFormatMinor);
+}
+
+TEST(RoundTrip, ManyChunksCarryTheCursors) {
+  std::vector<Record> records = ManySteps(40);
+  std::string bytes = Write(records, 600);
+  Trace trace = ReadTraceBytesAll(bytes);
+  EXPECT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  EXPECT_TRUE(trace.summary.has_index);
+  EXPECT_GT(trace.summary.chunks.size(), 20u);
+  ExpectSameRecords(records, trace.records);
+  EXPECT_EQ(trace.summary.records(), records.size());
+  EXPECT_EQ(trace.summary.file_size, bytes.size());
+}
+
+TEST(RoundTrip, ChunkEveryRecordAndDefaults) {
+  std::vector<Record> records = ManySteps(3);
+  for (size_t i = 0; i < kRecordKindCount; ++i) {
+    Record r;
+    switch (i) {  // Every kind with every field at its default.
+      case 0: r = StringDef{}; break;
+      case 1: r = FrameDef{}; break;
+      case 2: r = StackDef{}; break;
+      case 3: r = TensorInfo{}; break;
+      case 4: r = OpRecord{}; break;
+      case 5: r = NodeRecord{}; break;
+      case 6: r = NodeExecRecord{}; break;
+      case 7: r = ErrorRecord{}; break;
+      case 8: r = CudaKernelRecord{}; break;
+      case 9: r = CudaMemcpyRecord{}; break;
+      case 10: r = DataLossRecord{}; break;
+      default: r = FingerprintRecord{}; break;
+    }
+    records.push_back(r);
+  }
+  Trace trace = ReadTraceBytesAll(Write(records, 0));
+  EXPECT_TRUE(trace.summary.status.ok());
+  EXPECT_EQ(trace.summary.chunks.size(), records.size() + 2);
+  ExpectSameRecords(records, trace.records);
+}
+
+TEST(Writer, IdTooLargeIsDroppedAndWriterGoesOn) {
+  std::string out;
+  auto writer = TraceWriter::ToString(&out, SampleFileInfo());
+  TensorInfo good;
+  good.tensor = 5;
+  TensorInfo bad;
+  bad.tensor = 6;
+  bad.grad_fn = kMaxObjectId + 1;
+  TensorInfo after;
+  after.tensor = 7;  // Coded against high = 5: the dropped record left no trace in the cursor.
+  EXPECT_TRUE(writer->Append(good).ok());
+  Status dropped = writer->Append(bad);
+  EXPECT_EQ(dropped.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(writer->Append(after).ok());
+  EXPECT_TRUE(writer->Close().ok());
+  Trace trace = ReadTraceBytesAll(out);
+  ASSERT_EQ(trace.records.size(), 2u);
+  EXPECT_EQ(std::get<TensorInfo>(trace.records[1]).tensor, 7u);
+}
+
+// Fails every write after the first `writes`.
+class FailingSink : public ByteSink {
+ public:
+  explicit FailingSink(int writes) : writes_(writes) {}
+  Status Write(const void*, size_t) override {
+    if (writes_-- <= 0) return Status(StatusCode::kIoError, "disk full");
+    return Status::Ok();
+  }
+
+ private:
+  int writes_;
+};
+
+TEST(Writer, WriteErrorIsSticky) {
+  auto writer = TraceWriter::Create(std::make_unique<FailingSink>(2), SampleFileInfo());
+  ASSERT_TRUE(writer.ok());
+  std::vector<Record> records = ManySteps(2);
+  for (const Record& r : records) EXPECT_TRUE((*writer)->Append(r).ok());
+  Status flushed = (*writer)->Flush();
+  EXPECT_EQ(flushed.code(), StatusCode::kIoError);
+  EXPECT_EQ((*writer)->Append(records[0]).code(), StatusCode::kIoError);
+  EXPECT_EQ((*writer)->Close().code(), StatusCode::kIoError);
+}
+
+TEST(Writer, OpenReportsThePath) {
+  auto writer = TraceWriter::Open("/nonexistent-dir/x.trr", SampleFileInfo());
+  ASSERT_FALSE(writer.ok());
+  EXPECT_EQ(writer.status().code(), StatusCode::kIoError);
+  EXPECT_NE(writer.status().message().find("/nonexistent-dir/x.trr"), std::string::npos);
+}
+
+TEST(Writer, FileRoundTripAndCounters) {
+  std::string path = ::testing::TempDir() + "/format_test_file.trr";
+  std::vector<Record> records = ManySteps(5);
+  {
+    auto writer = TraceWriter::Open(path, SampleFileInfo(), WriterOptions{1000, 3});
+    ASSERT_TRUE(writer.ok());
+    for (const Record& r : records) ASSERT_TRUE((*writer)->Append(r).ok());
+    EXPECT_GT((*writer)->chunks_written(), 2u);
+    EXPECT_TRUE((*writer)->Flush().ok());
+    EXPECT_EQ((*writer)->records_written(), records.size());
+    EXPECT_EQ((*writer)->pending_raw_bytes(), 0u);
+    EXPECT_GT((*writer)->raw_bytes_written(), 0u);
+    // The destructor closes.
+  }
+  Trace trace = ReadTraceFileAll(path);
+  EXPECT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  ExpectSameRecords(records, trace.records);
+}
+
+// A small trace of several chunks, and the records of each chunk.
+struct SmallTrace {
+  std::string bytes;
+  std::vector<Record> records;
+  ReadSummary summary;  // Of the whole file.
+};
+
+const SmallTrace& Small() {
+  static const SmallTrace* small = [] {
+    auto* s = new SmallTrace;
+    s->records = ManySteps(2);
+    s->bytes = Write(s->records, 300);
+    s->summary = ReadTraceBytes(s->bytes, nullptr);
+    return s;
+  }();
+  return *small;
+}
+
+// The records of the chunks that lie wholly before `end`, except chunk `skip` (1-based).
+std::vector<Record> RecordsOfChunks(const SmallTrace& t, uint64_t end, size_t skip = 0) {
+  std::vector<Record> out;
+  size_t first = 0;
+  for (size_t i = 0; i < t.summary.chunks.size(); ++i) {
+    const ChunkInfo& c = t.summary.chunks[i];
+    bool whole = c.offset + 24 + c.compressed_bytes <= end;
+    if (whole && i + 1 != skip) {
+      out.insert(out.end(), t.records.begin() + first, t.records.begin() + first + c.records);
+    }
+    first += c.records;
+  }
+  return out;
+}
+
+TEST(Reader, SmallTraceIsWhole) {
+  const SmallTrace& t = Small();
+  EXPECT_TRUE(t.summary.status.ok());
+  EXPECT_GE(t.summary.chunks.size(), 5u);
+  EXPECT_EQ(t.summary.chunks.front().type, 1);
+  EXPECT_EQ(t.summary.chunks.back().type, 3);
+}
+
+TEST(Reader, CutAtEveryOffset) {
+  const SmallTrace& t = Small();
+  for (size_t cut = 0; cut < t.bytes.size(); ++cut) {
+    Trace trace = ReadTraceBytesAll(std::string_view(t.bytes).substr(0, cut));
+    if (cut < 16) {
+      ASSERT_EQ(trace.summary.status.code(), StatusCode::kNotATrace) << cut;
+      ASSERT_TRUE(trace.records.empty());
+      continue;
+    }
+    size_t whole = 0;
+    for (const ChunkInfo& c : t.summary.chunks) whole += c.offset + 24 + c.compressed_bytes <= cut;
+    ASSERT_EQ(trace.summary.status.code(), StatusCode::kTruncated) << cut;
+    ASSERT_EQ(trace.summary.status.message(), "truncated after chunk " + std::to_string(whole))
+        << cut;
+    ASSERT_EQ(trace.summary.chunks.size(), whole) << cut;
+    ASSERT_FALSE(trace.summary.has_index);
+    ExpectSameRecords(RecordsOfChunks(t, cut), trace.records);
+  }
+}
+
+TEST(Reader, FlipEveryByte) {
+  const SmallTrace& t = Small();
+  const std::vector<ChunkInfo>& chunks = t.summary.chunks;
+  for (size_t at = 0; at < t.bytes.size(); ++at) {
+    std::string bytes = t.bytes;
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x5a);
+    Trace trace = ReadTraceBytesAll(bytes);
+    size_t chunk = 0;  // 1-based number of the chunk the flip is in; 0: not in a chunk.
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (at >= chunks[i].offset && at < chunks[i].offset + 24 + chunks[i].compressed_bytes) {
+        chunk = i + 1;
+      }
+    }
+    if (chunk == 0) {
+      // File header or trailer: no crash; a trailer flip loses no record.
+      if (at >= 16) ExpectSameRecords(t.records, trace.records);
+      continue;
+    }
+    ASSERT_EQ(trace.summary.status.code(), StatusCode::kCorrupt) << at;
+    char place[64];
+    std::snprintf(place, sizeof(place), "chunk %zu @ 0x%llx: ", chunk,
+                  static_cast<unsigned long long>(chunks[chunk - 1].offset));
+    ASSERT_EQ(trace.summary.status.message().rfind(place, 0), 0u)
+        << at << ": " << trace.summary.status.message();
+    ASSERT_NE(trace.summary.status.message().find("(corrupt)"), std::string::npos);
+    ExpectSameRecords(RecordsOfChunks(t, t.bytes.size(), chunk), trace.records);
+    ASSERT_EQ(trace.summary.has_info, chunk != 1) << at;
+  }
+}
+
+TEST(Reader, FeedInPiecesOfEverySize) {
+  const SmallTrace& t = Small();
+  std::vector<nlohmann::ordered_json> want = Json(t.records);
+  for (size_t piece = 1; piece <= t.bytes.size(); ++piece) {
+    std::vector<Record> got;
+    TraceParser parser([&](const Record& r) { got.push_back(r); });
+    for (size_t at = 0; at < t.bytes.size(); at += piece) {
+      ASSERT_TRUE(parser.Feed(t.bytes.data() + at, std::min(piece, t.bytes.size() - at)));
+    }
+    ReadSummary summary = parser.Finish();
+    ASSERT_TRUE(summary.status.ok()) << piece << ": " << summary.status.message();
+    ASSERT_TRUE(summary.has_index);
+    ASSERT_EQ(Json(got), want) << piece;
+  }
+}
+
+TEST(Reader, TooNew) {
+  std::string bytes = Small().bytes;
+  const uint8_t version[8] = {2, 0, 0, 0, 2, 0, 0, 0};  // 2.0, oldest reader 2.0
+  std::memcpy(bytes.data() + 8, version, sizeof(version));
+  Trace trace = ReadTraceBytesAll(bytes);
+  EXPECT_EQ(trace.summary.status.code(), StatusCode::kTooNew);
+  EXPECT_EQ(trace.summary.status.message(),
+            "written by torchrr format 2.0; this torchrr reads up to 1.0");
+  EXPECT_TRUE(trace.records.empty());
+  EXPECT_EQ(ExitCodeFor(trace.summary.status.code()), 6);
+}
+
+TEST(Reader, NewerMinorWithOldOldestReaderIsRead) {
+  std::string bytes = Small().bytes;
+  bytes[10] = 7;  // Format 1.7, oldest reader still 1.0.
+  Trace trace = ReadTraceBytesAll(bytes);
+  EXPECT_TRUE(trace.summary.status.ok());
+  EXPECT_EQ(trace.summary.header.minor, 7);
+  EXPECT_EQ(trace.records.size(), Small().records.size());
+}
+
+TEST(Reader, NotATrace) {
+  EXPECT_EQ(ReadTraceBytesAll("").summary.status.code(), StatusCode::kNotATrace);
+  Trace text = ReadTraceBytesAll("hello, this is not a trace at all");
+  EXPECT_EQ(text.summary.status.code(), StatusCode::kNotATrace);
+  EXPECT_EQ(text.summary.status.message(), "not a torchrr trace");
+  Trace missing = ReadTraceFileAll("/nonexistent/run.trr");
+  EXPECT_EQ(missing.summary.status.code(), StatusCode::kNotATrace);
+  EXPECT_EQ(missing.summary.status.message(), "No such file or directory");
+  Trace dir = ReadTraceFileAll("/");
+  EXPECT_EQ(dir.summary.status.code(), StatusCode::kNotATrace);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kNotATrace), 3);
+}
+
+TEST(Reader, GarbageBetweenChunksIsSkipped) {
+  const SmallTrace& t = Small();
+  const ChunkInfo& third = t.summary.chunks[2];
+  std::string bytes = t.bytes;
+  bytes.insert(third.offset, "TRRCgarbage TRRC\xff\xff\xff\xff TRRX");
+  Trace trace = ReadTraceBytesAll(bytes);
+  EXPECT_EQ(trace.summary.status.code(), StatusCode::kCorrupt);
+  ExpectSameRecords(t.records, trace.records);
+}
+
+TEST(Reader, ExitCodes) {
+  EXPECT_EQ(ExitCodeFor(StatusCode::kOk), 0);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kTruncated), 4);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kCorrupt), 5);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kIoError), 7);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kInvalidArgument), 7);
+}
+
+TEST(Records, KindNames) {
+  EXPECT_STREQ(RecordKindName(Record(OpRecord{})), "op");
+  EXPECT_STREQ(RecordKindNameAt(0), "string");
+  EXPECT_STREQ(RecordKindNameAt(6), "node_exec");
+  EXPECT_STREQ(RecordKindNameAt(11), "fingerprint");
+  EXPECT_STREQ(RecordKindNameAt(kRecordKindCount), "unknown");
+}
+
+}  // namespace
+}  // namespace torchrr::format

@@ -1,0 +1,141 @@
+// The checked-in golden traces (tests/golden, written once by make_golden): a file written by
+// format 1.0 must keep reading with every later reader, and the broken ones keep failing the same
+// way.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <variant>
+
+#include "sample_records.h"
+#include "torchrr/format/json.h"
+#include "torchrr/format/reader.h"
+
+namespace torchrr::format {
+namespace {
+
+const std::string kGolden = TORCHRR_GOLDEN_DIR;
+
+template <typename T>
+const T& Nth(const Trace& trace, size_t n) {
+  size_t seen = 0;
+  for (const Record& r : trace.records) {
+    if (const T* t = std::get_if<T>(&r); t != nullptr && seen++ == n) return *t;
+  }
+  ADD_FAILURE() << "no record #" << n << " of this kind";
+  static const T kEmpty{};
+  return kEmpty;
+}
+
+TEST(Golden, V1_0ReadsEveryKind) {
+  Trace trace = ReadTraceFileAll(kGolden + "/v1_0.trr");
+  ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  EXPECT_TRUE(trace.summary.has_index);
+  EXPECT_EQ(trace.summary.header.major, 1);
+  EXPECT_EQ(trace.summary.header.minor, 0);
+  EXPECT_EQ(trace.summary.header.oldest_reader_major, 1);
+  EXPECT_EQ(trace.summary.header.oldest_reader_minor, 0);
+  EXPECT_GE(trace.summary.chunks.size(), 4u);
+  for (size_t i = 0; i < kRecordKindCount; ++i) {
+    EXPECT_EQ(trace.summary.records_per_kind[i], 2u) << RecordKindNameAt(i);
+  }
+
+  ASSERT_TRUE(trace.summary.has_info);
+  const FileInfo& info = trace.summary.info;
+  EXPECT_EQ(info.torch_version, "2.4.1+cu121");
+  EXPECT_EQ(info.host, "golden-host");
+  EXPECT_EQ(info.pid, 4242);
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.start_time_unix_ns, 1700000000123456789);
+  EXPECT_EQ(info.command_line.size(), 4u);
+
+  // Literal values, one or more per kind (the second step: base 1100, old id 38, t0 2e9).
+  EXPECT_EQ(Nth<StringDef>(trace, 1).text, "aten::add_1100");
+  EXPECT_EQ(Nth<StringDef>(trace, 1).id, 101u);
+  EXPECT_EQ(Nth<FrameDef>(trace, 1).pc, 0x7f00dead0000u + 1100);
+  EXPECT_EQ(Nth<FrameDef>(trace, 1).kind, FrameKind::kPython);
+  EXPECT_EQ(Nth<FrameDef>(trace, 1).line, 42u);
+  EXPECT_EQ(Nth<StackDef>(trace, 1).frames, (std::vector<InternId>{102, 102, 7}));
+  const TensorInfo& tensor = Nth<TensorInfo>(trace, 1);
+  EXPECT_EQ(tensor.tensor, 1110u);
+  EXPECT_EQ(tensor.storage, 1105u);
+  EXPECT_EQ(tensor.version_counter, 38u);
+  EXPECT_EQ(tensor.grad_fn, 1120u);
+  EXPECT_EQ(tensor.shape, (std::vector<int64_t>{4, 1024, 4096}));
+  EXPECT_EQ(tensor.device, (Device{1, 3}));
+  EXPECT_FALSE(tensor.is_leaf);
+  const OpRecord& op = Nth<OpRecord>(trace, 1);
+  EXPECT_EQ(op.op, 1130u);
+  EXPECT_EQ(op.parent, 1125u);
+  EXPECT_EQ(op.start_ns, 2'000'001'000);
+  EXPECT_EQ(op.end_ns, 2'000'000'900);
+  EXPECT_EQ(op.scope, OpScope::kBackwardFunction);
+  EXPECT_EQ(op.sequence_nr, 1234);
+  EXPECT_FALSE(op.grad_mode);
+  ASSERT_EQ(op.inputs.size(), 3u);
+  EXPECT_EQ(op.inputs[1].tensor, 38u);
+  EXPECT_EQ(op.inputs[0].version_after, 4u);
+  EXPECT_EQ(op.inputs[0].list_index, TensorUse::kNotInList);
+  ASSERT_EQ(op.values.size(), 3u);
+  EXPECT_EQ(op.values[1].d_imag, -0.75);
+  EXPECT_EQ(op.values[2].ints.back(), INT64_MIN);
+  const NodeRecord& node = Nth<NodeRecord>(trace, 1);
+  EXPECT_EQ(node.node, 1120u);
+  EXPECT_EQ(node.created_by, 1130u);
+  EXPECT_EQ(node.saved_kind, SavedSetKind::kCustom);
+  ASSERT_EQ(node.edges.size(), 3u);
+  EXPECT_EQ(node.edges[2].node, 38u);
+  ASSERT_EQ(node.saved.size(), 2u);
+  EXPECT_EQ(node.saved[0].version_counter, 38u);
+  EXPECT_FALSE(node.saved[0].defined);
+  EXPECT_TRUE(node.saved[1].defined);
+  EXPECT_EQ(Nth<NodeExecRecord>(trace, 1).op, 1132u);
+  EXPECT_EQ(Nth<NodeExecRecord>(trace, 1).end_ns, 2'000'002'500);
+  EXPECT_EQ(Nth<ErrorRecord>(trace, 1).kind, ErrorKind::kPythonException);
+  EXPECT_EQ(Nth<ErrorRecord>(trace, 1).time_ns, 2'000'002'600);
+  EXPECT_EQ(Nth<CudaKernelRecord>(trace, 1).grid.x, 128u);
+  EXPECT_EQ(Nth<CudaKernelRecord>(trace, 1).block.y, 4u);
+  EXPECT_EQ(Nth<CudaMemcpyRecord>(trace, 1).kind, CudaCopyKind::kDeviceToHost);
+  EXPECT_EQ(Nth<CudaMemcpyRecord>(trace, 1).memset_value, 0xabu);
+  EXPECT_EQ(Nth<DataLossRecord>(trace, 1).reason, "ring buffer full");
+  EXPECT_EQ(Nth<DataLossRecord>(trace, 1).records, 12u);
+  EXPECT_EQ(Nth<FingerprintRecord>(trace, 1).hash, 0x0123456789abcdefu);
+  EXPECT_EQ(Nth<FingerprintRecord>(trace, 1).when, FingerprintWhen::kAtUse);
+  EXPECT_EQ(Nth<FingerprintRecord>(trace, 1).time_ns, 2'000'003'000);
+
+  // And every field of every record, as sample_records.cc made them.
+  std::vector<Record> want = testing::ManySteps(2);
+  ASSERT_EQ(trace.records.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(RecordToJson(trace.records[i]), RecordToJson(want[i])) << "record " << i;
+  }
+}
+
+TEST(Golden, ErrorFiles) {
+  struct Case {
+    const char* file;
+    StatusCode code;
+    const char* message_prefix;
+  };
+  const Case cases[] = {
+      {"truncated.trr", StatusCode::kTruncated, "truncated after chunk 2"},
+      {"corrupt.trr", StatusCode::kCorrupt, "chunk 3 @ 0x"},
+      {"too_new.trr", StatusCode::kTooNew,
+       "written by torchrr format 2.0; this torchrr reads up to 1.0"},
+      {"not_a_trace.trr", StatusCode::kNotATrace, "not a torchrr trace"},
+  };
+  for (const Case& c : cases) {
+    Trace trace = ReadTraceFileAll(kGolden + "/errors/" + c.file);
+    EXPECT_EQ(trace.summary.status.code(), c.code) << c.file;
+    EXPECT_EQ(trace.summary.status.message().rfind(c.message_prefix, 0), 0u)
+        << c.file << ": " << trace.summary.status.message();
+  }
+  // Data still comes back from the broken ones.
+  EXPECT_GT(ReadTraceFileAll(kGolden + "/errors/truncated.trr").records.size(), 0u);
+  Trace corrupt = ReadTraceFileAll(kGolden + "/errors/corrupt.trr");
+  EXPECT_GT(corrupt.records.size(), 0u);
+  EXPECT_TRUE(corrupt.summary.has_index);
+}
+
+}  // namespace
+}  // namespace torchrr::format

@@ -1,0 +1,25 @@
+// Records for the format tests and the golden file: every kind, every field away from its default.
+#ifndef TORCHRR_TESTS_FORMAT_SAMPLE_RECORDS_H_
+#define TORCHRR_TESTS_FORMAT_SAMPLE_RECORDS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "torchrr/format/records.h"
+
+namespace torchrr::format::testing {
+
+FileInfo SampleFileInfo();
+
+// One record of every kind (in Record's alternative order), each field set to a value that is not
+// its default. Object ids are `base + small`, with some references to ids at or below `old_id`
+// (ids of an earlier batch) so that every branch of the id coder runs; times start at `t0`.
+std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0);
+
+// `steps` repetitions of EveryKind with growing ids and times: many chunks when written with a
+// small chunk size.
+std::vector<Record> ManySteps(int steps);
+
+}  // namespace torchrr::format::testing
+
+#endif  // TORCHRR_TESTS_FORMAT_SAMPLE_RECORDS_H_

@@ -1,0 +1,351 @@
+// The recorder on small programs whose truth is known. Where the truth is autograd's (what a node
+// saved), the test asks autograd itself: a tensor the trace says was saved makes backward raise
+// when modified, and one it says was not saved does not.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "torchrr/format/reader.h"
+#include "torchrr/recorder.h"
+
+namespace torchrr {
+namespace {
+
+namespace fs = std::filesystem;
+using format::NodeRecord;
+using format::OpRecord;
+
+std::string TempTrace(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("torchrr_recorder_test_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  return (dir / (name + ".trr")).string();
+}
+
+// A trace read back, with its records indexed the way the tests ask about them.
+struct Indexed {
+  format::Trace trace;
+  std::map<format::InternId, std::string> strings;
+  std::map<format::ObjectId, format::TensorInfo> tensors;  // Latest metadata.
+  std::vector<OpRecord> ops;
+  std::map<format::ObjectId, NodeRecord> nodes;
+  std::vector<format::NodeExecRecord> execs;
+  std::vector<format::ErrorRecord> errors;
+
+  explicit Indexed(const std::string& path) : trace(format::ReadTraceFileAll(path)) {
+    for (const auto& record : trace.records) {
+      if (auto* s = std::get_if<format::StringDef>(&record)) strings[s->id] = s->text;
+      if (auto* t = std::get_if<format::TensorInfo>(&record)) tensors[t->tensor] = *t;
+      if (auto* o = std::get_if<OpRecord>(&record)) ops.push_back(*o);
+      if (auto* n = std::get_if<NodeRecord>(&record)) nodes[n->node] = *n;
+      if (auto* e = std::get_if<format::NodeExecRecord>(&record)) execs.push_back(*e);
+      if (auto* e = std::get_if<format::ErrorRecord>(&record)) errors.push_back(*e);
+    }
+  }
+  std::string Name(format::InternId id) const {
+    auto it = strings.find(id);
+    return it == strings.end() ? "" : it->second;
+  }
+  // Top-level ops of that name (the ones the program called, not those they ran inside).
+  std::vector<OpRecord> OpsNamed(const std::string& name) const {
+    std::vector<OpRecord> out;
+    for (const auto& op : ops) {
+      if (Name(op.name) == name && op.parent == 0) out.push_back(op);
+    }
+    return out;
+  }
+  std::vector<NodeRecord> NodesNamed(const std::string& name) const {
+    std::vector<NodeRecord> out;
+    for (const auto& [id, node] : nodes) {
+      if (Name(node.name) == name) out.push_back(node);
+    }
+    return out;
+  }
+  format::ObjectId CounterOf(format::ObjectId tensor) const {
+    return tensors.at(tensor).version_counter;
+  }
+};
+
+TEST(Recorder, SigmoidSavesItsOutputAndMulInPlaceBumpsIt) {
+  std::string path = TempTrace("sigmoid");
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  torch::Tensor y;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    ASSERT_TRUE(recorder.recording());
+    y = torch::sigmoid(x);
+    y.mul_(2);
+  }
+  // Autograd agrees the output was saved: backward now raises.
+  EXPECT_THROW(y.sum().backward(), c10::Error);
+
+  Indexed trace(path);
+  ASSERT_TRUE(trace.trace.summary.status.ok()) << trace.trace.summary.status.message();
+  auto sigmoid = trace.OpsNamed("aten::sigmoid");
+  ASSERT_EQ(sigmoid.size(), 1u);
+  ASSERT_EQ(sigmoid[0].outputs.size(), 1u);
+  auto nodes = trace.NodesNamed("SigmoidBackward0");
+  ASSERT_EQ(nodes.size(), 1u);
+  const NodeRecord& node = nodes[0];
+  EXPECT_EQ(node.created_by, sigmoid[0].op);
+  EXPECT_EQ(node.saved_kind, format::SavedSetKind::kExact);
+  ASSERT_EQ(node.saved.size(), 1u);
+  EXPECT_EQ(trace.Name(node.saved[0].name), "result");
+  EXPECT_TRUE(node.saved[0].is_output);
+  EXPECT_EQ(node.saved[0].saved_version, 0u);
+  EXPECT_EQ(node.saved[0].tensor, sigmoid[0].outputs[0].tensor);
+  EXPECT_EQ(node.saved[0].version_counter, trace.CounterOf(sigmoid[0].outputs[0].tensor));
+  // Its edge goes to the AccumulateGrad of the leaf x.
+  ASSERT_EQ(node.edges.size(), 1u);
+  const NodeRecord& accumulate = trace.nodes.at(node.edges[0].node);
+  EXPECT_EQ(trace.Name(accumulate.name), "torch::autograd::AccumulateGrad");
+  EXPECT_EQ(accumulate.variable, sigmoid[0].inputs[0].tensor);
+
+  auto mul = trace.OpsNamed("aten::mul_");
+  ASSERT_EQ(mul.size(), 1u);
+  ASSERT_EQ(mul[0].inputs.size(), 1u);
+  EXPECT_EQ(mul[0].inputs[0].tensor, sigmoid[0].outputs[0].tensor);
+  EXPECT_EQ(mul[0].inputs[0].version_before, 0u);
+  EXPECT_EQ(mul[0].inputs[0].version_after, 1u);
+  EXPECT_NE(mul[0].stack, 0u);
+}
+
+TEST(Recorder, SavedSetsMatchAutograd) {
+  std::string path = TempTrace("saved_sets");
+  auto leaf = torch::randn({3, 5}, torch::requires_grad());
+  auto frozen = torch::randn({5, 2});  // A frozen weight: requires_grad false.
+  torch::Tensor a, b, x, mm, sum;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    x = leaf * 1;                 // A non-leaf input.
+    mm = torch::mm(x, frozen);    // Saves the weight only (x's gradient needs it).
+    a = leaf + 1;
+    sum = a + x;                  // add saves nothing.
+  }
+  Indexed trace(path);
+  auto mm_nodes = trace.NodesNamed("MmBackward0");
+  ASSERT_EQ(mm_nodes.size(), 1u);
+  std::set<std::string> defined;
+  for (const auto& s : mm_nodes[0].saved) {
+    if (s.defined) defined.insert(trace.Name(s.name));
+  }
+  EXPECT_EQ(defined, std::set<std::string>({"mat2"}));
+  auto add_nodes = trace.NodesNamed("AddBackward0");
+  ASSERT_FALSE(add_nodes.empty());
+  for (const auto& node : add_nodes) {
+    for (const auto& s : node.saved) EXPECT_FALSE(s.defined);
+  }
+
+  // Autograd's own verdicts: modifying the input mm did not save is fine...
+  x.add_(1);
+  EXPECT_NO_THROW(mm.sum().backward(/*gradient=*/{}, /*retain_graph=*/true));
+  // ...modifying the weight it saved is not.
+  frozen.add_(1);
+  EXPECT_THROW(mm.sum().backward(), c10::Error);
+  // add saved nothing: its inputs may change.
+  EXPECT_NO_THROW(sum.sum().backward());
+}
+
+TEST(Recorder, VersionCountersFollowAutograd) {
+  std::string path = TempTrace("counters");
+  torch::Tensor base, view, detached, data;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    base = torch::zeros({4, 4});
+    base.add_(1);
+    base.add_(1);
+    view = base.select(0, 1);
+    view.mul_(3);
+    detached = base.detach();
+    detached.add_(1);
+    data = base.variable_data();  // What Python's .data gives: a fresh counter.
+    data.add_(1);
+  }
+  Indexed trace(path);
+  auto adds = trace.OpsNamed("aten::add_");
+  ASSERT_EQ(adds.size(), 4u);
+  EXPECT_EQ(adds[0].inputs[0].version_before, 0u);
+  EXPECT_EQ(adds[0].inputs[0].version_after, 1u);
+  EXPECT_EQ(adds[1].inputs[0].version_before, 1u);
+  EXPECT_EQ(adds[1].inputs[0].version_after, 2u);
+  auto base_id = adds[0].inputs[0].tensor;
+  auto select = trace.OpsNamed("aten::select");
+  ASSERT_EQ(select.size(), 1u);
+  auto view_id = select[0].outputs[0].tensor;
+  EXPECT_NE(view_id, base_id);
+  EXPECT_EQ(trace.CounterOf(view_id), trace.CounterOf(base_id));       // Views share.
+  EXPECT_EQ(trace.OpsNamed("aten::mul_")[0].inputs[0].version_after, 3u);
+  auto detached_id = adds[2].inputs[0].tensor;
+  EXPECT_EQ(trace.CounterOf(detached_id), trace.CounterOf(base_id));   // detach() shares.
+  EXPECT_EQ(adds[2].inputs[0].version_after, 4u);
+  auto data_id = adds[3].inputs[0].tensor;
+  EXPECT_NE(trace.CounterOf(data_id), trace.CounterOf(base_id));       // .data does not...
+  EXPECT_EQ(trace.tensors.at(data_id).storage, trace.tensors.at(base_id).storage);  // ...but
+  EXPECT_EQ(adds[3].inputs[0].version_after, 1u);                     // shares the storage.
+  EXPECT_EQ(base._version(), 4);
+}
+
+TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
+  std::string path = TempTrace("ids");
+  {
+    RecorderOptions options;
+    options.path = path;
+    options.native_stacks = false;
+    Recorder recorder(options);
+    for (int i = 0; i < 200; ++i) {
+      auto t = torch::ones({16});  // Freed at once: its memory is reused by the next one.
+      (void)t;
+    }
+  }
+  Indexed trace(path);
+  std::set<format::ObjectId> ids, storages;
+  for (const auto& op : trace.OpsNamed("aten::ones")) {
+    ids.insert(op.outputs.at(0).tensor);
+    storages.insert(trace.tensors.at(op.outputs.at(0).tensor).storage);
+  }
+  EXPECT_EQ(ids.size(), 200u);
+  EXPECT_EQ(storages.size(), 200u);
+}
+
+TEST(Recorder, BackwardExecutionsNameTheirNodes) {
+  std::string path = TempTrace("backward");
+  auto x = torch::randn({8}, torch::requires_grad());
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    auto loss = (x * 2).sigmoid().sum();
+    loss.backward();
+  }
+  Indexed trace(path);
+  std::vector<std::string> executed;
+  for (const auto& exec : trace.execs) {
+    if (exec.node != 0) executed.push_back(trace.Name(trace.nodes.at(exec.node).name));
+    EXPECT_FALSE(exec.threw);
+  }
+  EXPECT_EQ(executed,
+            std::vector<std::string>({"SumBackward0", "SigmoidBackward0", "MulBackward1"}));
+}
+
+TEST(Recorder, AFailingBackwardIsMarked) {
+  std::string path = TempTrace("failing");
+  auto x = torch::randn({8}, torch::requires_grad());
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    auto y = x.sigmoid();
+    y.add_(1);
+    try {
+      y.sum().backward();
+      ADD_FAILURE() << "backward should have raised";
+    } catch (const c10::Error& e) {
+      recorder.RecordError("c10::Error", e.what_without_backtrace());
+    }
+  }
+  Indexed trace(path);
+  bool sigmoid_threw = false;
+  for (const auto& exec : trace.execs) {
+    if (exec.node != 0 && trace.Name(trace.nodes.at(exec.node).name) == "SigmoidBackward0") {
+      sigmoid_threw = exec.threw;
+    }
+  }
+  EXPECT_TRUE(sigmoid_threw);
+  ASSERT_EQ(trace.errors.size(), 1u);
+  EXPECT_NE(trace.errors[0].message.find("modified by an inplace operation"), std::string::npos);
+}
+
+TEST(Recorder, ManyThreadsAtOnce) {
+  std::string path = TempTrace("threads");
+  constexpr int kThreads = 4;
+  constexpr int kOps = 300;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([] {
+        auto a = torch::ones({32});
+        for (int i = 0; i < kOps; ++i) a = a + 1;
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  Indexed trace(path);
+  ASSERT_TRUE(trace.trace.summary.status.ok());
+  auto adds = trace.OpsNamed("aten::add");
+  EXPECT_EQ(adds.size(), static_cast<size_t>(kThreads * kOps));
+  std::set<uint32_t> threads;
+  std::map<format::ObjectId, uint32_t> thread_of;
+  for (const auto& op : trace.ops) thread_of[op.op] = op.thread;
+  for (const auto& op : adds) {
+    threads.insert(op.thread);
+    if (op.parent != 0) EXPECT_EQ(thread_of.at(op.parent), op.thread);
+  }
+  EXPECT_EQ(threads.size(), static_cast<size_t>(kThreads));
+}
+
+TEST(Recorder, AnUnwritablePathWarnsAndChangesNothing) {
+  auto run = [] {
+    torch::manual_seed(7);
+    auto w = torch::randn({16, 16}, torch::requires_grad());
+    auto loss = torch::tanh(torch::mm(w, w)).sum();
+    loss.backward();
+    return std::make_pair(loss.item<float>(), w.grad().clone());
+  };
+  auto plain = run();
+  RecorderOptions options;
+  options.path = "/nonexistent-torchrr-dir/sub/run.trr";
+  testing::internal::CaptureStderr();
+  Recorder recorder(options);
+  auto recorded = run();
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(recorder.recording());
+  EXPECT_NE(err.find("torchrr: warning"), std::string::npos) << err;
+  EXPECT_EQ(plain.first, recorded.first);
+  EXPECT_TRUE(torch::equal(plain.second, recorded.second));
+}
+
+TEST(Recorder, AKilledRunLeavesAReadableTrace) {
+  std::string path = TempTrace("killed");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    auto a = torch::ones({8});
+    for (int i = 0; i < 100; ++i) a = a * 1.5;
+    // Past the writer's flush interval, then killed without any chance to close the trace.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    raise(SIGKILL);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  Indexed trace(path);
+  EXPECT_EQ(trace.trace.summary.status.code(), format::StatusCode::kTruncated)
+      << trace.trace.summary.status.message();
+  EXPECT_FALSE(trace.trace.summary.has_index);
+  EXPECT_EQ(trace.OpsNamed("aten::mul").size(), 100u);
+}
+
+}  // namespace
+}  // namespace torchrr

@@ -1,0 +1,495 @@
+// The replayer's analysis on record sequences shaped like the recorder's (trace_builder.h).
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "torchrr/replayer/replayer.h"
+#include "trace_builder.h"
+
+#ifdef TORCHRR_HAVE_FORMAT
+#include "torchrr/format/reader.h"
+#include "torchrr/format/writer.h"
+#endif
+
+namespace torchrr::replayer {
+namespace {
+
+using testing::Forwarded;
+using testing::kOutput;
+using testing::TraceBuilder;
+
+constexpr char kSigmoidMessage[] =
+    "one of the variables needed for gradient computation has been modified by an inplace "
+    "operation: [torch.FloatTensor [4, 8]], which is output 0 of SigmoidBackward0, is at version "
+    "1; expected version 0 instead. Hint: enable anomaly detection.";
+
+uint32_t Line(const std::optional<OpRef>& op) {
+  return op && op->user_frame ? op->user_frame->line : 0;
+}
+
+// y = x.sigmoid(); y.mul_(2); y.sum().backward()
+struct SigmoidMulProgram {
+  TraceBuilder b;
+  Forwarded y, mul, loss;
+
+  explicit SigmoidMulProgram(bool with_message = true) {
+    auto x = b.Leaf({4, 8});
+    y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+    mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(12));
+    loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+    b.Backward({loss.node, mul.node, y.node}, y.node, with_message ? kSigmoidMessage : "");
+  }
+};
+
+TEST(AnalyzerTest, SigmoidThenMulInPlaceOnItsOutput) {
+  SigmoidMulProgram p;
+  Report report = Analyze(p.b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kVersion);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_EQ(v.culprit->name, "aten::mul_");
+  EXPECT_EQ(v.culprit->id, p.mul.op);
+  EXPECT_EQ(Line(v.culprit), 12u);
+  EXPECT_EQ(v.culprit->user_frame->file, "train.py");
+  EXPECT_EQ(v.culprit->user_frame->function, "forward");
+  EXPECT_EQ(v.culprit->stack.size(), 2u);
+  EXPECT_TRUE(v.later_culprits.empty());
+  ASSERT_TRUE(v.victim);
+  EXPECT_EQ(v.victim->name, "aten::sigmoid");
+  EXPECT_EQ(Line(v.victim), 11u);
+  EXPECT_EQ(v.backward_node.name, "SigmoidBackward0");
+  EXPECT_EQ(v.backward_node.id, p.y.node);
+  EXPECT_EQ(v.saved_version, 0u);
+  EXPECT_EQ(v.current_version, 1u);
+  EXPECT_EQ(v.tensor.id, p.y.out);
+  EXPECT_EQ(v.tensor.saved_name, "result");
+  EXPECT_EQ(v.tensor.shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(v.tensor.dtype, "float32");
+  EXPECT_EQ(v.tensor.device, "cpu");
+  EXPECT_TRUE(v.pytorch_raised);
+  EXPECT_EQ(v.pytorch_message, kSigmoidMessage);
+  EXPECT_EQ(v.pytorch_names, "output 0 of SigmoidBackward0");
+  EXPECT_FALSE(v.simulated);
+  EXPECT_EQ(report.backward_passes, 1u);
+  EXPECT_EQ(report.node_executions, 3u);
+  EXPECT_EQ(report.version_bumps, 1u);
+}
+
+TEST(AnalyzerTest, RaisedWithoutCppMessageTakesThePythonOne) {
+  SigmoidMulProgram p(/*with_message=*/false);
+  p.b.PythonError(std::string("RuntimeError: ") + kSigmoidMessage);
+  Report report = Analyze(p.b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  EXPECT_TRUE(report.violations[0].pytorch_raised);
+  ASSERT_TRUE(report.violations[0].pytorch_message);
+  EXPECT_NE(report.violations[0].pytorch_message->find("is at version 1"), std::string::npos);
+}
+
+// a = x.exp(); z = a * w; a += y; z.sum().backward(): MulBackward0 needs `self` (a), which
+// PyTorch names by its new grad_fn, AddBackward0.
+TEST(AnalyzerTest, AddInPlaceOnSavedInputOfMulNamesTheInPlaceNode) {
+  TraceBuilder b;
+  auto x = b.Leaf({3});
+  auto w = b.Leaf({3});
+  auto y = b.Tensor({3});
+  auto a = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(20));
+  auto z = b.Forward("aten::mul", "MulBackward0", {a.out, w}, {{"self", a.out}, {"other", w}},
+                     b.At(21));
+  auto add = b.InplaceForward("aten::add_", "AddBackward0", a.out, {y}, b.At(22));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {z.out}, {}, b.At(23), {});
+  b.Backward({loss.node, z.node}, z.node,
+             "one of the variables needed for gradient computation has been modified by an "
+             "inplace operation: [torch.FloatTensor [3]], which is output 0 of AddBackward0, is at "
+             "version 1; expected version 0 instead.");
+  Report report = Analyze(b.records);
+  // MulBackward0 raised; ExpBackward0 (the rest of the pass) also saved `a` and is reported too.
+  ASSERT_EQ(report.violations.size(), 2u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.backward_node.name, "MulBackward0");
+  EXPECT_EQ(v.tensor.saved_name, "self");
+  EXPECT_EQ(v.culprit->name, "aten::add_");
+  EXPECT_EQ(v.culprit->id, add.op);
+  EXPECT_EQ(Line(v.culprit), 22u);
+  EXPECT_EQ(Line(v.victim), 21u);
+  EXPECT_EQ(v.pytorch_names, "output 0 of AddBackward0");
+  EXPECT_TRUE(v.pytorch_raised);
+  const Violation& rest = report.violations[1];
+  EXPECT_EQ(rest.backward_node.name, "ExpBackward0");
+  EXPECT_TRUE(rest.simulated);
+  EXPECT_FALSE(rest.pytorch_raised);
+  EXPECT_EQ(rest.pytorch_names, "output 0 of ExpBackward0");
+  EXPECT_EQ(Line(rest.culprit), 22u);
+}
+
+// z = x @ w; w.sub_(0.1) under no_grad (an optimizer step) before z.sum().backward().
+TEST(AnalyzerTest, LeafModifiedByOptimizerStepBetweenForwardAndBackward) {
+  TraceBuilder b;
+  auto x = b.Tensor({2, 4});
+  auto w = b.Leaf({4, 3});
+  auto z = b.Forward("aten::mm", "MmBackward0", {x, w}, {{"self", x}, {"mat2", w}}, b.At(30),
+                     {2, 3});
+  auto step = b.Inplace("aten::sub_", w, {}, b.At(31, "optim.py", "step"), /*grad_mode=*/false);
+  auto loss = b.Forward("aten::sum", "SumBackward0", {z.out}, {}, b.At(32), {});
+  b.Backward({loss.node, z.node}, z.node,
+             "one of the variables needed for gradient computation has been modified by an "
+             "inplace operation: [torch.FloatTensor [4, 3]] is at version 1; expected version 0 "
+             "instead.");
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.culprit->id, step);
+  EXPECT_EQ(v.culprit->user_frame->file, "optim.py");
+  EXPECT_EQ(Line(v.culprit), 31u);
+  EXPECT_EQ(v.backward_node.name, "MmBackward0");
+  EXPECT_EQ(v.tensor.saved_name, "mat2");
+  EXPECT_EQ(v.tensor.id, w);
+  EXPECT_FALSE(v.pytorch_names);  // A leaf: PyTorch names no node.
+  EXPECT_TRUE(v.pytorch_raised);
+}
+
+TEST(AnalyzerTest, TwoModificationsGiveFirstCulpritAndLaterOnes) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto first = b.Inplace("aten::mul_", y.out, {}, b.At(12), false);
+  auto second = b.Inplace("aten::add_", y.out, {}, b.At(13), false);
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(14), {});
+  b.Backward({loss.node, y.node}, y.node);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.culprit->id, first);
+  EXPECT_EQ(Line(v.culprit), 12u);
+  ASSERT_EQ(v.later_culprits.size(), 1u);
+  EXPECT_EQ(v.later_culprits[0].id, second);
+  EXPECT_EQ(v.later_culprits[0].user_frame->line, 13u);
+  EXPECT_EQ(v.saved_version, 0u);
+  EXPECT_EQ(v.current_version, 2u);
+}
+
+// The in-place op runs two helper calls deep: torch's frames, then helpers.py, then train.py.
+TEST(AnalyzerTest, UserFrameIsTheFirstNonFrameworkFrame) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto stack = b.Stack({{"torch/_tensor.py", 40, "wrapped", true},
+                        {"torch/overrides.py", 1600, "handle", true},
+                        {"helpers.py", 5, "scale_inplace", false},
+                        {"helpers.py", 9, "normalize", false},
+                        {"train.py", 12, "forward", false}});
+  b.Inplace("aten::mul_", y.out, {}, stack, false);
+  b.Backward({y.node}, y.node);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const OpRef& culprit = *report.violations[0].culprit;
+  ASSERT_TRUE(culprit.user_frame);
+  EXPECT_EQ(culprit.user_frame->file, "helpers.py");
+  EXPECT_EQ(culprit.user_frame->line, 5u);
+  EXPECT_EQ(culprit.user_frame->function, "scale_inplace");
+  EXPECT_EQ(culprit.stack.size(), 5u);
+  EXPECT_TRUE(culprit.stack[0].framework);
+}
+
+// aten::relu_ runs aten::clamp_min_ inside: the write is the outer op's (the one the user called),
+// with the inner one as detail; a user scope around both does not take it.
+TEST(AnalyzerTest, NestedInPlaceOpIsAttributedToTheOutermostFunction) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto scope = b.NewId();
+  auto outer = b.NewId();
+  uint32_t v0 = b.Version(y.out);
+  auto inner = b.Op({.name = "aten::clamp_min_", .inputs = {y.out}, .outputs = {y.out},
+                     .writes = {y.out}, .parent = outer, .stack = b.At(40)});
+  b.Op({.name = "aten::relu_", .inputs = {y.out}, .outputs = {y.out},
+        .started_at = {{y.out, v0}}, .id = outer, .parent = scope, .stack = b.At(40)});
+  b.Op({.name = "my_block", .inputs = {y.out}, .started_at = {{y.out, v0}}, .id = scope,
+        .scope = format::OpScope::kUserScope});
+  b.Backward({y.node}, y.node);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.culprit->id, outer);
+  EXPECT_EQ(v.culprit->name, "aten::relu_");
+  EXPECT_EQ(v.culprit->detail, "aten::clamp_min_");
+  EXPECT_TRUE(v.later_culprits.empty());
+  EXPECT_EQ(report.version_bumps, 1u);
+  (void)inner;
+}
+
+// v = y[0]; v.mul_(2): the view shares y's counter, so the version check catches it.
+TEST(AnalyzerTest, WriteThroughAViewBumpsTheSharedCounter) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto row = b.View(y.out, {8}, {1}, 0);
+  auto write = b.Inplace("aten::mul_", row, {}, b.At(13), false);
+  b.Backward({y.node}, y.node);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  EXPECT_EQ(report.violations[0].kind, ViolationKind::kVersion);
+  EXPECT_EQ(report.violations[0].culprit->id, write);
+  EXPECT_EQ(report.violations[0].tensor.id, y.out);
+}
+
+// y.data.mul_(2): same storage, another counter: PyTorch stays silent, the replayer does not.
+TEST(AnalyzerTest, WriteThroughDataIsASilentViolation) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto data = b.Data(y.out);
+  auto write = b.Inplace("aten::mul_", data, {}, b.At(14), false);
+  b.Backward({y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kSilent);
+  EXPECT_EQ(v.culprit->id, write);
+  EXPECT_EQ(Line(v.culprit), 14u);
+  EXPECT_EQ(Line(v.victim), 11u);
+  EXPECT_EQ(v.saved_version, v.current_version);
+  EXPECT_FALSE(v.pytorch_raised);
+}
+
+// Writes through .data that miss the saved bytes, or land after the node ran, are fine.
+TEST(AnalyzerTest, SilentWritesOutsideTheSavedBytesOrAfterUseAreFine) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto base = b.Tensor({8});
+  auto head = b.View(base, {4}, {1}, 0);   // Saved: bytes [0, 16).
+  auto tail = b.View(base, {4}, {1}, 4);   // Written: bytes [16, 32).
+  auto y = b.Forward("aten::mul", "MulBackward0", {head, x}, {{"self", head}}, b.At(11), {4});
+  auto tail_data = b.Data(tail);
+  b.Inplace("aten::zero_", tail_data, {}, b.At(12), false);
+  b.Backward({y.node});
+  b.Inplace("aten::zero_", b.Data(head), {}, b.At(13), false);
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+}
+
+// s = x.sigmoid(); e = s.exp(); e.mul_(2); s.add_(1); e.sum().backward(): ExpBackward0 throws;
+// SigmoidBackward0 never runs, but would throw next: the rest of the pass is simulated.
+TEST(AnalyzerTest, BackwardThatThrewPartWaySimulatesTheRest) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto s = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto e = b.Forward("aten::exp", "ExpBackward0", {s.out}, {{"result", kOutput}}, b.At(12));
+  auto mul = b.Inplace("aten::mul_", e.out, {}, b.At(13), false);
+  auto add = b.Inplace("aten::add_", s.out, {}, b.At(14), false);
+  auto loss = b.Forward("aten::sum", "SumBackward0", {e.out}, {}, b.At(15), {});
+  b.Backward({loss.node, e.node}, e.node,
+             "one of the variables needed for gradient computation has been modified by an "
+             "inplace operation: [torch.FloatTensor [4, 8]], which is output 0 of ExpBackward0, "
+             "is at version 1; expected version 0 instead.");
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 2u);
+  EXPECT_EQ(report.violations[0].backward_node.name, "ExpBackward0");
+  EXPECT_EQ(report.violations[0].culprit->id, mul);
+  EXPECT_TRUE(report.violations[0].pytorch_raised);
+  EXPECT_FALSE(report.violations[0].simulated);
+  EXPECT_EQ(report.violations[1].backward_node.name, "SigmoidBackward0");
+  EXPECT_EQ(report.violations[1].culprit->id, add);
+  EXPECT_TRUE(report.violations[1].simulated);
+  EXPECT_FALSE(report.violations[1].pytorch_raised);
+  EXPECT_EQ(report.violations[1].node_exec_op, 0u);
+}
+
+// PyTorch stops at the first node that throws even when an earlier node had a silent problem.
+TEST(AnalyzerTest, TheViolationPyTorchStoppedAtComesFirst) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto s = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto e = b.Forward("aten::exp", "ExpBackward0", {s.out}, {{"result", kOutput}}, b.At(12));
+  b.Inplace("aten::mul_", b.Data(e.out), {}, b.At(13), false);  // Silent, found first.
+  b.Inplace("aten::add_", s.out, {}, b.At(14), false);
+  b.Backward({e.node, s.node}, s.node, kSigmoidMessage);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 2u);
+  EXPECT_EQ(report.violations[0].kind, ViolationKind::kVersion);
+  EXPECT_EQ(Line(report.violations[0].culprit), 14u);
+  EXPECT_TRUE(report.violations[0].pytorch_raised);
+  EXPECT_EQ(report.violations[1].kind, ViolationKind::kSilent);
+}
+
+// --- Legal programs report nothing ---------------------------------------------------------------
+
+TEST(AnalyzerTest, InPlaceBeforeTheSaveIsFine) {
+  TraceBuilder b;
+  auto x = b.Leaf({3});
+  auto w = b.Leaf({3});
+  auto a = b.Forward("aten::exp", "ExpBackward0", {x}, {}, b.At(20));
+  auto scaled = b.InplaceForward("aten::mul_", "MulBackward1", a.out, {}, b.At(21));
+  auto z = b.Forward("aten::mul", "MulBackward0", {a.out, w}, {{"self", a.out}, {"other", w}},
+                     b.At(22));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {z.out}, {}, b.At(23), {});
+  b.Backward({loss.node, z.node, scaled.node, a.node});
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  EXPECT_EQ(report.version_bumps, 1u);
+}
+
+TEST(AnalyzerTest, InPlaceOnATensorNoNodeSavedIsFine) {
+  TraceBuilder b;
+  auto x = b.Leaf({3});
+  auto t = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(20));
+  auto u = b.Forward("aten::add", "AddBackward0", {t.out}, {}, b.At(21));
+  auto scaled = b.InplaceForward("aten::mul_", "MulBackward1", u.out, {}, b.At(22));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {u.out}, {}, b.At(23), {});
+  b.Backward({loss.node, scaled.node, u.node, t.node});
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+}
+
+// Training steps: a fresh graph each step, the optimizer's update after backward ran.
+TEST(AnalyzerTest, UpdatesAfterBackwardAndAFreshGraphPerStepAreFine) {
+  TraceBuilder b;
+  auto w = b.Leaf({4, 3});
+  for (int step = 0; step < 3; ++step) {
+    auto x = b.Tensor({2, 4});
+    auto z = b.Forward("aten::mm", "MmBackward0", {x, w}, {{"self", x}, {"mat2", w}}, b.At(30),
+                       {2, 3});
+    auto loss = b.Forward("aten::sum", "SumBackward0", {z.out}, {}, b.At(31), {});
+    b.Backward({loss.node, z.node, b.AccumulateGradOf(w)});
+    b.Inplace("aten::sub_", w, {}, b.At(32, "optim.py", "step"), /*grad_mode=*/false);
+  }
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  EXPECT_EQ(report.backward_passes, 3u);
+  EXPECT_EQ(report.node_executions, 9u);
+}
+
+TEST(AnalyzerTest, SavedTensorHooksSkipTheCheckAsPyTorchDoes) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x},
+                     {{"result", kOutput, /*has_hooks=*/true}}, b.At(11));
+  b.Inplace("aten::mul_", y.out, {}, b.At(12), false);
+  b.Backward({y.node});
+  EXPECT_TRUE(Analyze(b.records).violations.empty());
+}
+
+// backward(retain_graph=True) twice with no forward in between: two passes, not one.
+TEST(AnalyzerTest, RetainedGraphRunTwiceIsTwoPasses) {
+  TraceBuilder b;
+  auto x = b.Leaf({3});
+  auto y = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(20));
+  b.Backward({y.node, b.AccumulateGradOf(x)});
+  b.Backward({y.node, b.AccumulateGradOf(x)});
+  Report report = Analyze(b.records);
+  EXPECT_EQ(report.backward_passes, 2u);
+  EXPECT_TRUE(report.violations.empty());
+}
+
+// --- Output ----------------------------------------------------------------------------------------
+
+TEST(ReportTest, JsonHasTheDocumentedKeys) {
+  SigmoidMulProgram p;
+  nlohmann::json j = ToJson(Analyze(p.b.records));
+  EXPECT_EQ(j["schema_version"], kSchemaVersion);
+  EXPECT_EQ(j["ops"], 6);
+  ASSERT_EQ(j["violations"].size(), 1u);
+  const auto& v = j["violations"][0];
+  for (const char* key : {"kind", "culprit", "later_culprits", "victim", "backward_node",
+                          "saved_version", "current_version", "tensor", "pytorch_raised",
+                          "pytorch_message", "pytorch_names", "simulated", "backward_pass"}) {
+    EXPECT_TRUE(v.contains(key)) << key;
+  }
+  EXPECT_EQ(v["kind"], "version");
+  EXPECT_EQ(v["culprit"]["op"], "aten::mul_");
+  EXPECT_EQ(v["culprit"]["user_frame"]["file"], "train.py");
+  EXPECT_EQ(v["culprit"]["user_frame"]["line"], 12);
+  EXPECT_EQ(v["culprit"]["user_frame"]["function"], "forward");
+  EXPECT_TRUE(v["culprit"]["stack"].is_array());
+  EXPECT_EQ(v["victim"]["op"], "aten::sigmoid");
+  EXPECT_EQ(v["victim"]["user_frame"]["line"], 11);
+  EXPECT_EQ(v["backward_node"]["name"], "SigmoidBackward0");
+  EXPECT_EQ(v["saved_version"], 0);
+  EXPECT_EQ(v["current_version"], 1);
+  EXPECT_EQ(v["tensor"]["shape"], nlohmann::json::array({4, 8}));
+  EXPECT_EQ(v["tensor"]["dtype"], "float32");
+  EXPECT_EQ(v["tensor"]["device"], "cpu");
+  EXPECT_EQ(v["tensor"]["name"], "result");
+  EXPECT_EQ(v["pytorch_raised"], true);
+  EXPECT_EQ(v["pytorch_message"], kSigmoidMessage);
+  EXPECT_EQ(v["pytorch_names"], "output 0 of SigmoidBackward0");
+}
+
+TEST(ReportTest, TextLeadsWithTheCulpritAndQuotesTheSource) {
+  std::string path = ::testing::TempDir() + "/torchrr_replayer_train.py";
+  {
+    std::ofstream out(path);
+    for (int i = 1; i <= 20; ++i) {
+      if (i == 11) {
+        out << "    y = torch.sigmoid(x)\n";
+      } else if (i == 12) {
+        out << "    y.mul_(2)\n";
+      } else {
+        out << "# line " << i << "\n";
+      }
+    }
+  }
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}},
+                     b.At(11, path));
+  b.Inplace("aten::mul_", y.out, {}, b.At(12, path), false);
+  b.Backward({y.node}, y.node, kSigmoidMessage);
+  std::string text = FormatText(Analyze(b.records), /*color=*/false);
+  size_t error = text.find("error: saved tensor modified in place");
+  size_t culprit = text.find("--> " + path + ":12 in forward");
+  size_t quote = text.find("y.mul_(2)");
+  size_t victim = text.find("note: saved here by aten::sigmoid at " + path + ":11");
+  EXPECT_NE(error, std::string::npos) << text;
+  EXPECT_NE(culprit, std::string::npos) << text;
+  EXPECT_NE(quote, std::string::npos) << text;
+  EXPECT_NE(victim, std::string::npos) << text;
+  EXPECT_LT(error, culprit);
+  EXPECT_LT(culprit, victim);
+  EXPECT_NE(text.find("torch.sigmoid(x)"), std::string::npos) << text;
+  EXPECT_NE(text.find("SigmoidBackward0"), std::string::npos);
+  EXPECT_NE(text.find("help: make aten::mul_ out of place (aten::mul)"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos);
+  EXPECT_NE(FormatText(Analyze(b.records), /*color=*/true).find('\x1b'), std::string::npos);
+  std::remove(path.c_str());
+}
+
+TEST(ReportTest, NothingToReportSaysSo) {
+  TraceBuilder b;
+  auto x = b.Leaf({3});
+  auto y = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(20));
+  b.Backward({y.node});
+  EXPECT_NE(FormatText(Analyze(b.records), false).find("no saved tensor was modified"),
+            std::string::npos);
+}
+
+TEST(AnalyzerTest, StreamingMatchesInMemory) {
+  SigmoidMulProgram p;
+  Analyzer analyzer;
+  for (const auto& record : p.b.records) analyzer.Add(record);
+  EXPECT_EQ(ToJson(analyzer.Finish()), ToJson(Analyze(p.b.records)));
+}
+
+#ifdef TORCHRR_HAVE_FORMAT
+// The same program written as a trace file and read back gives the same report.
+TEST(AnalyzerTest, RoundTripThroughTheTraceFormat) {
+  SigmoidMulProgram p;
+  std::string bytes;
+  {
+    auto writer = format::TraceWriter::ToString(&bytes, format::FileInfo{});
+    for (const auto& record : p.b.records) ASSERT_TRUE(writer->Append(record).ok());
+    ASSERT_TRUE(writer->Close().ok());
+  }
+  Analyzer analyzer;
+  format::ReadSummary summary =
+      format::ReadTraceBytes(bytes, [&](const format::Record& r) { analyzer.Add(r); });
+  ASSERT_TRUE(summary.status.ok()) << summary.status.message();
+  EXPECT_EQ(ToJson(analyzer.Finish()), ToJson(Analyze(p.b.records)));
+}
+#endif
+
+}  // namespace
+}  // namespace torchrr::replayer
