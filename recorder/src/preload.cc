@@ -5,6 +5,7 @@
 //
 // Only the process `torchrr record` started records (TORCHRR_TARGET_PID): children the program
 // spawns inherit LD_PRELOAD but not the recording.
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +13,9 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <typeinfo>
+
+#include <cxxabi.h>
 
 #include "session.h"
 
@@ -82,4 +86,31 @@ __attribute__((constructor)) void StartFromEnvironment() {
 }
 
 }  // namespace
+
+// Called for every C++ exception thrown in the process: one thrown inside a recorded op (the
+// autograd engine's "modified by an inplace operation" among them) is recorded with its message
+// before it propagates, so the replay can quote it even when the program catches it.
+void NoteThrow(void* thrown, std::type_info* type) {
+  if (g_preload_session == nullptr || !Session::ThreadInsideRecordedOp()) return;
+  void* object = thrown;
+  if (!typeid(std::exception).__do_catch(type, &object, 1)) return;
+  const auto* exception = static_cast<const std::exception*>(object);
+  if (auto session = Session::Active()) {
+    session->RecordError(format::ErrorKind::kCppException, type->name(), exception->what());
+  }
+}
+
 }  // namespace torchrr::recorder
+
+// Interposes the C++ runtime's throw (this library is preloaded, so it comes first), notes the
+// exception and hands it on unchanged.
+namespace __cxxabiv1 {
+extern "C" void __cxa_throw(void* thrown, std::type_info* type,
+                            void(_GLIBCXX_CDTOR_CALLABI* destructor)(void*)) {
+  using Throw = void (*)(void*, std::type_info*, void (*)(void*));
+  static Throw real = reinterpret_cast<Throw>(dlsym(RTLD_NEXT, "__cxa_throw"));
+  torchrr::recorder::NoteThrow(thrown, type);
+  real(thrown, type, destructor);
+  __builtin_unreachable();
+}
+}  // namespace __cxxabiv1

@@ -15,6 +15,7 @@
 
 #include "autograd_internals.h"
 #include "native_stacks.h"
+#include "python_stacks.h"
 #include "saved_variables.h"
 
 #ifndef TORCHRR_VERSION
@@ -134,6 +135,11 @@ Session::Session(const RecorderOptions& options) : options_(options) {}
 
 Session::~Session() { Stop(); }
 
+bool Session::ThreadInsideRecordedOp() {
+  return !t_state.busy && !t_state.op_stack.empty() &&
+         g_active_raw.load(std::memory_order_acquire) != nullptr;
+}
+
 std::shared_ptr<Session> Session::Active() {
   std::lock_guard<std::mutex> lock(g_active_mu);
   return g_active;
@@ -217,6 +223,7 @@ void Session::ForgetInterned() {
   strings_.clear();
   op_names_.clear();
   frames_.clear();
+  python_frames_.clear();
   stacks_.clear();
   // Tensors keep their ids (ids must not change) but their metadata is written again.
   tensors_.Clear();
@@ -262,16 +269,20 @@ format::InternId Session::InternOpName(const char* name, std::vector<Record>& ou
   return id;
 }
 
-format::InternId Session::InternNativeStack(const uintptr_t* pcs, size_t n,
-                                            std::vector<Record>& out) {
-  if (n == 0) return 0;
-  std::string key(reinterpret_cast<const char*>(pcs), n * sizeof(uintptr_t));
+format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
+                                      const PythonFrame* py, size_t n_py,
+                                      std::vector<Record>& out) {
+  if (n_pcs == 0 && n_py == 0) return 0;
+  std::string key(reinterpret_cast<const char*>(pcs), n_pcs * sizeof(uintptr_t));
+  key.append(reinterpret_cast<const char*>(py), n_py * sizeof(PythonFrame));
   auto it = stacks_.find(key);
   if (it != stacks_.end()) return it->second;
   format::StackDef stack;
   stack.id = ++next_stack_id_;
-  stack.frames.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
+  stack.frames.reserve(n_pcs + n_py);
+  // Native frames first (innermost first: the dispatcher, the binding, the interpreter), then the
+  // Python frames that called into them, innermost first.
+  for (size_t i = 0; i < n_pcs; ++i) {
     auto [frame, created] = frames_.try_emplace(pcs[i], 0);
     if (created) {
       frame->second = sink_->NextFrameId();
@@ -279,6 +290,25 @@ format::InternId Session::InternNativeStack(const uintptr_t* pcs, size_t n,
       def.id = frame->second;
       def.kind = format::FrameKind::kNative;
       def.pc = pcs[i];
+      out.emplace_back(def);
+    }
+    stack.frames.push_back(frame->second);
+  }
+  for (size_t i = 0; i < n_py; ++i) {
+    uint64_t py_key = (static_cast<uint64_t>(py[i].code) << 32) | static_cast<uint32_t>(py[i].line);
+    auto [frame, created] = python_frames_.try_emplace(py_key, 0);
+    if (created) {
+      frame->second = sink_->NextFrameId();
+      format::FrameDef def;
+      def.id = frame->second;
+      def.kind = format::FrameKind::kPython;
+      def.line = static_cast<uint32_t>(std::max(py[i].line, 0));
+      auto code = python_codes_.find(py[i].code);
+      if (code != python_codes_.end()) {
+        def.file = InternString(code->second.file, out);
+        def.function = InternString(code->second.function, out);
+        def.framework = code->second.framework;
+      }
       out.emplace_back(def);
     }
     stack.frames.push_back(frame->second);
@@ -466,13 +496,21 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
     }
 
+    PythonFrame py_frames[kMaxPythonFrames];
+    size_t n_py = 0;
+    std::vector<PythonCode> new_codes;
+    if (options_.python_stacks && t_state.op_stack.empty() && !is_backward) {
+      n_py = CapturePythonStack(py_frames, kMaxPythonFrames, &new_codes);  // No lock held.
+    }
+
     auto inputs = fn.inputs();
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto& code : new_codes) python_codes_[code.code] = std::move(code);
     op.op = ++next_id_;
     op.name = InternOpName(fn.name(), frame->before);
     const char* overload = fn.overload_name();
     if (overload != nullptr && *overload != '\0') op.overload = InternString(overload, frame->before);
-    op.stack = InternNativeStack(pcs, n_pcs, frame->before);
+    op.stack = InternStack(pcs, n_pcs, py_frames, n_py, frame->before);
 
     auto add_tensor = [&](const at::Tensor& t, uint16_t position, uint16_t list_index) {
       if (!t.defined()) return;

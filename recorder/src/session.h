@@ -26,6 +26,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "object_ids.h"
+#include "python_stacks.h"
 #include "torchrr/format/records.h"
 #include "torchrr/recorder.h"
 #include "trace_sink.h"
@@ -33,6 +34,8 @@
 namespace torchrr::recorder {
 
 struct OpFrame;
+
+inline constexpr size_t kMaxPythonFrames = 48;
 
 class Session {
  public:
@@ -49,6 +52,10 @@ class Session {
 
   uint64_t ops_recorded() const { return ops_recorded_.load(std::memory_order_relaxed); }
   uint64_t records_dropped() const { return sink_ ? sink_->dropped_records() : 0; }
+
+  // True on a thread that is inside an op this session records (and not inside torchrr's own
+  // code): an exception thrown there comes out of that op.
+  static bool ThreadInsideRecordedOp();
 
   // The session recording now, or nullptr. Used by the callbacks, the terminate handler and the
   // Python bindings.
@@ -67,8 +74,8 @@ class Session {
   // All of the following run with mu_ held.
   format::InternId InternString(const std::string& text, std::vector<format::Record>& out);
   format::InternId InternOpName(const char* name, std::vector<format::Record>& out);
-  format::InternId InternNativeStack(const uintptr_t* pcs, size_t n,
-                                     std::vector<format::Record>& out);
+  format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,
+                               size_t n_py, std::vector<format::Record>& out);
   // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed.
   format::ObjectId RefTensor(const at::Tensor& tensor, std::vector<format::Record>& out);
   format::ObjectId StorageId(const c10::TensorImpl& impl);
@@ -95,6 +102,8 @@ class Session {
   std::unordered_map<std::string, format::InternId> strings_;      // Guarded by mu_.
   std::unordered_map<const char*, format::InternId> op_names_;     // Guarded by mu_.
   std::unordered_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
+  std::unordered_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
+  std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.
   std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
   ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, format::TensorInfo> tensors_;

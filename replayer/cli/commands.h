@@ -15,6 +15,7 @@ namespace torchrr::cli {
 // code in *exit_code.
 void RegisterInfoCommand(CLI::App& app, int* exit_code);
 void RegisterDumpCommand(CLI::App& app, int* exit_code);
+void RegisterRecordCommand(CLI::App& app, int* exit_code);
 
 // Exit codes, as `torchrr --help` lists them (format::ExitCodeFor gives 0 and 3-7).
 inline constexpr int kExitViolations = 1;  // replay: violations found.

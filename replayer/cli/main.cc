@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   torchrr::cli::RegisterInfoCommand(app, &exit_code);
   torchrr::cli::RegisterDumpCommand(app, &exit_code);
+  torchrr::cli::RegisterRecordCommand(app, &exit_code);
 #ifdef TORCHRR_HAVE_REPLAY
   torchrr::cli::RegisterReplayCommand(app, &exit_code);
 #endif

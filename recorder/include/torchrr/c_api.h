@@ -1,0 +1,39 @@
+/* A C interface to the recorder, for bindings (the Python package loads it with ctypes into a
+ * process where torch is already loaded). Every function is thread-safe and never fails loudly:
+ * trouble prints one warning on stderr and the call returns a non-zero value. */
+#ifndef TORCHRR_C_API_H_
+#define TORCHRR_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Starts recording into `path`. native_stacks: 0/1; max_buffered_bytes: 0 for the default;
+ * drop_when_full: 0 waits for the writer, 1 drops and writes a data-loss record; rank: -1 reads
+ * the RANK environment variable. Returns 0 when recording, 1 otherwise (already recording, or
+ * the file could not be opened: a warning says which). */
+int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes,
+                  int drop_when_full, int rank);
+
+/* Stops the recording started by torchrr_start and closes the trace. Returns 0, or 1 when
+ * nothing was recording. */
+int torchrr_stop(void);
+
+/* 1 while a torchrr_start recording records. */
+int torchrr_recording(void);
+
+/* Records an error (kind: 0 C++ exception, 1 Python exception, 2 uncaught) with its type name
+ * and message into the active recording. No-op when nothing records. */
+void torchrr_record_error(int kind, const char* type, const char* message);
+
+/* Ops recorded so far by the active recording. */
+uint64_t torchrr_ops_recorded(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TORCHRR_C_API_H_ */

@@ -1,0 +1,70 @@
+#include "torchrr/c_api.h"
+
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "session.h"
+
+namespace {
+
+std::mutex g_mu;
+std::shared_ptr<torchrr::recorder::Session>* g_session = nullptr;  // Guarded by g_mu.
+
+}  // namespace
+
+extern "C" int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes,
+                             int drop_when_full, int rank) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_session != nullptr && *g_session && (*g_session)->recording()) {
+    std::fprintf(stderr, "torchrr: warning: not recording %s: already recording\n",
+                 path ? path : "");
+    return 1;
+  }
+  torchrr::RecorderOptions options;
+  options.path = path != nullptr ? path : "torchrr.trr";
+  options.native_stacks = native_stacks != 0;
+  if (max_buffered_bytes != 0) options.max_buffered_bytes = max_buffered_bytes;
+  options.when_full = drop_when_full ? torchrr::WhenFull::kDrop : torchrr::WhenFull::kWait;
+  options.rank = rank;
+  std::string error;
+  auto session = torchrr::recorder::Session::Start(options, &error);
+  if (!session) {
+    std::fprintf(stderr, "torchrr: warning: not recording: %s\n", error.c_str());
+    return 1;
+  }
+  if (g_session == nullptr) g_session = new std::shared_ptr<torchrr::recorder::Session>();
+  *g_session = std::move(session);
+  return 0;
+}
+
+extern "C" int torchrr_stop(void) {
+  std::shared_ptr<torchrr::recorder::Session> session;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_session == nullptr || !*g_session) return 1;
+    session = std::move(*g_session);
+  }
+  session->Stop();
+  return 0;
+}
+
+extern "C" int torchrr_recording(void) {
+  auto session = torchrr::recorder::Session::Active();
+  return session && session->recording() ? 1 : 0;
+}
+
+extern "C" void torchrr_record_error(int kind, const char* type, const char* message) {
+  auto session = torchrr::recorder::Session::Active();
+  if (!session) return;
+  auto error_kind = kind == 1   ? torchrr::format::ErrorKind::kPythonException
+                    : kind == 2 ? torchrr::format::ErrorKind::kUncaught
+                                : torchrr::format::ErrorKind::kCppException;
+  session->RecordError(error_kind, type ? type : "", message ? message : "");
+}
+
+extern "C" uint64_t torchrr_ops_recorded(void) {
+  auto session = torchrr::recorder::Session::Active();
+  return session ? session->ops_recorded() : 0;
+}

@@ -1,0 +1,37 @@
+// Python stacks: the frames (file, line, function) of the Python code that issued an op.
+//
+// The one file that talks to CPython. It resolves CPython's functions at run time (dlsym), so the
+// recorder loads in C++ programs that have no Python at all; there every call returns nothing.
+// The op bindings release the GIL but keep their PyThreadState: the capture takes the GIL back
+// briefly, walks the frames and releases it. Threads with no Python state are skipped.
+#ifndef TORCHRR_RECORDER_PYTHON_STACKS_H_
+#define TORCHRR_RECORDER_PYTHON_STACKS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torchrr::recorder {
+
+struct PythonFrame {
+  uint32_t code = 0;  // An id for the frame's code object (stable for the process).
+  int32_t line = 0;
+};
+
+// A code object seen for the first time, described once.
+struct PythonCode {
+  uint32_t code = 0;
+  std::string file;      // co_filename, as the program saw it.
+  std::string function;  // co_qualname.
+  bool framework = false;  // torch, site-packages, the standard library, torchrr.
+};
+
+// Writes up to `max` frames of the calling thread's Python stack into `out`, innermost first,
+// and appends to `new_codes` the code objects never described before. Returns how many frames.
+// Takes the GIL: the caller must hold no lock that a thread holding the GIL could wait for.
+size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes);
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_PYTHON_STACKS_H_

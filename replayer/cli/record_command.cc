@@ -1,0 +1,142 @@
+// torchrr record -o FILE -- COMMAND ARGS...: runs an unchanged program with the recorder attached
+// and passes its exit status through (128+N when a signal N ended it).
+//
+// How the recorder gets in depends on the program: a Python interpreter (python*, torchrun)
+// imports torchrr through a sitecustomize directory put first on PYTHONPATH, which chains to any
+// sitecustomize already there; any other program (a C++ trainer linked against libtorch) gets
+// libtorchrr_preload.so through LD_PRELOAD. Only the started process records: children it spawns
+// inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace torchrr::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RecordArgs {
+  std::string output = "torchrr.trr";
+  bool no_stacks = false;
+  size_t max_buffer_mb = 0;
+  bool drop_when_full = false;
+  bool force_python = false;
+  bool force_native = false;
+  std::vector<std::string> command;
+};
+
+pid_t g_child = 0;
+
+void ForwardSignal(int signal_number) {
+  if (g_child > 0) kill(g_child, signal_number);
+}
+
+bool LooksLikePython(const std::string& program) {
+  std::string base = fs::path(program).filename().string();
+  return base.rfind("python", 0) == 0 || base == "torchrun" || base == "pytest" ||
+         base == "accelerate" || base == "deepspeed";
+}
+
+void PrependEnv(const char* name, const std::string& value, char separator) {
+  const char* old = std::getenv(name);
+  std::string joined = value;
+  if (old != nullptr && *old != '\0') joined += separator + std::string(old);
+  setenv(name, joined.c_str(), 1);
+}
+
+int RunRecord(const RecordArgs& args) {
+  std::error_code ec;
+  fs::path exe = fs::canonical("/proc/self/exe", ec);
+  fs::path preload = exe.parent_path().parent_path() / "lib" / "libtorchrr_preload.so";
+  fs::path site_dir = fs::path(TORCHRR_PYTHON_PACKAGE_DIR) / "torchrr" / "_sitecustomize";
+  fs::path output = fs::absolute(args.output, ec);
+
+  bool python = args.force_python || (!args.force_native && LooksLikePython(args.command[0]));
+  if (python && !fs::exists(site_dir / "sitecustomize.py")) {
+    std::fprintf(stderr, "torchrr: error: %s not found: is torchrr built? (make build)\n",
+                 (site_dir / "sitecustomize.py").c_str());
+    return 7;
+  }
+  if (!python && !fs::exists(preload)) {
+    std::fprintf(stderr, "torchrr: error: %s not found: the recorder is built only when torch "
+                         "is found (make build)\n", preload.c_str());
+    return 7;
+  }
+
+  std::fflush(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::fprintf(stderr, "torchrr: error: fork: %s\n", std::strerror(errno));
+    return 7;
+  }
+  if (pid == 0) {
+    setenv("TORCHRR_OUTPUT", output.c_str(), 1);
+    setenv("TORCHRR_NATIVE_STACKS", args.no_stacks ? "0" : "1", 1);
+    if (args.max_buffer_mb != 0) {
+      setenv("TORCHRR_MAX_BUFFERED_BYTES", std::to_string(args.max_buffer_mb << 20).c_str(), 1);
+    }
+    if (args.drop_when_full) setenv("TORCHRR_WHEN_FULL", "drop", 1);
+    if (python) {
+      PrependEnv("PYTHONPATH", site_dir.string(), ':');
+    } else {
+      setenv("TORCHRR_TARGET_PID", std::to_string(getpid()).c_str(), 1);
+      PrependEnv("LD_PRELOAD", preload.string(), ':');
+    }
+    std::vector<char*> argv;
+    for (const auto& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "torchrr: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  g_child = pid;
+  signal(SIGINT, ForwardSignal);
+  signal(SIGTERM, ForwardSignal);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      std::fprintf(stderr, "torchrr: error: waitpid: %s\n", std::strerror(errno));
+      return 7;
+    }
+  }
+  if (!python && fs::exists(output)) {
+    std::fprintf(stderr, "torchrr: trace written to %s\n", output.c_str());
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 7;
+}
+
+}  // namespace
+
+void RegisterRecordCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<RecordArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "record", "Run a program with the recorder attached: torchrr record -o run.trr -- CMD ...");
+  cmd->add_option("-o,--output", args->output, "Trace file to write (torchrun: one per rank, "
+                                               "FILE.rankN.trr)");
+  cmd->add_flag("--no-stacks", args->no_stacks, "Do not capture stacks (faster, no lines)");
+  cmd->add_option("--max-buffer-mb", args->max_buffer_mb,
+                  "Memory for records waiting to be written (default 256)");
+  cmd->add_flag("--drop-when-full", args->drop_when_full,
+                "When the writer cannot keep up, drop records (and say so) instead of waiting");
+  cmd->add_flag("--python", args->force_python, "The command is a Python program");
+  cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");
+  cmd->add_option("command", args->command, "The program and its arguments, after --")
+      ->required();
+  cmd->footer("The exit status is the program's (128+N when signal N ended it); 127 when it "
+              "could not be run, 7 when torchrr itself failed.");
+  cmd->callback([args, exit_code] { *exit_code = RunRecord(*args); });
+}
+
+}  // namespace torchrr::cli
