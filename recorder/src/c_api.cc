@@ -16,6 +16,11 @@ std::shared_ptr<torchrr::recorder::Session>* g_session = nullptr;  // Guarded by
 
 extern "C" int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes,
                              int drop_when_full, int rank) {
+  return torchrr_start2(path, native_stacks, 1, max_buffered_bytes, drop_when_full, rank);
+}
+
+extern "C" int torchrr_start2(const char* path, int native_stacks, int python_stacks,
+                              size_t max_buffered_bytes, int drop_when_full, int rank) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_session != nullptr && *g_session && (*g_session)->recording()) {
     std::fprintf(stderr, "torchrr: warning: not recording %s: already recording\n",
@@ -25,6 +30,7 @@ extern "C" int torchrr_start(const char* path, int native_stacks, size_t max_buf
   torchrr::RecorderOptions options;
   options.path = path != nullptr ? path : "torchrr.trr";
   options.native_stacks = native_stacks != 0;
+  options.python_stacks = python_stacks != 0;
   if (max_buffered_bytes != 0) options.max_buffered_bytes = max_buffered_bytes;
   options.when_full = drop_when_full ? torchrr::WhenFull::kDrop : torchrr::WhenFull::kWait;
   options.rank = rank;

@@ -32,6 +32,10 @@ struct PythonCode {
 // Takes the GIL: the caller must hold no lock that a thread holding the GIL could wait for.
 size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes);
 
+// Makes the next captures describe every code object again (into `new_codes`), for a new
+// recording whose tables start empty. Code ids stay the same. Thread-safe; takes no lock.
+void ForgetPythonCodeDescriptions();
+
 }  // namespace torchrr::recorder
 
 #endif  // TORCHRR_RECORDER_PYTHON_STACKS_H_

@@ -120,15 +120,6 @@ format::FileInfo MakeFileInfo(const RecorderOptions& options) {
   return info;
 }
 
-bool SameMetadata(const format::TensorInfo& a, const format::TensorInfo& b) {
-  return a.storage == b.storage && a.version_counter == b.version_counter &&
-         a.dtype == b.dtype && a.device == b.device && a.shape == b.shape &&
-         a.strides == b.strides && a.storage_offset == b.storage_offset &&
-         a.requires_grad == b.requires_grad && a.is_leaf == b.is_leaf &&
-         a.grad_fn == b.grad_fn && a.output_nr == b.output_nr &&
-         a.storage_nbytes == b.storage_nbytes;
-}
-
 }  // namespace
 
 Session::Session(const RecorderOptions& options) : options_(options) {}
@@ -152,6 +143,7 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
     return nullptr;
   }
   std::shared_ptr<Session> session(new Session(options));
+  ForgetPythonCodeDescriptions();  // This session's python_codes_ starts empty.
   TraceSink::Options sink_options;
   sink_options.path = options.path;
   sink_options.max_buffered_bytes = options.max_buffered_bytes;
@@ -273,7 +265,8 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
                                       const PythonFrame* py, size_t n_py,
                                       std::vector<Record>& out) {
   if (n_pcs == 0 && n_py == 0) return 0;
-  std::string key(reinterpret_cast<const char*>(pcs), n_pcs * sizeof(uintptr_t));
+  static thread_local std::string key;  // Reused: a repeated stack costs no allocation.
+  key.assign(reinterpret_cast<const char*>(pcs), n_pcs * sizeof(uintptr_t));
   key.append(reinterpret_cast<const char*>(py), n_py * sizeof(PythonFrame));
   auto it = stacks_.find(key);
   if (it != stacks_.end()) return it->second;
@@ -313,7 +306,7 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
     }
     stack.frames.push_back(frame->second);
   }
-  stacks_.emplace(std::move(key), stack.id);
+  stacks_.emplace(key, stack.id);
   format::InternId id = stack.id;
   out.emplace_back(std::move(stack));
   return id;
@@ -346,14 +339,38 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
       impl, [&] { return c10::weak_intrusive_ptr<c10::TensorImpl>(tensor.getIntrusivePtr()); },
       next_id_, created);
 
+  // Most uses of a tensor find its metadata unchanged: compare in place, build only on change.
+  const ObjectId storage = StorageId(*impl);
+  const ObjectId counter = VersionCounterId(*impl);
+  const bool strided = impl->layout() == c10::kStrided;
+  torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
+  const ObjectId grad_fn_id = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
+  const uint32_t output_nr = impl->autograd_meta() != nullptr ? tensor.output_nr() : 0;
+  const c10::Device device = impl->device();
+  const auto dtype = static_cast<format::DType>(impl->dtype().toScalarType());
+  const uint64_t nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
+  const format::TensorInfo& last = entry.extra;
+  if (!created && last.storage == storage && last.version_counter == counter &&
+      last.grad_fn == grad_fn_id && last.output_nr == output_nr && last.dtype == dtype &&
+      last.device.type == static_cast<int8_t>(device.type()) &&
+      last.requires_grad == impl->requires_grad() && last.is_leaf == (grad_fn == nullptr) &&
+      last.storage_nbytes == nbytes &&
+      (!strided || (last.storage_offset == impl->storage_offset() &&
+                    std::equal(last.shape.begin(), last.shape.end(), impl->sizes().begin(),
+                               impl->sizes().end()) &&
+                    std::equal(last.strides.begin(), last.strides.end(),
+                               impl->strides().begin(), impl->strides().end())))) {
+    return entry.id;
+  }
+
   format::TensorInfo info;
   info.tensor = entry.id;
-  info.storage = StorageId(*impl);
-  info.version_counter = VersionCounterId(*impl);
-  info.dtype = static_cast<format::DType>(impl->dtype().toScalarType());
-  info.device.type = static_cast<int8_t>(impl->device_type());
-  info.device.index = impl->device().has_index() ? impl->device().index() : -1;
-  if (impl->layout() == c10::kStrided) {
+  info.storage = storage;
+  info.version_counter = counter;
+  info.dtype = dtype;
+  info.device.type = static_cast<int8_t>(device.type());
+  info.device.index = device.has_index() ? device.index() : -1;
+  if (strided) {
     auto sizes = impl->sizes();
     auto strides = impl->strides();
     info.shape.assign(sizes.begin(), sizes.end());
@@ -361,16 +378,12 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
     info.storage_offset = impl->storage_offset();
   }
   info.requires_grad = impl->requires_grad();
-  torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
   info.is_leaf = grad_fn == nullptr;
-  info.grad_fn = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
-  info.output_nr = impl->autograd_meta() != nullptr ? tensor.output_nr() : 0;
-  info.storage_nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
-
-  if (created || !SameMetadata(entry.extra, info)) {
-    entry.extra = info;
-    out.emplace_back(std::move(info));
-  }
+  info.grad_fn = grad_fn_id;
+  info.output_nr = output_nr;
+  info.storage_nbytes = nbytes;
+  entry.extra = info;
+  out.emplace_back(std::move(info));
   return entry.id;
 }
 

@@ -18,6 +18,12 @@ extern "C" {
 int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes,
                   int drop_when_full, int rank);
 
+/* torchrr_start with Python stacks on or off (python_stacks: 0/1; torchrr_start turns them on).
+ * Python frames are captured only in a process that runs Python, on threads with a Python
+ * thread state. Same return values as torchrr_start. */
+int torchrr_start2(const char* path, int native_stacks, int python_stacks,
+                   size_t max_buffered_bytes, int drop_when_full, int rank);
+
 /* Stops the recording started by torchrr_start and closes the trace. Returns 0, or 1 when
  * nothing was recording. */
 int torchrr_stop(void);

@@ -1,0 +1,107 @@
+"""Recording from Python: record() (a context manager), start() and stop()."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from . import _native
+
+# Error kinds of torchrr_record_error (format::ErrorKind).
+ERROR_CPP = 0
+ERROR_PYTHON = 1
+ERROR_UNCAUGHT = 2
+
+
+def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True,
+          python_stacks: bool = True, max_buffered_bytes: int = 0,
+          drop_when_full: bool = False, rank: Optional[int] = None) -> bool:
+    """Starts recording every tensor op of this process into ``path``.
+
+    native_stacks: a C++ stack per top-level op (symbolized when the trace closes; costly and
+    rarely useful from Python). python_stacks: the Python frames that issued each top-level op.
+    max_buffered_bytes: memory for records waiting for the writer thread (0: the default, 256
+    MiB). drop_when_full: drop records (and say so in the trace) rather than wait for the writer.
+    rank: the distributed rank written to the trace (None reads RANK).
+
+    Returns True when recording, False when not (already recording, or the file could not be
+    opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
+    """
+    lib = _native.library()
+    rc = lib.torchrr_start2(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
+                            int(bool(python_stacks)), int(max_buffered_bytes),
+                            int(bool(drop_when_full)), -1 if rank is None else int(rank))
+    return rc == 0
+
+
+def stop() -> bool:
+    """Stops the recording and closes the trace (symbolizing native stacks first). Returns False
+    when nothing was recording. Never imports torch."""
+    lib = _native.loaded()
+    return lib is not None and lib.torchrr_stop() == 0
+
+
+def recording() -> bool:
+    """True while a recording started from this process records."""
+    lib = _native.loaded()
+    return lib is not None and lib.torchrr_recording() == 1
+
+
+def ops_recorded() -> int:
+    lib = _native.loaded()
+    return int(lib.torchrr_ops_recorded()) if lib is not None else 0
+
+
+def exception_type_name(exc_type: type) -> str:
+    """``RuntimeError`` for builtins, ``module.Qualname`` otherwise (``torch.OutOfMemoryError``)."""
+    module = getattr(exc_type, "__module__", "builtins")
+    name = getattr(exc_type, "__qualname__", exc_type.__name__)
+    return name if module in ("builtins", None) else f"{module}.{name}"
+
+
+def record_error(exc: BaseException, kind: int = ERROR_PYTHON) -> None:
+    """Records ``exc`` (type name and str()) into the active recording; a no-op when none."""
+    lib = _native.loaded()
+    if lib is None:
+        return
+    try:
+        message = str(exc)
+    except Exception:  # A broken __str__ must not hide the user's exception.
+        message = repr(exc)
+    lib.torchrr_record_error(int(kind), exception_type_name(type(exc)).encode(),
+                             message.encode("utf-8", "replace"))
+
+
+def record(path: str | os.PathLike = "torchrr.trr", **options) -> "Recording":
+    """A context manager that records the block's tensor ops into ``path``: see Recording."""
+    return Recording(path, **options)
+
+
+class Recording:
+    """Records the tensor ops run inside a ``with`` block into a trace::
+
+        with torchrr.record("step.trr"):
+            loss = model(batch).loss
+            loss.backward()          # the in-place RuntimeError is recorded, then re-raised
+        report = torchrr.replay("step.trr")
+
+    Takes the same options as start(). An exception leaving the block is recorded into the
+    trace (kind 1, its type name and message) before the trace is closed; it is never swallowed.
+    ``.recording`` tells whether the recorder started (it prints a warning when it did not).
+    """
+
+    def __init__(self, path: str | os.PathLike = "torchrr.trr", **options):
+        self.path = os.fspath(path)
+        self._options = options
+        self.recording = False
+
+    def __enter__(self) -> "Recording":
+        self.recording = start(self.path, **self._options)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.recording:
+            if exc is not None:
+                record_error(exc)
+            stop()
+            self.recording = False
+        return False

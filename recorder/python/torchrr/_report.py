@@ -1,0 +1,199 @@
+"""replay(): the native ``torchrr replay --json`` report as Python objects.
+
+The classes mirror replayer/SCHEMA.md (schema_version 1) field for field; every object also keeps
+the JSON it came from in ``.raw``, so fields added later are reachable before this file knows them.
+``None`` means "not known / not applicable", as ``null`` in the JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import _native
+
+
+class ReplayError(Exception):
+    """The trace could not be replayed. ``exit_code`` is the CLI's (3 unreadable or not a trace,
+    4 truncated, 5 corrupt, 6 newer format, 7 other; see replayer/SCHEMA.md), ``message`` its
+    one-line explanation."""
+
+    def __init__(self, path: str, exit_code: int, message: str):
+        super().__init__(f"{path}: {message} (torchrr replay exit {exit_code})")
+        self.path = path
+        self.exit_code = exit_code
+        self.message = message
+
+
+@dataclass
+class Frame:
+    function: Optional[str]
+    file: Optional[str]
+    line: Optional[int]
+    library: Optional[str] = None
+    python: bool = False
+    framework: bool = False
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> Optional["Frame"]:
+        if d is None:
+            return None
+        return cls(d.get("function"), d.get("file"), d.get("line"), d.get("library"),
+                   bool(d.get("python", False)), bool(d.get("framework", False)), d)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass
+class Op:
+    """An OpRecord: ``op`` is the ATen op name (``aten::mul_``), ``user_frame`` the innermost
+    frame outside framework code, ``stack`` all frames innermost first."""
+    id: int
+    op: Optional[str]
+    overload: str = ""
+    detail: Optional[str] = None
+    thread: int = 0
+    user_frame: Optional[Frame] = None
+    stack: list = field(default_factory=list)
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> Optional["Op"]:
+        if d is None:
+            return None
+        return cls(d.get("id", 0), d.get("op"), d.get("overload", ""), d.get("detail"),
+                   d.get("thread", 0), Frame.from_json(d.get("user_frame")),
+                   [Frame.from_json(f) for f in d.get("stack", [])], d)
+
+
+@dataclass
+class BackwardNode:
+    id: int
+    name: Optional[str]
+    sequence_nr: Optional[int] = None
+    forward_thread: Optional[int] = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> Optional["BackwardNode"]:
+        if d is None:
+            return None
+        return cls(d.get("id", 0), d.get("name"), d.get("sequence_nr"), d.get("forward_thread"), d)
+
+
+@dataclass
+class Tensor:
+    id: int
+    name: Optional[str]
+    list_index: Optional[int] = None
+    shape: list = field(default_factory=list)
+    dtype: Optional[str] = None
+    device: Optional[str] = None
+    storage: int = 0
+    version_counter: int = 0
+    is_output: bool = False
+    is_leaf: bool = False
+    output_nr: int = 0
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> Optional["Tensor"]:
+        if d is None:
+            return None
+        return cls(d.get("id", 0), d.get("name"), d.get("list_index"), list(d.get("shape", [])),
+                   d.get("dtype"), d.get("device"), d.get("storage", 0),
+                   d.get("version_counter", 0), bool(d.get("is_output", False)),
+                   bool(d.get("is_leaf", False)), d.get("output_nr", 0), d)
+
+
+@dataclass
+class Violation:
+    """A saved tensor found modified. kind: ``"version"`` (its version counter moved: PyTorch
+    raises) or ``"silent"`` (written through ``.data`` or another alias: PyTorch raises nothing).
+    culprit: the op that wrote it; victim: the forward op that saved it; backward_node: the node
+    that needed it."""
+    kind: str
+    culprit: Optional[Op]
+    later_culprits: list
+    victim: Optional[Op]
+    backward_node: Optional[BackwardNode]
+    saved_version: Optional[int]
+    current_version: Optional[int]
+    tensor: Optional[Tensor]
+    pytorch_raised: bool
+    pytorch_message: Optional[str]
+    pytorch_names: Optional[str] = None
+    simulated: bool = False
+    backward_pass: Optional[int] = None
+    node_exec_op: Optional[int] = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Violation":
+        return cls(d.get("kind"), Op.from_json(d.get("culprit")),
+                   [Op.from_json(o) for o in d.get("later_culprits", [])],
+                   Op.from_json(d.get("victim")), BackwardNode.from_json(d.get("backward_node")),
+                   d.get("saved_version"), d.get("current_version"),
+                   Tensor.from_json(d.get("tensor")), bool(d.get("pytorch_raised", False)),
+                   d.get("pytorch_message"), d.get("pytorch_names"),
+                   bool(d.get("simulated", False)), d.get("backward_pass"),
+                   d.get("node_exec_op"), d)
+
+
+@dataclass
+class Report:
+    """The whole report. ``trace`` is the reader's verdict: ``{"path", "status": "ok" |
+    "truncated" | "corrupt", "message", "warnings"}``."""
+    schema_version: int
+    violations: list
+    ops: int = 0
+    records: int = 0
+    tensors: int = 0
+    nodes: int = 0
+    node_executions: int = 0
+    backward_passes: int = 0
+    version_bumps: int = 0
+    data_loss_records: int = 0
+    warnings: list = field(default_factory=list)
+    trace: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Report":
+        return cls(d.get("schema_version", 0),
+                   [Violation.from_json(v) for v in d.get("violations", [])],
+                   d.get("ops", 0), d.get("records", 0), d.get("tensors", 0), d.get("nodes", 0),
+                   d.get("node_executions", 0), d.get("backward_passes", 0),
+                   d.get("version_bumps", 0), d.get("data_loss_records", 0),
+                   list(d.get("warnings", [])), dict(d.get("trace") or {}), d)
+
+
+def replay(path: str | os.PathLike) -> Report:
+    """Replays the trace at ``path`` with ``torchrr replay --json`` and returns its Report.
+
+    A truncated or corrupt trace still gives a Report when anything could be analysed (its
+    ``trace["status"]`` says so). Raises FileNotFoundError when ``path`` does not exist and
+    ReplayError when the trace cannot be replayed (not a trace, unreadable, newer format).
+    Never imports torch.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"torchrr: no trace at {path}")
+    proc = subprocess.run([_native.cli_path(), "replay", "--json", path],
+                          capture_output=True, text=True)
+    document = None
+    if proc.stdout.strip():
+        try:
+            document = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            document = None
+    if proc.returncode in (0, 1, 4, 5) and isinstance(document, dict) and \
+            "violations" in document:
+        return Report.from_json(document)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    message = lines[-1] if lines else f"no report (exit {proc.returncode})"
+    raise ReplayError(path, proc.returncode, message)

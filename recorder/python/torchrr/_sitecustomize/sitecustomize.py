@@ -1,0 +1,183 @@
+"""torchrr's sitecustomize: records an unchanged Python program under ``torchrr record``.
+
+``torchrr record -o FILE -- python ...`` puts this directory first on PYTHONPATH and sets
+TORCHRR_OUTPUT (absolute), TORCHRR_NATIVE_STACKS (0/1), TORCHRR_MAX_BUFFERED_BYTES and
+TORCHRR_WHEN_FULL (``drop``). TORCHRR_PYTHON_STACKS (0/1) defaults to TORCHRR_NATIVE_STACKS, so
+``--no-stacks`` turns off every stack. Here:
+
+- Any sitecustomize found later on sys.path (the user's, the distribution's) runs first, as if
+  this one were not there.
+- Recording starts right after ``import torch`` completes (an import hook on sys.meta_path),
+  before the program can run a tensor op.
+- Which process records: the first Python process of the run; under torchrun every worker (RANK
+  set), each into FILE.rankN.trr. The torchrun launcher itself records nothing, and neither do
+  processes the recording process starts (DataLoader workers, subprocesses).
+- The program's uncaught exception is recorded as an error (kind 1, its type and message) by a
+  sys.excepthook that then calls the previous hook; the trace is closed at exit (atexit).
+
+Nothing here raises into the program: trouble prints one ``torchrr: warning:`` line.
+"""
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# Set in the recording process (inherited by its children, which then do not record).
+_RECORDER_PID_ENV = "TORCHRR_RECORDER_PID"
+
+
+def _warn(message):
+    sys.stderr.write(f"torchrr: warning: {message}\n")
+
+
+def _chain_to_next_sitecustomize():
+    """Runs the sitecustomize this one hides (the next one on sys.path), as site.py would."""
+    import importlib.machinery
+    import importlib.util
+
+    def is_here(entry):
+        try:
+            return os.path.samefile(entry or os.getcwd(), _HERE)
+        except OSError:
+            return False
+
+    path = [entry for entry in sys.path if not is_here(entry)]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # site.py's behaviour: report and go on.
+        sys.stderr.write(f"Error in sitecustomize ({spec.origin}); set PYTHONVERBOSE for "
+                         f"traceback:\n{type(error).__name__}: {error}\n")
+
+
+def _is_torchrun_launcher():
+    """True in the torchrun launcher (which starts the ranks and runs no tensor op)."""
+    if "RANK" in os.environ:
+        return False
+    argv = list(getattr(sys, "orig_argv", None) or sys.argv)
+    for i, arg in enumerate(argv[:3]):
+        if os.path.basename(arg) == "torchrun":
+            return True
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in (
+                "torch.distributed.run", "torch.distributed.launch"):
+            return True
+    return False
+
+
+def _trace_path(output, rank):
+    if rank is None:
+        return output
+    stem, ext = os.path.splitext(output)
+    return f"{stem}.rank{rank}{ext or '.trr'}"
+
+
+def _flag(name, default):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value not in ("0", "false", "no", "off")
+
+
+def _import_torchrr():
+    try:
+        import torchrr
+    except ImportError:
+        # Not installed in this interpreter: use the package this file belongs to.
+        sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
+        import torchrr
+    return torchrr
+
+
+def _start_recording():
+    output = os.environ.get("TORCHRR_OUTPUT")
+    if not output or os.environ.get(_RECORDER_PID_ENV) or _is_torchrun_launcher():
+        return
+    rank = os.environ.get("RANK")
+    try:
+        torchrr = _import_torchrr()
+        native = _flag("TORCHRR_NATIVE_STACKS", True)
+        started = torchrr.start(
+            _trace_path(output, rank),
+            native_stacks=native,
+            python_stacks=_flag("TORCHRR_PYTHON_STACKS", native),
+            max_buffered_bytes=int(os.environ.get("TORCHRR_MAX_BUFFERED_BYTES") or 0),
+            drop_when_full=os.environ.get("TORCHRR_WHEN_FULL") == "drop",
+            rank=int(rank) if rank is not None and rank.isdigit() else None)
+    except Exception as error:
+        _warn(f"not recording: {error}")
+        return
+    if not started:
+        return  # The recorder printed why.
+    os.environ[_RECORDER_PID_ENV] = str(os.getpid())
+
+    previous_hook = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        try:
+            torchrr.record_error(exc)
+        except Exception:
+            pass
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+    import atexit
+
+    def close():
+        try:
+            torchrr.stop()
+        except Exception as error:
+            _warn(f"closing the trace: {error}")
+
+    atexit.register(close)
+
+
+class _AfterTorchImport:
+    """A meta-path finder that wraps torch's loader once, to start recording right after
+    ``torch/__init__.py`` ran (torch loaded: the recorder binds to its libtorch)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _StartAfterExec(spec.loader)
+        return spec
+
+
+class _StartAfterExec:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        # torch sees its own loader (inspect, importlib.resources use it).
+        module.__loader__ = self._inner
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._inner
+        self._inner.exec_module(module)
+        _start_recording()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+_chain_to_next_sitecustomize()
+if os.environ.get("TORCHRR_OUTPUT") and not os.environ.get(_RECORDER_PID_ENV):
+    if "torch" in sys.modules:
+        _start_recording()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport())
