@@ -4,6 +4,7 @@
 
 #include <array>
 #include <mutex>
+#include <unordered_map>
 #include <string_view>
 
 #include <backtrace.h>
@@ -102,7 +103,24 @@ void OnSymInfo(void* data, uintptr_t, const char* symbol, uintptr_t, uintptr_t) 
 
 }  // namespace
 
+std::vector<SymbolizedFrame> SymbolizeUncached(uintptr_t return_address);
+
 std::vector<SymbolizedFrame> SymbolizeNativeFrame(uintptr_t return_address) {
+  // Addresses of the same process symbolize the same way: once per process, not per recording.
+  static std::mutex cache_mu;
+  static auto* cache = new std::unordered_map<uintptr_t, std::vector<SymbolizedFrame>>();
+  {
+    std::lock_guard<std::mutex> lock(cache_mu);
+    auto it = cache->find(return_address);
+    if (it != cache->end()) return it->second;
+  }
+  std::vector<SymbolizedFrame> frames = SymbolizeUncached(return_address);
+  std::lock_guard<std::mutex> lock(cache_mu);
+  cache->emplace(return_address, frames);
+  return frames;
+}
+
+std::vector<SymbolizedFrame> SymbolizeUncached(uintptr_t return_address) {
   uintptr_t call_site = return_address - 1;
   std::vector<SymbolizedFrame> frames;
   Backtrace& backtrace = GetBacktrace();

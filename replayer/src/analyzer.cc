@@ -142,6 +142,7 @@ struct Bump {
   uint64_t seq = 0;
   uint32_t before = 0;
   uint32_t after = 0;
+  ObjectId tensor = 0;  // The tensor written through (0 when the writer is unknown).
 };
 
 struct CounterState {
@@ -165,6 +166,7 @@ struct SavedState {
   uint32_t layout = LayoutPool::kNone;
   format::DType dtype = 0;
   format::Device device;
+  ObjectId grad_fn = 0;  // The tensor's grad_fn at save time.
   uint64_t byte_first = 0;
   uint64_t byte_last = UINT64_MAX;
   uint32_t silent_head = UINT32_MAX;
@@ -201,6 +203,7 @@ struct Finding {
   bool exec_threw = false;
   // The saved tensor's grad_fn when the node ran (what PyTorch names for a saved input).
   ObjectId use_grad_fn = 0;
+  bool view_regenerated = false;
   uint32_t use_output_nr = 0;
   bool use_known = false;
 };
@@ -394,10 +397,11 @@ class Analyzer::Impl {
       } else if (use.version_before > counter.last_version) {
         // Moved between two recorded uses, by nothing recorded (or by an op still running on
         // another thread: RecordBump replaces this entry when that op ends).
-        counter.bumps.push_back({0, seq_, counter.last_version, use.version_before});
+        counter.bumps.push_back({0, seq_, counter.last_version, use.version_before, 0});
       }
       if (use.version_after > use.version_before) {
-        RecordBump(counter, r, use.version_before, use.version_after, *tensor, counter_id);
+        RecordBump(counter, r, use.version_before, use.version_after, *tensor, use.tensor,
+                   counter_id);
       }
       counter.last_version = std::max(counter.last_version, use.version_after);
     };
@@ -406,7 +410,8 @@ class Analyzer::Impl {
   }
 
   void RecordBump(CounterState& counter, const format::OpRecord& r, uint32_t before,
-                  uint32_t after, const TensorState& tensor, ObjectId counter_id) {
+                  uint32_t after, const TensorState& tensor, ObjectId tensor_id,
+                  ObjectId counter_id) {
     auto& bumps = counter.bumps;
     // A nested op showed this write already: the innermost op keeps it.
     if (!bumps.empty() && bumps.back().op != 0 && bumps.back().after >= after &&
@@ -422,7 +427,7 @@ class Analyzer::Impl {
            bumps.back().after <= after) {
       bumps.pop_back();
     }
-    bumps.push_back({r.op, seq_, before, after});
+    bumps.push_back({r.op, seq_, before, after, tensor_id});
     ++bump_count_;
     CheckSilentWrite(r.op, tensor, counter_id);
   }
@@ -461,6 +466,7 @@ class Analyzer::Impl {
       s.saved = saved;
       if (const TensorState* t = FindTensor(saved.tensor)) {
         s.meta_known = true;
+        s.grad_fn = t->grad_fn;
         s.layout = t->layout;
         s.dtype = t->dtype;
         s.device = t->device;
@@ -681,10 +687,19 @@ class Analyzer::Impl {
           Finding f = base;
           f.kind = ViolationKind::kVersion;
           f.current_version = current;
+          const Bump* last = nullptr;
           for (const Bump& b : counter->bumps) {
             if (b.seq >= seq) break;
             if (b.after > s.saved.saved_version) f.writers.push_back(b.op);
+            last = &b;
           }
+          // A view written through another tensor sharing its counter (its base or another
+          // view) keeps a stale grad_fn: PyTorch regenerates it as AsStridedBackward0 when it
+          // raises, and names that. (A base written through a view got CopySlices instead,
+          // which the trace shows as a changed grad_fn.)
+          f.view_regenerated = f.use_known && f.use_grad_fn != 0 && s.meta_known &&
+                               f.use_grad_fn == s.grad_fn && last != nullptr &&
+                               last->tensor != 0 && last->tensor != s.saved.tensor;
           findings_.push_back(std::move(f));
         }
       }
@@ -924,6 +939,8 @@ class Analyzer::Impl {
     v.tensor.output_nr = s.saved.output_nr;
     if (s.saved.is_output) {
       v.pytorch_names = "output " + std::to_string(s.saved.output_nr) + " of " + Str(node.name);
+    } else if (f.view_regenerated) {
+      v.pytorch_names = "output 0 of AsStridedBackward0";
     } else if (f.use_known && f.use_grad_fn != 0) {
       uint32_t grad_fn = index_.Find(f.use_grad_fn, IdKind::kNode);
       if (grad_fn != IdIndex::kAbsent) {

@@ -1,0 +1,126 @@
+// The recorder's overhead on the C++ LoRA sample's training step, on the CPU: step time without
+// the recorder, with it (C++ stacks on), and with it (stacks off), measured side by side in one
+// run (rounds interleave the three, so machine noise hits them alike), reported as ratios to
+// plain; plus trace bytes per op and the process's peak memory growth while recording.
+//
+// Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR]
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include "lora_model.h"
+#include "torchrr/recorder.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace samples = torchrr::samples;
+
+long MaxRssKb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 5;
+  int steps = 8;
+  int threads = 1;
+  std::string dir = std::filesystem::temp_directory_path() / "torchrr_bench_recorder";
+  CLI::App app("The recorder's overhead on the C++ LoRA step (CPU)");
+  app.add_option("--rounds", rounds);
+  app.add_option("--steps-per-round", steps);
+  app.add_option("--threads", threads, "Intra-op threads (1: less noise on a shared machine)");
+  app.add_option("--dir", dir);
+  CLI11_PARSE(app, argc, argv);
+  std::filesystem::create_directories(dir);
+  at::set_num_threads(threads);
+
+  samples::LlamaConfig config;
+  config.intermediate_size = (config.hidden_size * 8 / 3 + 31) / 32 * 32;
+  torch::manual_seed(0);
+  samples::LlamaForCausalLM model(config, samples::Bug::kNone);
+  auto sequence = torch::randint(1, config.vocab_size, {4, config.max_seq_len + 1}, torch::kLong);
+  auto tokens = sequence.narrow(1, 0, config.max_seq_len);
+  auto labels = sequence.narrow(1, 1, config.max_seq_len);
+  torch::optim::AdamW optimizer(model->LoraParameters(), torch::optim::AdamWOptions(1e-3));
+  auto step = [&] {
+    auto loss = model->forward(tokens, labels);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+  };
+  for (int i = 0; i < 3; ++i) step();  // Warm up allocator and kernels.
+  long rss_plain_kb = MaxRssKb();
+
+  struct Config {
+    const char* name;
+    bool record;
+    bool stacks;
+    std::vector<double> step_ms;
+    std::vector<double> stop_ms;
+    uint64_t ops = 0;
+    uint64_t bytes = 0;
+  };
+  std::vector<Config> configs = {{"plain", false, false, {}}, {"recorder, stacks on", true, true, {}},
+                                 {"recorder, stacks off", true, false, {}}};
+  for (int round = 0; round < rounds; ++round) {
+    for (auto& c : configs) {
+      std::string path = dir + "/round" + std::to_string(round) + (c.stacks ? "_s" : "_n") + ".trr";
+      std::optional<torchrr::Recorder> recorder;
+      if (c.record) {
+        torchrr::RecorderOptions options;
+        options.path = path;
+        options.native_stacks = c.stacks;
+        recorder.emplace(options);
+      }
+      step();  // The first recorded step interns what later steps repeat: not timed.
+      auto start = Clock::now();
+      for (int i = 0; i < steps; ++i) step();
+      double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      c.step_ms.push_back(ms / steps);
+      if (recorder) {
+        auto stop_start = Clock::now();
+        recorder->Stop();  // Drains the queue, symbolizes new frames, closes the file.
+        c.stop_ms.push_back(
+            std::chrono::duration<double, std::milli>(Clock::now() - stop_start).count());
+        c.ops += recorder->ops_recorded();
+        c.bytes += std::filesystem::file_size(path);
+      }
+    }
+  }
+  long rss_end_kb = MaxRssKb();
+
+  double plain = Median(configs[0].step_ms);
+  std::printf("C++ LoRA step on the CPU (%d intra-op thread(s)), %d rounds x %d steps, "
+              "medians:\n", threads, rounds, steps);
+  std::printf("| configuration | step (ms) | ratio to plain | trace bytes/op | close (ms) |\n");
+  std::printf("|---|---|---|---|---|\n");
+  for (const auto& c : configs) {
+    double ms = Median(c.step_ms);
+    std::printf("| %s | %.2f | %.2fx | %s | %s |\n", c.name, ms, ms / plain,
+                c.ops ? std::to_string(static_cast<double>(c.bytes) / c.ops).substr(0, 5).c_str()
+                      : "-",
+                c.stop_ms.empty() ? "-" : std::to_string(Median(c.stop_ms)).substr(0, 6).c_str());
+  }
+  std::printf("ops per step: %.0f\n",
+              static_cast<double>(configs[1].ops) / (static_cast<double>(rounds) * (steps + 1)));
+  std::printf("peak memory growth while recording: %.1f MiB (maxrss %ld -> %ld KiB)\n",
+              (rss_end_kb - rss_plain_kb) / 1024.0, rss_plain_kb, rss_end_kb);
+  return 0;
+}
