@@ -1,0 +1,68 @@
+"""Shared helpers for the Python tests: the native build, `torchrr record`, and marker lines.
+
+The tests need the native build (the recorder library and the CLI) made visible to the venv by
+tools/install_into_venv.sh; without it they skip with the reason.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "recorder" / "python"))
+
+import torchrr  # noqa: E402
+from torchrr import _native  # noqa: E402
+
+PYTORCH_INPLACE = "modified by an inplace operation"
+
+
+def _missing_build():
+    try:
+        cli = _native.cli_path()
+        lib = _native.library_path()
+    except RuntimeError as error:
+        return str(error)
+    if not lib.exists():
+        return f"{lib} not built"
+    return None if os.path.exists(cli) else f"{cli} not built"
+
+
+MISSING_BUILD = _missing_build()
+needs_build = pytest.mark.skipif(MISSING_BUILD is not None, reason=f"no native build: "
+                                 f"{MISSING_BUILD} (build, then tools/install_into_venv.sh)")
+
+
+def cli():
+    return _native.cli_path()
+
+
+def record(out, argv, *, env=None, timeout=120, cwd=None):
+    """Runs `torchrr record -o OUT -- ARGV...` and returns the CompletedProcess (text)."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    for name in ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "RANK"):
+        full_env.pop(name, None)
+    full_env.update(env or {})
+    return subprocess.run([cli(), "record", "-o", str(out), "--", *map(str, argv)],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def marker_lines(path, marker):
+    """1-based numbers of the lines of `path` whose comment holds `marker` (a regex)."""
+    pattern = re.compile(r"#\s*" + marker + r"\s*$")
+    return [i for i, line in enumerate(Path(path).read_text().splitlines(), 1)
+            if pattern.search(line)]
+
+
+def marker_line(path, marker):
+    lines = marker_lines(path, marker)
+    assert len(lines) == 1, f"{path}: expected one line marked {marker}, found {lines}"
+    return lines[0]
+
+
+def same_file(a, b):
+    return a is not None and os.path.realpath(a) == os.path.realpath(b)

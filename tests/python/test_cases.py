@@ -1,0 +1,74 @@
+"""Tiny bug (and legal) scripts under `torchrr record -- python script.py`, replayed with
+torchrr.replay. Each script's first line states what the replay must find (`# EXPECT k=v ...`);
+its `# CULPRIT` and `# VICTIM` comments mark the lines."""
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchrr
+from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, record,
+                      same_file)
+
+CASES = Path(__file__).parent / "cases"
+
+
+def expectations(script):
+    first = script.read_text().splitlines()[0]
+    assert first.startswith("# EXPECT "), f"{script}: first line must be '# EXPECT ...'"
+    return dict(item.split("=", 1) for item in first[len("# EXPECT "):].split())
+
+
+@needs_build
+@pytest.mark.parametrize("script", sorted(CASES.glob("*.py")), ids=lambda p: p.stem)
+def test_case(script, tmp_path):
+    expect = expectations(script)
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script])
+    want_exit = int(expect.get("exit", "1"))
+    assert proc.returncode == want_exit, proc.stderr[-2000:]
+    if want_exit == 1:
+        assert PYTORCH_INPLACE in proc.stderr  # The script's traceback, passed through.
+    report = torchrr.replay(trace)
+    assert report.trace.get("status") == "ok", report.trace
+    assert report.ops > 0
+
+    if "violations" in expect:
+        assert len(report.violations) == int(expect["violations"]), report.violations
+        return
+    assert report.violations, "no violation found"
+    v = report.violations[0]
+    assert v.kind == expect["kind"]
+    assert v.backward_node.name == expect["node"]
+    if "saved" in expect:
+        assert v.saved_version == int(expect["saved"])
+        assert v.current_version == int(expect["current"])
+    else:
+        assert v.current_version > v.saved_version
+    assert v.pytorch_raised == (expect["raised"] == "1")
+    if v.pytorch_raised:
+        assert v.pytorch_message and PYTORCH_INPLACE in v.pytorch_message
+    else:
+        assert v.pytorch_message is None
+
+    assert v.victim is not None and v.victim.op == expect["victim_op"]
+    assert same_file(v.victim.user_frame.file, script)
+    assert v.victim.user_frame.line == marker_line(script, "VICTIM")
+
+    assert v.culprit is not None
+    if "op" in expect:
+        assert v.culprit.op == expect["op"]
+    if v.culprit.user_frame is None:
+        # Ops nested in a record_function scope (torch.optim's step) get no stack of their own.
+        pytest.xfail(f"{v.culprit.op}: no stack recorded for an op nested in a user scope")
+    assert same_file(v.culprit.user_frame.file, script)
+    assert v.culprit.user_frame.line == marker_line(script, "CULPRIT")
+
+    callers = marker_lines(script, "CALLER")
+    if callers:
+        in_script = [f.line for f in v.culprit.stack if f.python and same_file(f.file, script)]
+        assert in_script[:1] == [marker_line(script, "CULPRIT")]
+        for line in callers:
+            assert line in in_script, (line, in_script)
+        functions = [f.function for f in v.culprit.stack if f.python]
+        assert functions[:3] == ["rescale", "normalize", "forward"], functions

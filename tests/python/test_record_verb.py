@@ -1,0 +1,105 @@
+"""`torchrr record -- python ...` through the sitecustomize: chaining to the user's
+sitecustomize, which processes record, and torchrun's one trace per rank."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import torchrr
+from conftest import needs_build, record
+
+pytestmark = needs_build
+
+
+def test_users_sitecustomize_keeps_working(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""\
+        import os
+        os.environ["USER_SITECUSTOMIZE_RAN"] = "yes"
+        with open(os.environ["USER_SITECUSTOMIZE_FILE"], "w") as f:
+            f.write("ran")
+        """))
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent("""\
+        import os, sys, torch
+        assert os.environ.get("USER_SITECUSTOMIZE_RAN") == "yes", "user sitecustomize did not run"
+        x = torch.ones(3, requires_grad=True)
+        (x * 2).sum().backward()
+        print("ok")
+        """))
+    marker = tmp_path / "marker.txt"
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script],
+                  env={"PYTHONPATH": str(site), "USER_SITECUSTOMIZE_FILE": str(marker)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert marker.read_text() == "ran"
+    report = torchrr.replay(trace)
+    assert report.ops > 0 and report.violations == []
+
+
+def test_only_the_first_python_process_records(tmp_path):
+    # A child Python process (a DataLoader worker, a subprocess) must not overwrite the trace.
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent("""\
+        import subprocess, sys, torch
+        torch.ones(2).add(1)
+        child = "import torch, torchrr; torch.ones(2).mul(3); print(torchrr.recording())"
+        out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+        print(out.stdout.strip(), out.returncode)
+        """))
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "0"]
+    names = {f.name for f in tmp_path.iterdir()}
+    assert "run.trr" in names and not any(".rank" in n for n in names)
+    assert torchrr.replay(trace).ops > 0
+
+
+def test_not_recording_without_torch_import(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print(sum(range(10)))\n")
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script])
+    assert proc.returncode == 0 and proc.stdout.strip() == "45", proc.stderr
+    assert not trace.exists()
+
+
+def test_torchrun_two_cpu_ranks_write_one_trace_each(tmp_path):
+    torchrun = Path(sys.executable).parent / "torchrun"
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun beside {sys.executable}")
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent("""\
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        w = torch.ones(4, requires_grad=True)
+        y = torch.sigmoid(w * (dist.get_rank() + 1))
+        if dist.get_rank() == 1:
+            y.mul_(2)  # CULPRIT
+        y.sum().backward()
+        dist.all_reduce(w.grad)
+        dist.destroy_process_group()
+        """))
+    trace = tmp_path / "run.trr"
+    start = time.monotonic()
+    try:
+        proc = record(trace, [torchrun, "--standalone", "--nproc-per-node", "2", script],
+                      timeout=90, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.skip("torchrun with 2 gloo ranks took over 90 s here")
+    elapsed = time.monotonic() - start
+    names = sorted(f.name for f in tmp_path.iterdir() if f.suffix == ".trr")
+    assert names == ["run.rank0.trr", "run.rank1.trr"], (names, proc.stderr[-3000:])
+    assert proc.returncode != 0  # Rank 1 raised.
+    assert torchrr.replay(tmp_path / "run.rank0.trr").violations == []
+    v = torchrr.replay(tmp_path / "run.rank1.trr").violations[0]
+    assert v.backward_node.name == "SigmoidBackward0" and v.pytorch_raised
+    assert v.culprit.user_frame.line == 6
+    print(f"torchrun: {elapsed:.1f} s")
