@@ -56,6 +56,7 @@ std::atomic<Session*> g_active_raw{nullptr};  // The callbacks' fast path.
 struct ThreadState {
   std::vector<ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
   int backward_depth = 0;          // Backward functions running on this thread.
+  size_t user_scopes = 0;          // record_function() ranges among op_stack.
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
 };
 thread_local ThreadState t_state;
@@ -504,7 +505,10 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     uintptr_t pcs[kMaxNativeFrames];
     size_t n_pcs = 0;
     bool is_backward = op.scope == format::OpScope::kBackwardFunction;
-    if (options_.native_stacks && t_state.op_stack.empty() && t_state.backward_depth == 0 &&
+    // An op inside record_function() ranges only (torch.optim's step, a user's profiler range)
+    // is one the user called: it gets a stack too.
+    bool outermost = t_state.op_stack.size() == t_state.user_scopes;
+    if (options_.native_stacks && outermost && t_state.backward_depth == 0 &&
         !is_backward) {
       n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
     }
@@ -512,7 +516,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     PythonFrame py_frames[kMaxPythonFrames];
     size_t n_py = 0;
     std::vector<PythonCode> new_codes;
-    if (options_.python_stacks && t_state.op_stack.empty() && !is_backward) {
+    if (options_.python_stacks && outermost && !is_backward) {
       n_py = CapturePythonStack(py_frames, kMaxPythonFrames, &new_codes);  // No lock held.
     }
 
@@ -522,7 +526,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     op.op = ++next_id_;
     op.name = InternOpName(fn.name(), frame->before);
     const char* overload = fn.overload_name();
-    if (overload != nullptr && *overload != '\0') op.overload = InternString(overload, frame->before);
+    op.overload = InternOpName(overload, frame->before);  // Schema strings: stable pointers.
     op.stack = InternStack(pcs, n_pcs, py_frames, n_py, frame->before);
 
     auto add_tensor = [&](const at::Tensor& t, uint16_t position, uint16_t list_index) {
@@ -605,6 +609,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       op.values.push_back(std::move(value));
     }
     t_state.op_stack.push_back(op.op);
+    if (op.scope == format::OpScope::kUserScope) ++t_state.user_scopes;
     if (is_backward) ++t_state.backward_depth;
     frame->active = true;
   } catch (const std::exception& e) {
@@ -620,7 +625,10 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
   BusyGuard busy;
   format::OpRecord& op = frame.op;
   bool is_backward = op.scope == format::OpScope::kBackwardFunction;
-  if (!t_state.op_stack.empty() && t_state.op_stack.back() == op.op) t_state.op_stack.pop_back();
+  if (!t_state.op_stack.empty() && t_state.op_stack.back() == op.op) {
+    t_state.op_stack.pop_back();
+    if (op.scope == format::OpScope::kUserScope && t_state.user_scopes > 0) --t_state.user_scopes;
+  }
   if (is_backward && t_state.backward_depth > 0) --t_state.backward_depth;
   frame.active = false;
   if (!recording()) {

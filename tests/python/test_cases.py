@@ -58,9 +58,6 @@ def test_case(script, tmp_path):
     assert v.culprit is not None
     if "op" in expect:
         assert v.culprit.op == expect["op"]
-    if v.culprit.user_frame is None:
-        # Ops nested in a record_function scope (torch.optim's step) get no stack of their own.
-        pytest.xfail(f"{v.culprit.op}: no stack recorded for an op nested in a user scope")
     assert same_file(v.culprit.user_frame.file, script)
     assert v.culprit.user_frame.line == marker_line(script, "CULPRIT")
 

@@ -1,5 +1,6 @@
 # EXPECT kind=version node=AddmmBackward0 raised=1 victim_op=aten::linear
-# The SGD step runs inside the optimizer's record_function scope (torch/optim/optimizer.py).
+# The SGD step runs inside the optimizer's record_function scope (torch/optim/optimizer.py):
+# its writes are nested ops, yet the culprit line is the step() call.
 import torch
 
 model = torch.nn.Linear(4, 4)
