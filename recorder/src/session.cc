@@ -524,9 +524,14 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& code : new_codes) python_codes_[code.code] = std::move(code);
     op.op = ++next_id_;
-    op.name = InternOpName(fn.name(), frame->before);
-    const char* overload = fn.overload_name();
-    op.overload = InternOpName(overload, frame->before);  // Schema strings: stable pointers.
+    if (op.scope == format::OpScope::kFunction) {
+      // An ATen op's name and overload point into its registered schema: stable pointers.
+      op.name = InternOpName(fn.name(), frame->before);
+      op.overload = InternOpName(fn.overload_name(), frame->before);
+    } else {
+      // Node names and user scopes are strings the RecordFunction owns: intern by content.
+      op.name = InternString(fn.name(), frame->before);
+    }
     op.stack = InternStack(pcs, n_pcs, py_frames, n_py, frame->before);
 
     auto add_tensor = [&](const at::Tensor& t, uint16_t position, uint16_t list_index) {

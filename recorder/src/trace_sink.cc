@@ -19,6 +19,10 @@ namespace {
 // A chunk is written at least this often while records arrive, so a run killed without warning
 // loses at most about this much of its trace.
 constexpr auto kFlushInterval = std::chrono::milliseconds(500);
+// The writer wakes when this much is queued, or every kPollInterval: waking it per op would cost
+// the training thread a futex wake-up and a context switch per op.
+constexpr size_t kWakeBytes = 1u << 20;
+constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
 template <typename T>
 size_t VectorBytes(const std::vector<T>& v) {
@@ -110,10 +114,10 @@ TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
   }
   for (auto& r : records) queue_.push_back(std::move(r));
   records.clear();
-  bool was_empty = queued_bytes_ == 0;
+  bool wake = queued_bytes_ < kWakeBytes && queued_bytes_ + bytes >= kWakeBytes;
   queued_bytes_ += bytes;
   lock.unlock();
-  if (was_empty) has_work_.notify_one();
+  if (wake) has_work_.notify_one();
   return PushResult::kQueued;
 }
 
@@ -132,7 +136,8 @@ void TraceSink::WriterLoop() {
     bool closing;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      has_work_.wait_for(lock, kFlushInterval, [&] { return !queue_.empty() || closing_; });
+      has_work_.wait_for(lock, kPollInterval,
+                         [&] { return queued_bytes_ >= kWakeBytes || closing_; });
       batch.swap(queue_);
       queued_bytes_ = 0;
       closing = closing_;

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 struct RecordArgs {
   std::string output = "torchrr.trr";
   bool no_stacks = false;
+  bool native_stacks = false;
   size_t max_buffer_mb = 0;
   bool drop_when_full = false;
   bool force_python = false;
@@ -81,7 +82,11 @@ int RunRecord(const RecordArgs& args) {
   }
   if (pid == 0) {
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
-    setenv("TORCHRR_NATIVE_STACKS", args.no_stacks ? "0" : "1", 1);
+    // A Python program's user lines are in its Python frames; its native frames are all the
+    // interpreter's and torch's, and unwinding them costs more than the op: off unless asked.
+    bool native = !args.no_stacks && (!python || args.native_stacks);
+    setenv("TORCHRR_NATIVE_STACKS", native ? "1" : "0", 1);
+    setenv("TORCHRR_PYTHON_STACKS", args.no_stacks ? "0" : "1", 1);
     if (args.max_buffer_mb != 0) {
       setenv("TORCHRR_MAX_BUFFERED_BYTES", std::to_string(args.max_buffer_mb << 20).c_str(), 1);
     }
@@ -126,6 +131,9 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("-o,--output", args->output, "Trace file to write (torchrun: one per rank, "
                                                "FILE.rankN.trr)");
   cmd->add_flag("--no-stacks", args->no_stacks, "Do not capture stacks (faster, no lines)");
+  cmd->add_flag("--native-stacks", args->native_stacks,
+                "Python programs: also capture C++ stacks (off by default: slow, and all "
+                "framework frames)");
   cmd->add_option("--max-buffer-mb", args->max_buffer_mb,
                   "Memory for records waiting to be written (default 256)");
   cmd->add_flag("--drop-when-full", args->drop_when_full,
