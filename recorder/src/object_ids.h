@@ -58,6 +58,11 @@ class ObjectIdTable {
     return it->second.id;
   }
 
+  // Forgets every entry's Extra (ids stay).
+  void ResetExtras() {
+    for (auto& [address, entry] : entries_) entry.extra = Extra{};
+  }
+
   size_t size() const { return entries_.size(); }
   void Clear() { entries_.clear(); }
 

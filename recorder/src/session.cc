@@ -218,8 +218,9 @@ void Session::ForgetInterned() {
   frames_.clear();
   python_frames_.clear();
   stacks_.clear();
-  // Tensors keep their ids (ids must not change) but their metadata is written again.
-  tensors_.Clear();
+  // Tensors keep their ids but their metadata is written again on next use (an empty snapshot
+  // never matches: a written TensorInfo always has a tensor id).
+  tensors_.ResetExtras();
 }
 
 void Session::RecordError(format::ErrorKind kind, const std::string& type,
@@ -351,7 +352,7 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   const auto dtype = static_cast<format::DType>(impl->dtype().toScalarType());
   const uint64_t nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
   const format::TensorInfo& last = entry.extra;
-  if (!created && last.storage == storage && last.version_counter == counter &&
+  if (!created && last.tensor != 0 && last.storage == storage && last.version_counter == counter &&
       last.grad_fn == grad_fn_id && last.output_nr == output_nr && last.dtype == dtype &&
       last.device.type == static_cast<int8_t>(device.type()) &&
       last.requires_grad == impl->requires_grad() && last.is_leaf == (grad_fn == nullptr) &&

@@ -1,6 +1,7 @@
 #include "trace_sink.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <unordered_map>
 
@@ -68,7 +69,9 @@ std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format:
 }
 
 TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter> writer)
-    : options_(options), writer_(std::move(writer)) {
+    : options_(options),
+      wake_bytes_(std::min(kWakeBytes, std::max<size_t>(options.max_buffered_bytes / 4, 1))),
+      writer_(std::move(writer)) {
   thread_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -93,6 +96,7 @@ TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
       records.clear();
       return PushResult::kDropped;
     }
+    has_work_.notify_one();  // The writer may be between polls.
     has_room_.wait(lock, [&] {
       return queued_bytes_ + bytes <= options_.max_buffered_bytes || queued_bytes_ == 0 ||
              failed() || closing_;
@@ -114,7 +118,7 @@ TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
   }
   for (auto& r : records) queue_.push_back(std::move(r));
   records.clear();
-  bool wake = queued_bytes_ < kWakeBytes && queued_bytes_ + bytes >= kWakeBytes;
+  bool wake = queued_bytes_ < wake_bytes_ && queued_bytes_ + bytes >= wake_bytes_;
   queued_bytes_ += bytes;
   lock.unlock();
   if (wake) has_work_.notify_one();
@@ -137,7 +141,7 @@ void TraceSink::WriterLoop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       has_work_.wait_for(lock, kPollInterval,
-                         [&] { return queued_bytes_ >= kWakeBytes || closing_; });
+                         [&] { return queued_bytes_ >= wake_bytes_ || closing_; });
       batch.swap(queue_);
       queued_bytes_ = 0;
       closing = closing_;

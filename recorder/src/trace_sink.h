@@ -75,6 +75,7 @@ class TraceSink {
   format::InternId InternSymbolString(const std::string& text, bool* ok);
 
   const Options options_;
+  const size_t wake_bytes_;  // Queued bytes that wake the writer before its next poll.
   std::unique_ptr<format::TraceWriter> writer_;  // Writer thread only (and Close after join).
 
   std::mutex mu_;

@@ -349,3 +349,51 @@ TEST(Recorder, AKilledRunLeavesAReadableTrace) {
 
 }  // namespace
 }  // namespace torchrr
+
+namespace torchrr {
+namespace {
+
+// A queue bound far below what the run produces: with kDrop the recorder drops, says so in a
+// data-loss record, and the trace still reads; with kWait nothing is lost.
+TEST(Recorder, BoundedMemoryDropsAndSaysSo) {
+  for (WhenFull when_full : {WhenFull::kDrop, WhenFull::kWait}) {
+    std::string path = TempTrace(when_full == WhenFull::kDrop ? "drop" : "wait");
+    constexpr int kOps = 20000;
+    uint64_t dropped = 0;
+    {
+      RecorderOptions options;
+      options.path = path;
+      options.native_stacks = false;
+      options.max_buffered_bytes = 16 << 10;
+      options.when_full = when_full;
+      Recorder recorder(options);
+      auto a = torch::ones({4});
+      for (int i = 0; i < kOps; ++i) a = a * 1.0001;
+      recorder.Stop();
+      dropped = recorder.records_dropped();
+    }
+    Indexed trace(path);
+    ASSERT_TRUE(trace.trace.summary.status.ok()) << trace.trace.summary.status.message();
+    uint64_t loss_records = 0, lost = 0;
+    for (const auto& r : trace.trace.records) {
+      if (auto* loss = std::get_if<format::DataLossRecord>(&r)) {
+        ++loss_records;
+        lost += loss->records;
+      }
+    }
+    size_t muls = trace.OpsNamed("aten::mul").size();
+    if (when_full == WhenFull::kDrop) {
+      EXPECT_GT(dropped, 0u) << "the writer kept up with a 16 KiB queue: make the test harder";
+      EXPECT_GT(loss_records, 0u);
+      EXPECT_LE(lost, dropped);
+      EXPECT_LT(muls, static_cast<size_t>(kOps));
+    } else {
+      EXPECT_EQ(dropped, 0u);
+      EXPECT_EQ(loss_records, 0u);
+      EXPECT_EQ(muls, static_cast<size_t>(kOps));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace torchrr
