@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps-per-round", steps);
   app.add_option("--threads", threads, "Intra-op threads (1: less noise on a shared machine)");
   app.add_option("--dir", dir);
+  size_t max_buffer_mb = 256;
+  app.add_option("--max-buffer-mb", max_buffer_mb, "The recorder's queue bound");
   CLI11_PARSE(app, argc, argv);
   std::filesystem::create_directories(dir);
   at::set_num_threads(threads);
@@ -87,6 +89,7 @@ int main(int argc, char** argv) {
         torchrr::RecorderOptions options;
         options.path = path;
         options.native_stacks = c.stacks;
+        options.max_buffered_bytes = max_buffer_mb << 20;
         recorder.emplace(options);
       }
       step();  // The first recorded step interns what later steps repeat: not timed.

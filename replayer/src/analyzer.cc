@@ -12,6 +12,7 @@
 // of its execution: the seq of the first record of the execution's op subtree (ops are written at
 // their end, so the children of the backward op come before it).
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <queue>
 #include <string_view>
@@ -329,6 +330,9 @@ class Analyzer::Impl {
     uint32_t slot = static_cast<uint32_t>(ops_.size());
     ops_.push_back({r.parent, r.name, r.overload, r.stack, r.thread, r.scope});
     index_.Set(r.op, IdKind::kOp, slot);
+    if (r.scope == OpScope::kFunction && r.sequence_nr >= 0) {
+      recent_sequenced_ops_[recent_next_++ % kRecentSequencedOps] = {r.thread, r.sequence_nr, r.op};
+    }
 
     // The first record of this op's subtree; handed up to the parent, still open.
     uint64_t subtree_first = seq_;
@@ -445,6 +449,19 @@ class Analyzer::Impl {
 
   // --- Nodes and their saved tensors ------------------------------------------------------------
 
+  // A node the recorder found only later, through another node's edges (a Python
+  // torch.autograd.Function's node is attached after its forward ran): the recent forward op that
+  // carried the node's sequence number on its thread created it.
+  ObjectId CreatorBySequence(const format::NodeRecord& r) const {
+    if (r.sequence_nr < 0) return 0;
+    size_t n = std::min<uint64_t>(recent_next_, kRecentSequencedOps);
+    for (size_t i = 1; i <= n; ++i) {
+      const SequencedOp& op = recent_sequenced_ops_[(recent_next_ - i) % kRecentSequencedOps];
+      if (op.sequence_nr == r.sequence_nr && op.thread == r.forward_thread) return op.op;
+    }
+    return 0;
+  }
+
   void On(const format::NodeRecord& r) {
     if (index_.Find(r.node, IdKind::kNode) != IdIndex::kAbsent) return;  // First sight wins.
     NodeState node;
@@ -452,7 +469,7 @@ class Analyzer::Impl {
     node.name = r.name;
     node.sequence_nr = r.sequence_nr;
     node.forward_thread = r.forward_thread;
-    node.created_by = r.created_by;
+    node.created_by = r.created_by != 0 ? r.created_by : CreatorBySequence(r);
     node.variable = r.variable;
     node.saved_kind = r.saved_kind;
     node.edges_begin = static_cast<uint32_t>(edges_.size());
@@ -1104,6 +1121,15 @@ class Analyzer::Impl {
   std::vector<uint32_t> pass_executed_;
   std::vector<uint32_t> pass_threads_;
   std::vector<Candidate> candidates_;
+
+  struct SequencedOp {
+    uint64_t thread = 0;
+    int64_t sequence_nr = -1;
+    ObjectId op = 0;
+  };
+  static constexpr size_t kRecentSequencedOps = 4096;
+  std::array<SequencedOp, kRecentSequencedOps> recent_sequenced_ops_{};
+  uint64_t recent_next_ = 0;
 
   std::vector<Finding> findings_;
   std::vector<std::pair<ObjectId, std::string>> op_errors_;
