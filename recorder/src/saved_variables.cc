@@ -3,13 +3,36 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/tensor.h>
-#ifdef TORCHRR_WITH_PYTHON_HEADERS
-#include <torch/csrc/autograd/python_function.h>
-#endif
+#include <dlfcn.h>
 
 #include <cstring>
+#include <string>
 
 namespace torchrr::recorder {
+
+namespace {
+
+using VisitPyNodeFn = void (*)(torch::autograd::Node&, const SavedVariableVisitor&);
+
+// libtorchrr_python_nodes.so reads THPFunction, which needs Python's headers and symbols; it sits
+// beside this library and is loaded only in a process that has Python (where PyNodes exist).
+VisitPyNodeFn PythonNodeVisitor() {
+  static VisitPyNodeFn visitor = [] () -> VisitPyNodeFn {
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<void*>(&VisitSavedVariables), &self) == 0 ||
+        self.dli_fname == nullptr) {
+      return nullptr;
+    }
+    std::string path = self.dli_fname;
+    path = path.substr(0, path.rfind('/') + 1) + "libtorchrr_python_nodes.so";
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) return nullptr;
+    return reinterpret_cast<VisitPyNodeFn>(dlsym(handle, "torchrr_visit_py_node"));
+  }();
+  return visitor;
+}
+
+}  // namespace
 
 format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
                                          const SavedVariableVisitor& visit) {
@@ -25,21 +48,13 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
     if (copy_slices->fn) return VisitSavedVariables(*copy_slices->fn, visit);
     return format::SavedSetKind::kNone;
   }
-#ifdef TORCHRR_WITH_PYTHON_HEADERS
   // A Python torch.autograd.Function: what ctx.save_for_backward was given, kept by its
   // THPFunction. Compared by the mangled type name: PyNode's type information lives in
   // libtorch_python, which a C++ program does not load.
   if (std::strcmp(typeid(node).name(), "N5torch8autograd6PyNodeE") == 0) {
-    auto& py_node = static_cast<torch::autograd::PyNode&>(node);
-    auto* function = reinterpret_cast<THPFunction*>(py_node.obj);
-    if (function != nullptr) {
-      for (size_t i = 0; i < function->saved_variables.size(); ++i) {
-        visit("saved_tensors", static_cast<uint32_t>(i), function->saved_variables[i]);
-      }
-    }
+    if (VisitPyNodeFn visit_py_node = PythonNodeVisitor()) visit_py_node(node, visit);
     return format::SavedSetKind::kCustom;
   }
-#endif
   if (dynamic_cast<torch::autograd::AccumulateGrad*>(&node) != nullptr ||
       dynamic_cast<torch::autograd::GraphRoot*>(&node) != nullptr ||
       dynamic_cast<torch::autograd::Error*>(&node) != nullptr ||
