@@ -1,5 +1,7 @@
 #include "autograd_internals.h"
 
+#include <torch/csrc/autograd/custom_function.h>
+
 namespace torchrr::recorder {
 namespace {
 
@@ -30,6 +32,12 @@ template struct MemberAccess<SavedOriginalTag, &SavedVariable::saved_original_>;
 template struct MemberAccess<IsLeafTag, &SavedVariable::is_leaf_>;
 template struct MemberAccess<IsOutputTag, &SavedVariable::is_output_>;
 template struct MemberAccess<HooksTag, &SavedVariable::hooks_>;
+
+struct ContextSavedTag { friend constexpr auto GetMember(ContextSavedTag); };
+template struct MemberAccess<ContextSavedTag, &torch::autograd::AutogradContext::saved_variables_>;
+
+// A stand-in for the T of CppNode<T>; never run.
+struct StandInFunction : torch::autograd::Function<StandInFunction> {};
 
 const auto& CounterPtr(const c10::TensorImpl& impl) {
   return impl.version_counter().*GetMember(VersionCounterTag{});
@@ -74,6 +82,11 @@ SavedVariableFacts ReadSavedVariable(const SavedVariable& saved) {
   facts.output_nr = saved.*GetMember(OutputNrTag{});
   facts.data = data.defined() ? &data : nullptr;
   return facts;
+}
+
+const std::vector<SavedVariable>& CppNodeSavedVariables(torch::autograd::Node& node) {
+  auto& cpp_node = static_cast<torch::autograd::CppNode<StandInFunction>&>(node);
+  return cpp_node.ctx_.*GetMember(ContextSavedTag{});
 }
 
 }  // namespace torchrr::recorder

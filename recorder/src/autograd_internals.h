@@ -10,6 +10,7 @@
 #define TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
@@ -41,6 +42,12 @@ struct SavedVariableFacts {
   const at::Tensor* data = nullptr;  // Valid while the node is alive; null when !defined.
 };
 SavedVariableFacts ReadSavedVariable(const torch::autograd::SavedVariable& saved);
+
+// For a node of a C++ custom Function (torch::autograd::Function<T>'s CppNode<T>): what
+// ctx->save_for_backward() saved. The caller has checked the node's type; CppNode<T>'s members do
+// not depend on T, so the node is read as a CppNode of a stand-in T.
+const std::vector<torch::autograd::SavedVariable>& CppNodeSavedVariables(
+    torch::autograd::Node& node);
 
 }  // namespace torchrr::recorder
 

@@ -1,5 +1,7 @@
 #include "saved_variables.h"
 
+#include "autograd_internals.h"
+
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/tensor.h>
@@ -53,6 +55,14 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
   // libtorch_python, which a C++ program does not load.
   if (std::strcmp(typeid(node).name(), "N5torch8autograd6PyNodeE") == 0) {
     if (VisitPyNodeFn visit_py_node = PythonNodeVisitor()) visit_py_node(node, visit);
+    return format::SavedSetKind::kCustom;
+  }
+  // A C++ torch::autograd::Function<T>: what ctx->save_for_backward() saved.
+  if (std::strstr(typeid(node).name(), "N5torch8autograd7CppNodeI") == typeid(node).name()) {
+    const auto& saved = CppNodeSavedVariables(node);
+    for (size_t i = 0; i < saved.size(); ++i) {
+      visit("saved_variables", static_cast<uint32_t>(i), saved[i]);
+    }
     return format::SavedSetKind::kCustom;
   }
   if (dynamic_cast<torch::autograd::AccumulateGrad*>(&node) != nullptr ||

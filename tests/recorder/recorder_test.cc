@@ -397,3 +397,52 @@ TEST(Recorder, BoundedMemoryDropsAndSaysSo) {
 
 }  // namespace
 }  // namespace torchrr
+
+namespace torchrr {
+namespace {
+
+// A C++ custom Function: what ctx->save_for_backward() saved is recorded (marked custom), and
+// autograd agrees it was saved.
+struct CubeFunction : torch::autograd::Function<CubeFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x) {
+    ctx->save_for_backward({x});
+    return x * x * x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto x = ctx->get_saved_variables()[0];
+    return {3 * x * x * grads[0]};
+  }
+};
+
+TEST(Recorder, CustomCppFunctionSavedTensors) {
+  std::string path = TempTrace("custom");
+  auto leaf = torch::randn({6}, torch::requires_grad());
+  torch::Tensor x, y;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    x = leaf * 2;
+    y = CubeFunction::apply(x);
+    auto z = y.sum();  // Reaches the custom node through its edges.
+    (void)z;
+  }
+  Indexed trace(path);
+  std::vector<NodeRecord> custom;
+  for (const auto& [id, node] : trace.nodes) {
+    if (node.saved_kind == format::SavedSetKind::kCustom) custom.push_back(node);
+  }
+  ASSERT_EQ(custom.size(), 1u);
+  ASSERT_EQ(custom[0].saved.size(), 1u);
+  EXPECT_TRUE(custom[0].saved[0].defined);
+  EXPECT_EQ(custom[0].saved[0].saved_version, 0u);
+  auto mul = trace.OpsNamed("aten::mul");
+  ASSERT_FALSE(mul.empty());
+  EXPECT_EQ(custom[0].saved[0].version_counter, trace.CounterOf(mul[0].outputs[0].tensor));
+  x.add_(1);  // Autograd agrees: the custom node saved x.
+  EXPECT_THROW(y.sum().backward(), c10::Error);
+}
+
+}  // namespace
+}  // namespace torchrr
