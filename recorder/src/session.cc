@@ -85,6 +85,16 @@ format::OpScope ScopeOf(at::RecordScope scope) {
   }
 }
 
+// The op's inputs. A RecordFunction started without them (some redispatched ops) has none; a torch
+// header built without NDEBUG asserts on that instead of returning an empty list.
+c10::ArrayRef<const c10::IValue> InputsOf(const at::RecordFunction& fn) {
+  try {
+    return fn.inputs();
+  } catch (const c10::Error&) {
+    return {};
+  }
+}
+
 struct BusyGuard {
   BusyGuard() { t_state.busy = true; }
   ~BusyGuard() { t_state.busy = false; }
@@ -521,7 +531,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       n_py = CapturePythonStack(py_frames, kMaxPythonFrames, &new_codes);  // No lock held.
     }
 
-    auto inputs = fn.inputs();
+    c10::ArrayRef<const c10::IValue> inputs = InputsOf(fn);
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& code : new_codes) python_codes_[code.code] = std::move(code);
     op.op = ++next_id_;
