@@ -73,7 +73,6 @@ __attribute__((constructor)) void StartFromEnvironment() {
   if (const char* full = std::getenv("TORCHRR_WHEN_FULL")) {
     options.when_full = std::string(full) == "drop" ? WhenFull::kDrop : WhenFull::kWait;
   }
-  options.verify_saved = ParseBool(std::getenv("TORCHRR_VERIFY_SAVED"), false);
   std::string error;
   auto session = Session::Start(options, &error);
   if (!session) {

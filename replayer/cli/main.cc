@@ -6,9 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#ifdef TORCHRR_HAVE_REPLAY
 #include "replay_command.h"
-#endif
 #include "torchrr/format/reader.h"
 
 namespace {
@@ -40,9 +38,7 @@ int main(int argc, char** argv) {
   torchrr::cli::RegisterInfoCommand(app, &exit_code);
   torchrr::cli::RegisterDumpCommand(app, &exit_code);
   torchrr::cli::RegisterRecordCommand(app, &exit_code);
-#ifdef TORCHRR_HAVE_REPLAY
   torchrr::cli::RegisterReplayCommand(app, &exit_code);
-#endif
 
   try {
     app.parse(argc, argv);

@@ -35,7 +35,6 @@ struct RecorderOptions {
   bool python_stacks = true;     // Python frames per op, when the process runs Python.
   size_t max_buffered_bytes = 256u << 20;  // Records waiting for the writer thread, at most.
   WhenFull when_full = WhenFull::kWait;
-  bool verify_saved = false;     // Fingerprint saved tensors at save and at use (silent writes).
   int rank = -1;                 // Distributed rank written to the file header; -1 reads RANK.
   int zstd_level = 1;           // Level 1: on trace data it compresses better than 3, and faster.
 };
