@@ -21,6 +21,13 @@ extern "C" int torchrr_start(const char* path, int native_stacks, size_t max_buf
 
 extern "C" int torchrr_start2(const char* path, int native_stacks, int python_stacks,
                               size_t max_buffered_bytes, int drop_when_full, int rank) {
+  return torchrr_start3(path, native_stacks, python_stacks, max_buffered_bytes, drop_when_full,
+                        rank, 0);
+}
+
+extern "C" int torchrr_start3(const char* path, int native_stacks, int python_stacks,
+                              size_t max_buffered_bytes, int drop_when_full, int rank,
+                              uint32_t flags) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_session != nullptr && *g_session && (*g_session)->recording()) {
     std::fprintf(stderr, "torchrr: warning: not recording %s: already recording\n",
@@ -34,6 +41,8 @@ extern "C" int torchrr_start2(const char* path, int native_stacks, int python_st
   if (max_buffered_bytes != 0) options.max_buffered_bytes = max_buffered_bytes;
   options.when_full = drop_when_full ? torchrr::WhenFull::kDrop : torchrr::WhenFull::kWait;
   options.rank = rank;
+  options.verify_saved = (flags & TORCHRR_VERIFY_SAVED) != 0;
+  options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
   std::string error;
   auto session = torchrr::recorder::Session::Start(options, &error);
   if (!session) {

@@ -58,6 +58,13 @@ class ObjectIdTable {
     return it->second.id;
   }
 
+  // The entry of a live object already in the table, or nullptr.
+  const Entry* FindEntry(const void* address) const {
+    auto it = entries_.find(address);
+    if (it == entries_.end() || it->second.weak.expired()) return nullptr;
+    return &it->second;
+  }
+
   // Forgets every entry's Extra (ids stay).
   void ResetExtras() {
     for (auto& [address, entry] : entries_) entry.extra = Extra{};

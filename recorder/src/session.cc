@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include <ATen/SequenceNumber.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
@@ -16,6 +17,7 @@
 #include "autograd_internals.h"
 #include "native_stacks.h"
 #include "python_stacks.h"
+#include "saved_fingerprints.h"
 #include "saved_variables.h"
 
 #ifndef TORCHRR_VERSION
@@ -133,7 +135,62 @@ format::FileInfo MakeFileInfo(const RecorderOptions& options) {
 
 }  // namespace
 
+// Receives CUPTI's records on CUPTI's thread (or the one in Flush/Stop), one buffer at a time,
+// never concurrently: interns kernel names and pushes each buffer's records as one group.
+class Session::CudaSink : public CudaActivityTracer::Sink {
+ public:
+  explicit CudaSink(Session* session) : session_(session) {}
+
+  void OnKernel(const format::CudaKernelRecord& record, std::string_view name) override {
+    format::CudaKernelRecord r = record;
+    {
+      std::lock_guard<std::mutex> lock(session_->mu_);
+      r.name = session_->InternString(std::string(name), group_);
+    }
+    group_.emplace_back(r);
+  }
+  void OnMemcpy(const format::CudaMemcpyRecord& record) override { group_.emplace_back(record); }
+  void OnDataLoss(uint64_t records, std::string_view reason) override {
+    int64_t now = NowNs();
+    group_.emplace_back(format::DataLossRecord{records, 0, now, now, std::string(reason)});
+  }
+  void OnDeliveryEnd() override {
+    if (!group_.empty() && session_->recording()) session_->PushGroup(group_);
+    group_.clear();
+  }
+
+ private:
+  Session* session_;
+  std::vector<Record> group_;  // CUPTI delivery only.
+};
+
 Session::Session(const RecorderOptions& options) : options_(options) {}
+
+void Session::StartCudaTracer() {
+  if (!options_.cuda_kernels || !c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() <= 0) {
+    return;  // No CUDA device: nothing to trace, and nothing to warn about.
+  }
+  CuptiApi api;
+  std::string why_not;
+  cuda_sink_ = std::make_unique<CudaSink>(this);
+  if (LoadCupti(&api, &why_not)) {
+    cuda_tracer_ = CudaActivityTracer::Start(api, cuda_sink_.get(), &NowNs, &why_not);
+  }
+  if (!cuda_tracer_) {
+    std::fprintf(stderr, "torchrr: warning: CUDA kernels not recorded: %s\n", why_not.c_str());
+  }
+}
+
+// CUPTI hands over full buffers on its own; a flush about once a second keeps a crashed run's
+// trace close to complete. One thread flushes, outside every lock (delivery takes mu_).
+void Session::MaybeFlushCuda() {
+  int64_t now = NowNs();
+  int64_t last = last_cuda_flush_ns_.load(std::memory_order_relaxed);
+  if (now - last < 1'000'000'000) return;
+  if (!last_cuda_flush_ns_.compare_exchange_strong(last, now)) return;
+  cuda_tracer_->Flush();
+}
 
 Session::~Session() { Stop(); }
 
@@ -163,6 +220,9 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
   session->sink_ = TraceSink::Open(sink_options, MakeFileInfo(options), error);
   if (!session->sink_) return nullptr;
 
+  session->verify_saved_.store(options.verify_saved, std::memory_order_relaxed);
+  session->StartCudaTracer();
+  session->last_cuda_flush_ns_.store(NowNs(), std::memory_order_relaxed);
   session->recording_.store(true, std::memory_order_release);
   g_active = session;
   g_active_raw.store(session.get(), std::memory_order_release);
@@ -182,6 +242,19 @@ void Session::Stop() {
     if (callback_handle_ != 0) at::removeCallback(callback_handle_);
     // Callbacks that were already running finish before the tables and the sink go away.
     while (in_flight_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    if (cuda_tracer_) {
+      // Kernels still running have no end time yet: wait for them, unless this is the terminate
+      // handler (a failed device could hang it).
+      if (std::uncaught_exceptions() == 0) {
+        try {
+          const auto* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+          for (c10::DeviceIndex d = 0; d < cuda->deviceCount(); ++d) cuda->synchronizeDevice(d);
+        } catch (const std::exception&) {
+        }
+      }
+      cuda_tracer_->Stop();  // Delivers the rest through cuda_sink_, which pushes to sink_.
+      cuda_tracer_.reset();
+    }
     if (sink_) sink_->Close();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -436,6 +509,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     record.variable = RefTensor(accumulate->variable, out);
   }
 
+  std::vector<Record> fingerprints;
+  const bool verify = verify_saved_.load(std::memory_order_relaxed);
   record.saved_kind = VisitSavedVariables(
       *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
         SavedVariableFacts facts = ReadSavedVariable(sv);
@@ -455,6 +530,10 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
           // A saved output is a shallow copy sharing the output's storage and counter; OnEnd
           // names the output the program holds instead.
           if (facts.saved_original) saved.tensor = RefTensor(*facts.data, out);
+          if (verify) {
+            FingerprintSaved(id, saved.name, list_index, *facts.data, saved.tensor,
+                             format::FingerprintWhen::kAtSave, fingerprints);
+          }
         }
         record.saved.push_back(saved);
       });
@@ -491,6 +570,55 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     }
   }
   out.emplace_back(std::move(record));
+  for (auto& fingerprint : fingerprints) out.push_back(std::move(fingerprint));
+}
+
+void Session::FingerprintSaved(ObjectId node, format::InternId name, uint32_t list_index,
+                               const at::Tensor& data, ObjectId tensor, format::FingerprintWhen when,
+                               std::vector<Record>& out) {
+  format::FingerprintRecord fingerprint;
+  std::string error;
+  switch (FingerprintTensorBytes(data, &fingerprint, &error)) {
+    case FingerprintResult::kNotReadable:
+      return;
+    case FingerprintResult::kFailed:
+      if (verify_saved_.exchange(false)) {
+        std::fprintf(stderr,
+                     "torchrr: warning: --verify-saved turned off: cannot fingerprint a saved "
+                     "tensor: %s; recording goes on without fingerprints\n",
+                     error.c_str());
+      }
+      return;
+    case FingerprintResult::kDone:
+      break;
+  }
+  const c10::TensorImpl& impl = *data.unsafeGetTensorImpl();
+  fingerprint.node = node;
+  fingerprint.saved_name = name;
+  fingerprint.list_index = list_index;
+  fingerprint.storage = StorageId(impl);
+  fingerprint.tensor = tensor;
+  fingerprint.when = when;
+  fingerprint.time_ns = NowNs();
+  out.emplace_back(fingerprint);
+}
+
+void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
+                               std::vector<Record>& out) {
+  auto key = node_keys_.find({forward_thread, sequence_nr});
+  if (key == node_keys_.end()) return;
+  const auto* entry = nodes_.FindEntry(key->second.address);
+  if (entry == nullptr || entry->id != key->second.id) return;
+  std::shared_ptr<torch::autograd::Node> node = entry->weak.lock();
+  if (!node) return;
+  VisitSavedVariables(
+      *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
+        if (!verify_saved_.load(std::memory_order_relaxed)) return;
+        SavedVariableFacts facts = ReadSavedVariable(sv);
+        if (facts.data == nullptr) return;
+        FingerprintSaved(entry->id, InternString(name, out), list_index, *facts.data, 0,
+                         format::FingerprintWhen::kAtUse, out);
+      });
 }
 
 std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn) {
@@ -544,6 +672,10 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       op.name = InternString(fn.name(), frame->before);
     }
     op.stack = InternStack(pcs, n_pcs, py_frames, n_py, frame->before);
+    // Before the node's apply() unpacks (and maybe releases) what it saved.
+    if (is_backward && verify_saved_.load(std::memory_order_relaxed)) {
+      FingerprintAtUse(op.forward_thread, op.sequence_nr, frame->before);
+    }
 
     auto add_tensor = [&](const at::Tensor& t, uint16_t position, uint16_t list_index) {
       if (!t.defined()) return;
@@ -632,12 +764,16 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     Degrade(std::string("internal error at an op's start: ") + e.what());
     frame.reset();
   }
+  // Last, outside mu_: CUDA work launched from here on is this op's (torchrr's own fingerprint
+  // kernels above are not).
+  if (frame && cuda_tracer_) cuda_tracer_->PushOp(frame->op.op);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   return frame;
 }
 
 void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  if (cuda_tracer_) cuda_tracer_->PopOp();
   BusyGuard busy;
   format::OpRecord& op = frame.op;
   bool is_backward = op.scope == format::OpScope::kBackwardFunction;
@@ -753,6 +889,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
     }
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     PushGroup(group);
+    if (cuda_tracer_) MaybeFlushCuda();
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's end: ") + e.what());
   }

@@ -25,6 +25,7 @@
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/function.h>
 
+#include "cupti_tracer.h"
 #include "object_ids.h"
 #include "python_stacks.h"
 #include "torchrr/format/records.h"
@@ -87,11 +88,28 @@ class Session {
   void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, const OpFrame* creator,
                        std::vector<torch::autograd::Node*>& pending,
                        std::vector<format::Record>& out);
+  // CUDA work from CUPTI: interned and pushed as groups of their own.
+  class CudaSink;
+  void StartCudaTracer();
+  void MaybeFlushCuda();
   void ForgetInterned();  // After a dropped group: everything is defined again on next use.
+  // verify_saved: the FingerprintRecord of one saved tensor (node, name, list index), appended to
+  // `out`; nothing when its bytes cannot be read. A CUDA failure turns verification off, once.
+  void FingerprintSaved(format::ObjectId node, format::InternId name, uint32_t list_index,
+                        const at::Tensor& data, format::ObjectId tensor,
+                        format::FingerprintWhen when, std::vector<format::Record>& out);
+  // verify_saved, at a backward function's start: the fingerprints of what its node saved.
+  void FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
+                        std::vector<format::Record>& out);
 
   const RecorderOptions options_;
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
+  std::atomic<bool> verify_saved_{false};
+  std::unique_ptr<CudaSink> cuda_sink_;
+  // Set before the callbacks are registered, reset after they are gone: read without a lock.
+  std::unique_ptr<CudaActivityTracer> cuda_tracer_;
+  std::atomic<int64_t> last_cuda_flush_ns_{0};  // options_.verify_saved until a fingerprint fails.
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> ops_recorded_{0};
   at::CallbackHandle callback_handle_ = 0;

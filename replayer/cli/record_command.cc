@@ -31,6 +31,8 @@ struct RecordArgs {
   bool native_stacks = false;
   size_t max_buffer_mb = 0;
   bool drop_when_full = false;
+  bool verify_saved = false;
+  bool no_cuda_kernels = false;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -91,6 +93,8 @@ int RunRecord(const RecordArgs& args) {
       setenv("TORCHRR_MAX_BUFFERED_BYTES", std::to_string(args.max_buffer_mb << 20).c_str(), 1);
     }
     if (args.drop_when_full) setenv("TORCHRR_WHEN_FULL", "drop", 1);
+    setenv("TORCHRR_VERIFY_SAVED", args.verify_saved ? "1" : "0", 1);
+    setenv("TORCHRR_CUDA_KERNELS", args.no_cuda_kernels ? "0" : "1", 1);
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');
     } else {
@@ -136,6 +140,11 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                 "framework frames)");
   cmd->add_option("--max-buffer-mb", args->max_buffer_mb,
                   "Memory for records waiting to be written (default 256)");
+  cmd->add_flag("--verify-saved", args->verify_saved,
+                "Fingerprint each saved tensor at save and at use, to catch writes no version "
+                "counter sees (raw kernels, numpy, extensions); costs a pass over saved bytes");
+  cmd->add_flag("--no-cuda-kernels", args->no_cuda_kernels,
+                "Do not record CUDA kernels, copies and memsets (CUPTI)");
   cmd->add_flag("--drop-when-full", args->drop_when_full,
                 "When the writer cannot keep up, drop records (and say so) instead of waiting");
   cmd->add_flag("--python", args->force_python, "The command is a Python program");

@@ -172,6 +172,18 @@ struct SavedState {
   uint64_t byte_last = UINT64_MAX;
   uint32_t silent_head = UINT32_MAX;
   uint32_t silent_tail = UINT32_MAX;
+  // --verify-saved: the fingerprint of its bytes at save time and the one taken when backward was
+  // about to use it (pending until that execution is checked).
+  bool has_fingerprint = false;
+  bool use_pending = false;
+  ObjectId saved_by = 0;  // The op that created the node: its own record follows the save.
+  uint64_t hash_at_save = 0;
+  uint64_t hash_at_use = 0;
+  int64_t save_ns = 0;
+  int64_t use_ns = 0;
+  // Ops that wrote to or aliased its bytes since the save (fingerprinted saved tensors only).
+  uint32_t touch_head = UINT32_MAX;
+  uint32_t touch_tail = UINT32_MAX;
   // Links in its storage's list of watched saved tensors (Watch/Unwatch).
   uint32_t watch_prev = UINT32_MAX;
   uint32_t watch_next = UINT32_MAX;
@@ -191,6 +203,23 @@ struct NodeState {
   bool watched = false;                        // Its saved tensors are in their storages' lists.
 };
 
+// An op that wrote into, or made a tensor over, a fingerprinted saved tensor's bytes.
+struct StorageTouch {
+  ObjectId op = 0;
+  uint64_t seq = 0;
+  bool wrote = false;          // A version bump; otherwise it made an alias (a view, detach()).
+  uint32_t next = UINT32_MAX;  // Next touch of the same saved tensor.
+};
+
+// A CUDA kernel, copy or memset launched outside any recorded op.
+struct LooseKernel {
+  InternId name = 0;           // 0 for copies and memsets.
+  format::CudaCopyKind copy = format::CudaCopyKind::kUnknown;
+  int8_t device = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
 // A violation as found, resolved into a Violation by BuildReport().
 struct Finding {
   ViolationKind kind = ViolationKind::kVersion;
@@ -207,6 +236,14 @@ struct Finding {
   bool view_regenerated = false;
   uint32_t use_output_nr = 0;
   bool use_known = false;
+  // Silent writes found by fingerprints (--verify-saved).
+  bool by_fingerprint = false;
+  bool has_hashes = false;
+  uint64_t hash_at_save = 0;
+  uint64_t hash_at_use = 0;
+  int64_t save_ns = 0;
+  int64_t use_ns = 0;
+  std::vector<std::pair<ObjectId, bool>> touches;  // (op, wrote), in order.
 };
 
 // A backward op or a NodeExecRecord waiting for its other half.
@@ -357,6 +394,7 @@ class Analyzer::Impl {
     }
 
     TrackVersions(r);
+    if (fingerprinted_ != 0) NoteStorageTouches(r);
 
     if (r.scope == OpScope::kBackwardFunction) {
       PendingExec& exec = pending_execs_[r.op];
@@ -481,6 +519,7 @@ class Analyzer::Impl {
     for (const auto& saved : r.saved) {
       SavedState s;
       s.saved = saved;
+      s.saved_by = r.created_by;
       if (const TensorState* t = FindTensor(saved.tensor)) {
         s.meta_known = true;
         s.grad_fn = t->grad_fn;
@@ -683,8 +722,9 @@ class Analyzer::Impl {
     const NodeState& node = nodes_[node_slot];
     for (uint32_t i = 0; i < node.saved_count; ++i) {
       uint32_t saved_slot = node.saved_begin + i;
-      const SavedState& s = saved_[saved_slot];
+      SavedState& s = saved_[saved_slot];
       if (!Checked(s.saved)) continue;
+      const size_t findings_before = findings_.size();
       Finding base;
       base.node = node_slot;
       base.saved = saved_slot;
@@ -729,7 +769,36 @@ class Analyzer::Impl {
         }
         findings_.push_back(std::move(f));
       }
+      if (!simulated && s.use_pending) CheckFingerprint(s, base, seq, findings_before);
     }
+  }
+
+  // --verify-saved: bytes that changed between the save and this use. A change that a finding
+  // above already explains (a version bump, a write through .data) only adds the hashes to it;
+  // an unexplained one is a silent write by something the recorder could not see.
+  void CheckFingerprint(SavedState& s, const Finding& base, uint64_t seq, size_t findings_before) {
+    s.use_pending = false;
+    if (s.hash_at_use == s.hash_at_save) return;
+    auto add_hashes = [&](Finding& f) {
+      f.has_hashes = true;
+      f.hash_at_save = s.hash_at_save;
+      f.hash_at_use = s.hash_at_use;
+      f.save_ns = s.save_ns;
+      f.use_ns = s.use_ns;
+    };
+    if (findings_.size() > findings_before) {
+      for (size_t i = findings_before; i < findings_.size(); ++i) add_hashes(findings_[i]);
+      return;
+    }
+    Finding f = base;
+    f.kind = ViolationKind::kSilent;
+    f.by_fingerprint = true;
+    add_hashes(f);
+    for (uint32_t t = s.touch_head; t != UINT32_MAX; t = touches_[t].next) {
+      if (touches_[t].seq >= seq) break;
+      f.touches.emplace_back(touches_[t].op, touches_[t].wrote);
+    }
+    findings_.push_back(std::move(f));
   }
 
   const CounterState* FindCounterConst(ObjectId id) const {
@@ -831,9 +900,73 @@ class Analyzer::Impl {
     data_lost_ += r.records;
   }
 
-  void On(const format::CudaKernelRecord&) {}
-  void On(const format::CudaMemcpyRecord&) {}
-  void On(const format::FingerprintRecord&) {}
+  // Kernels inside ops are the ops' work; those outside any op are candidates for silent writes.
+  void On(const format::CudaKernelRecord& r) {
+    if (r.op == 0) AddLooseKernel({r.name, format::CudaCopyKind::kUnknown, r.device, r.start_ns,
+                                   r.end_ns});
+  }
+  void On(const format::CudaMemcpyRecord& r) {
+    if (r.op == 0) AddLooseKernel({0, r.kind, r.device, r.start_ns, r.end_ns});
+  }
+  void AddLooseKernel(const LooseKernel& kernel) {
+    // 1 Mi: a bound on memory for a trace full of raw launches; later ones are not candidates.
+    if (loose_kernels_.size() < (1u << 20)) loose_kernels_.push_back(kernel);
+  }
+
+  void On(const format::FingerprintRecord& r) {
+    uint32_t node_slot = index_.Find(r.node, IdKind::kNode);
+    if (node_slot == IdIndex::kAbsent) return;
+    const NodeState& node = nodes_[node_slot];
+    for (uint32_t i = 0; i < node.saved_count; ++i) {
+      SavedState& s = saved_[node.saved_begin + i];
+      if (s.saved.name != r.saved_name || s.saved.list_index != r.list_index) continue;
+      if (r.when == format::FingerprintWhen::kAtSave) {
+        if (!s.has_fingerprint) ++fingerprinted_;
+        s.has_fingerprint = true;
+        s.hash_at_save = r.hash;
+        s.save_ns = r.time_ns;
+      } else if (s.has_fingerprint) {
+        s.use_pending = true;
+        s.hash_at_use = r.hash;
+        s.use_ns = r.time_ns;
+      }
+      return;
+    }
+  }
+
+  // Ops that wrote into a fingerprinted saved tensor's bytes, or made a tensor over them through
+  // which something outside the recorded ops could write (a view, detach(), numpy()).
+  void NoteStorageTouches(const format::OpRecord& r) {
+    auto visit = [&](const format::TensorUse& use, bool output) {
+      bool wrote = use.version_after > use.version_before;
+      if (!output && !wrote) return;
+      const TensorState* tensor = FindTensor(use.tensor);
+      if (tensor == nullptr || tensor->storage == 0) return;
+      uint32_t slot = index_.Find(tensor->storage, IdKind::kStorage);
+      if (slot == IdIndex::kAbsent || storage_heads_[slot] == UINT32_MAX) return;
+      auto [first, last] =
+          layouts_.ByteRange(tensor->layout, tensor->storage_offset, DTypeSize(tensor->dtype));
+      for (uint32_t w = storage_heads_[slot]; w != UINT32_MAX; w = saved_[w].watch_next) {
+        SavedState& s = saved_[w];
+        if (!s.has_fingerprint || r.op == s.saved_by) continue;
+        if (last <= s.byte_first || s.byte_last <= first) continue;
+        if (s.touch_tail != UINT32_MAX && touches_[s.touch_tail].op == r.op) {
+          touches_[s.touch_tail].wrote |= wrote;
+          continue;
+        }
+        uint32_t index = static_cast<uint32_t>(touches_.size());
+        touches_.push_back({r.op, seq_, wrote, UINT32_MAX});
+        if (s.touch_tail == UINT32_MAX) {
+          s.touch_head = index;
+        } else {
+          touches_[s.touch_tail].next = index;
+        }
+        s.touch_tail = index;
+      }
+    };
+    for (const auto& use : r.inputs) visit(use, false);
+    for (const auto& use : r.outputs) visit(use, true);
+  }
 
   // --- The report ------------------------------------------------------------------------------
 
@@ -916,6 +1049,17 @@ class Analyzer::Impl {
     return 0;
   }
 
+  static std::string CopyKindName(format::CudaCopyKind kind) {
+    switch (kind) {
+      case format::CudaCopyKind::kHostToDevice: return "[memcpy HtoD]";
+      case format::CudaCopyKind::kDeviceToHost: return "[memcpy DtoH]";
+      case format::CudaCopyKind::kDeviceToDevice: return "[memcpy DtoD]";
+      case format::CudaCopyKind::kMemset: return "[memset]";
+      case format::CudaCopyKind::kPeer: return "[memcpy PtoP]";
+      default: return "[memcpy]";
+    }
+  }
+
   // PyTorch's message: "... is at version 3; expected version 1 instead ..."
   static bool MessageMatches(const std::string& message, uint32_t current, uint32_t saved) {
     std::string expect = "is at version " + std::to_string(current) + "; expected version " +
@@ -963,6 +1107,39 @@ class Analyzer::Impl {
       if (grad_fn != IdIndex::kAbsent) {
         v.pytorch_names = "output " + std::to_string(f.use_output_nr) + " of " +
                           Str(nodes_[grad_fn].name);
+      }
+    }
+    if (f.kind == ViolationKind::kSilent) {
+      v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint : SilentEvidence::kAliasedWrite;
+    }
+    if (f.has_hashes) {
+      v.fingerprint = Fingerprints{f.hash_at_save, f.hash_at_use};
+    }
+    if (f.by_fingerprint) {
+      // One candidate per op and call site: numpy() alone runs detach, to, resolve_conj...
+      for (const auto& [op, wrote] : f.touches) {
+        OpRef ref = UserOpRef(op);
+        auto same = [&ref](const SilentCandidate& c) {
+          return c.op.id == ref.id ||
+                 (c.op.name == ref.name && c.op.user_frame && ref.user_frame &&
+                  c.op.user_frame->file == ref.user_frame->file &&
+                  c.op.user_frame->line == ref.user_frame->line);
+        };
+        auto it = std::find_if(v.candidates.begin(), v.candidates.end(), same);
+        if (it != v.candidates.end()) {
+          it->wrote |= wrote;
+          continue;
+        }
+        v.candidates.push_back({std::move(ref), wrote});
+      }
+      for (const LooseKernel& k : loose_kernels_) {
+        if (k.start_ns < f.save_ns || k.start_ns > f.use_ns) continue;
+        KernelRef kernel;
+        kernel.name = k.name != 0 ? Str(k.name) : CopyKindName(k.copy);
+        kernel.device = k.device;
+        kernel.start_ns = k.start_ns;
+        kernel.end_ns = k.end_ns;
+        v.kernels.push_back(std::move(kernel));
       }
     }
     v.simulated = f.simulated;
@@ -1101,6 +1278,9 @@ class Analyzer::Impl {
   std::vector<ObjectId> edges_;          // Nodes' edges, by NodeState::edges_begin.
   std::vector<SavedState> saved_;        // Nodes' saved tensors, by NodeState::saved_begin.
   std::vector<SilentWrite> silent_writes_;
+  std::vector<StorageTouch> touches_;
+  std::vector<LooseKernel> loose_kernels_;
+  uint64_t fingerprinted_ = 0;           // Saved tensors with a fingerprint at save.
   std::vector<uint32_t> storage_heads_;  // By storage slot: first watched saved_ slot.
   // Per thread, the open ops that already have ended children, innermost last, with the first
   // record of their subtree so far. Ops nest properly on a thread, so a stack is enough.

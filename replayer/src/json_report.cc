@@ -35,9 +35,28 @@ json OpJson(const OpRef& op) {
 
 json OptionalOpJson(const std::optional<OpRef>& op) { return op ? OpJson(*op) : json(nullptr); }
 
+// 64-bit hashes as "0x" + 16 hex digits: JSON numbers lose bits past 2^53 in most readers.
+std::string Hex64(uint64_t value) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string s = "0x0000000000000000";
+  for (int i = 17; i >= 2; --i, value >>= 4) s[i] = kDigits[value & 15];
+  return s;
+}
+
 json ViolationJson(const Violation& v) {
   json later = json::array();
   for (const OpRef& op : v.later_culprits) later.push_back(OpJson(op));
+  json candidates = json::array();
+  for (const SilentCandidate& c : v.candidates) {
+    json op = OpJson(c.op);
+    op["role"] = c.wrote ? "wrote" : "aliased";
+    candidates.push_back(std::move(op));
+  }
+  json kernels = json::array();
+  for (const KernelRef& k : v.kernels) {
+    kernels.push_back({{"name", k.name}, {"device", k.device}, {"start_ns", k.start_ns},
+                       {"end_ns", k.end_ns}});
+  }
   const SavedTensorRef& t = v.tensor;
   return {
       {"kind", ViolationKindName(v.kind)},
@@ -70,6 +89,13 @@ json ViolationJson(const Violation& v) {
       {"simulated", v.simulated},
       {"backward_pass", v.backward_pass},
       {"node_exec_op", v.node_exec_op == 0 ? json(nullptr) : json(v.node_exec_op)},
+      {"evidence", v.kind == ViolationKind::kSilent ? json(SilentEvidenceName(v.evidence))
+                                                    : json(nullptr)},
+      {"fingerprint", v.fingerprint ? json({{"at_save", Hex64(v.fingerprint->at_save)},
+                                            {"at_use", Hex64(v.fingerprint->at_use)}})
+                                    : json(nullptr)},
+      {"candidates", std::move(candidates)},
+      {"kernels", std::move(kernels)},
   };
 }
 

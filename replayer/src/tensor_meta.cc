@@ -53,4 +53,12 @@ const char* ViolationKindName(ViolationKind kind) {
   return kind == ViolationKind::kSilent ? "silent" : "version";
 }
 
+const char* SilentEvidenceName(SilentEvidence evidence) {
+  switch (evidence) {
+    case SilentEvidence::kAliasedWrite: return "aliased_write";
+    case SilentEvidence::kFingerprint: return "fingerprint";
+    default: return "";
+  }
+}
+
 }  // namespace torchrr::replayer

@@ -1,5 +1,6 @@
 // The human report: one diagnostic per violation, laid out like a compiler's (culprit first, then
 // the victim, then the facts, then a fix).
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -108,6 +109,35 @@ void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sour
     if (!QuoteSource(out, p, sources, *v.culprit, label)) {
       out << "   " << p.Gutter("=") << " culprit: " << label << "\n";
     }
+  } else if (v.evidence == SilentEvidence::kFingerprint) {
+    out << "  " << p.Gutter("-->") << " <the write was not recorded: its bytes changed between "
+        << "the save and the use (fingerprints), and no recorded op wrote them>\n";
+    if (v.candidates.empty() && v.kernels.empty()) {
+      out << "   " << p.Gutter("=") << " no recorded op or kernel touched those bytes in between: "
+          << "the write came from outside PyTorch's ops (numpy, a raw pointer, a C extension)\n";
+    }
+    // Candidates grouped by call site, in order: one quote per line of the user's code.
+    for (size_t i = 0; i < v.candidates.size();) {
+      size_t j = i + 1;
+      while (j < v.candidates.size() && Location(v.candidates[j].op) == Location(v.candidates[i].op)) {
+        ++j;
+      }
+      std::string names;
+      bool wrote = false;
+      for (size_t k = i; k < j; ++k) {
+        names += (k > i ? ", " : "") + OpName(v.candidates[k].op);
+        wrote |= v.candidates[k].wrote;
+      }
+      std::string label = names + (wrote ? " wrote into them" : " made a tensor over them");
+      out << p.Note("note") << ": candidate: " << label << " at " << Location(v.candidates[i].op)
+          << "\n";
+      QuoteSource(out, p, sources, v.candidates[i].op, label);
+      i = j;
+    }
+    for (const KernelRef& k : v.kernels) {
+      out << p.Note("note") << ": candidate: " << k.name << " on cuda:" << k.device
+          << ", launched outside any op\n";
+    }
   } else {
     out << "  " << p.Gutter("-->") << " <the write was not recorded: the version counter moved "
         << "between two recorded uses>\n";
@@ -137,6 +167,13 @@ void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sour
   if (v.tensor.id != 0) out << " (tensor #" << v.tensor.id << ")";
   if (v.pytorch_names) out << ", which PyTorch calls \"" << *v.pytorch_names << "\"";
   out << "\n";
+  if (v.fingerprint) {
+    char hashes[80];
+    std::snprintf(hashes, sizeof(hashes), "%016llx at save, %016llx at use",
+                  static_cast<unsigned long long>(v.fingerprint->at_save),
+                  static_cast<unsigned long long>(v.fingerprint->at_use));
+    out << "   " << p.Gutter("=") << " fingerprint of its bytes: " << hashes << "\n";
+  }
   out << "   " << p.Gutter("=") << " pytorch: ";
   if (v.pytorch_raised) {
     out << "raised";
@@ -158,7 +195,10 @@ void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sour
         << Location(later) << "\n";
   }
   out << p.Help("help") << ": ";
-  if (silent) {
+  if (silent && v.evidence == SilentEvidence::kFingerprint) {
+    out << "find what writes into this memory between the two points (a raw kernel, numpy, an "
+           "extension on data_ptr); write into a .clone() instead\n";
+  } else if (silent) {
     out << "write through the tensor itself rather than .data (so autograd sees it), or "
            ".clone() the tensor before writing into it\n";
   } else {

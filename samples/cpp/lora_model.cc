@@ -28,12 +28,23 @@ constexpr std::array kBugs = {
             "zero_() through a select() view of the saved log-softmax output"},
     BugInfo{Bug::kTwoWrites, "two_writes",
             "final RMSNorm in place: two mul_ into the input its pow saved"},
+    BugInfo{Bug::kSilentRawWrite, "silent_raw_write",
+            "an extension-style kernel rescales the MLP's up projection through its raw pointer "
+            "after the product saved it (no error: silently wrong gradients)"},
 };
 
 // [x1, x2] -> [-x2, x1] over the last dimension.
 torch::Tensor RotateHalf(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// What a custom extension's fused kernel does when it works on raw memory: a tensor over the same
+// bytes (from_blob: another storage, another version counter) written in place. Autograd cannot
+// see it.
+void ScaleThroughRawPointer(const torch::Tensor& t, double scale) {
+  torch::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().requires_grad(false))
+      .mul_(scale);
 }
 
 // A frozen parameter: part of the model's state, never trained.
@@ -173,7 +184,11 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   } else {
     act = torch::silu(gate);
   }
-  return down_proj_->forward(act * up);
+  auto hidden = act * up;  // VICTIM(silent_raw_write)
+  if (bug_ == Bug::kSilentRawWrite) {
+    ScaleThroughRawPointer(up, 0.5);  // BUG(silent_raw_write)
+  }
+  return down_proj_->forward(hidden);
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& config, RotaryEmbedding rotary, Bug bug)

@@ -17,9 +17,11 @@
 
 namespace torchrr::samples {
 
-// An in-place mistake to plant. Every one but kNone makes loss.backward() raise PyTorch's
-// "one of the variables needed for gradient computation has been modified by an inplace
-// operation".
+// An in-place mistake to plant. Every one but kNone and the silent ones makes loss.backward()
+// raise PyTorch's "one of the variables needed for gradient computation has been modified by an
+// inplace operation". A silent one (name "silent_...") writes into a saved tensor's memory
+// behind autograd's back: nothing raises and the gradients are wrong; only torchrr record
+// --verify-saved sees it.
 enum class Bug {
   kNone,
   kResidualAdd,  // Needs 2 layers or more.
@@ -29,6 +31,7 @@ enum class Bug {
   kSliceAssign,
   kViewWrite,
   kTwoWrites,
+  kSilentRawWrite,
 };
 
 struct BugInfo {

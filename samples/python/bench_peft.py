@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Step time of the PEFT LoRA sample on the CPU: plain, under torchrr (Python stacks on), under
+"""Step time of the PEFT LoRA sample: plain, under torchrr (Python stacks on), under
 torch.autograd.set_detect_anomaly(True), and under torch.profiler.profile(record_shapes=True,
-with_stack=True). The four configurations run interleaved in rounds within one process, so the
+with_stack=True). The configurations run interleaved in rounds within one process, so the
 machine's noise hits them alike; the table gives medians and ratios to plain.
 
+On the CPU by default (float32). ``--device cuda --dtype bfloat16`` with a larger model is the
+GPU benchmark (tests/gpu/run.sh); a CUDA step is timed to its end (synchronized).
+
 Usage: bench_peft.py [--rounds R] [--steps K] [--threads T] [--hidden H] [--layers L] [--seq S]
+                     [--batch B] [--vocab V] [--device cpu|cuda] [--dtype float32|bfloat16]
+                     [--configs plain,torchrr,anomaly,profiler] [--verify-saved]
 """
 import argparse
 import contextlib
@@ -30,14 +35,24 @@ def main():
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--configs", default="plain,torchrr,anomaly,profiler")
+    parser.add_argument("--verify-saved", action="store_true",
+                        help="also time torchrr with --verify-saved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model_args = argparse.Namespace(device="cpu", seed=0, layers=args.layers, hidden=args.hidden,
-                                    vocab=512, seq=args.seq, batch=4, lr=1e-3)
-    model = peft_lora.build_model(model_args)
+    model_args = argparse.Namespace(device=args.device, seed=0, layers=args.layers,
+                                    hidden=args.hidden, vocab=args.vocab, seq=args.seq,
+                                    batch=args.batch, lr=1e-3)
+    model = peft_lora.build_model(model_args).to(getattr(torch, args.dtype))
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     input_ids = torch.randint(1, model_args.vocab, (model_args.batch, model_args.seq))
+    input_ids = input_ids.to(args.device)
+    cuda = args.device == "cuda"
 
     def step():
         logits = model(input_ids=input_ids).logits
@@ -46,30 +61,46 @@ def main():
         loss.backward()
         optimizer.step()
 
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     tmp = tempfile.mkdtemp(prefix="torchrr_bench_peft_")
-    configs = {
-        "plain": contextlib.nullcontext,
-        "torchrr (Python stacks)": lambda: torchrr.record(os.path.join(tmp, "run.trr"),
-                                                          native_stacks=False),
-        "anomaly mode": lambda: torch.autograd.set_detect_anomaly(True),
-        "profiler (shapes, stacks)": lambda: torch.profiler.profile(record_shapes=True,
-                                                                    with_stack=True),
+    available = {
+        "plain": ("plain", contextlib.nullcontext),
+        "torchrr": ("torchrr (Python stacks)",
+                    lambda: torchrr.record(os.path.join(tmp, "run.trr"), native_stacks=False)),
+        "anomaly": ("anomaly mode", lambda: torch.autograd.set_detect_anomaly(True)),
+        "profiler": ("profiler (shapes, stacks)",
+                     lambda: torch.profiler.profile(record_shapes=True, with_stack=True)),
     }
+    wanted = args.configs.split(",")
+    if "plain" not in wanted:
+        wanted.insert(0, "plain")
+    configs = dict(available[name] for name in wanted)
+    if args.verify_saved:
+        configs["torchrr --verify-saved"] = lambda: torchrr.record(
+            os.path.join(tmp, "verify.trr"), native_stacks=False, verify_saved=True)
     times = {name: [] for name in configs}
     for _ in range(2):
         step()
+    sync()
     for _ in range(args.rounds):
         for name, make in configs.items():
             with make():
                 step()  # Warm: the recorder interns, the profiler sets up.
+                sync()
                 start = time.perf_counter()
                 for _ in range(args.steps):
                     step()
+                sync()
                 times[name].append((time.perf_counter() - start) / args.steps * 1e3)
     plain = statistics.median(times["plain"])
-    print(f"PEFT LoRA step on the CPU ({args.threads} thread(s), hidden {args.hidden}, "
-          f"{args.layers} layers, seq {args.seq}, batch 4), {args.rounds} rounds x "
-          f"{args.steps} steps, medians:")
+    where = (f"on {torch.cuda.get_device_name()}" if cuda
+             else f"on the CPU ({args.threads} thread(s))")
+    print(f"PEFT LoRA step {where}, {args.dtype}, hidden {args.hidden}, {args.layers} layers, "
+          f"seq {args.seq}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps, "
+          f"medians:")
     print("| configuration | step (ms) | ratio to plain |")
     print("|---|---|---|")
     for name in configs:

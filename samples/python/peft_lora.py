@@ -5,7 +5,8 @@ A tiny Llama (LlamaConfig, random init, nothing downloaded) gets PEFT LoRA adapt
 alpha 16) on q, k, v, o, gate, up and down; AdamW trains the adapters on a synthetic batch with a
 next-token cross-entropy computed here. ``--bug NAME`` plants one in-place bug; every bug makes
 PyTorch raise "one of the variables needed for gradient computation has been modified by an
-inplace operation" in ``loss.backward()``.
+inplace operation" in ``loss.backward()``, except the silent one, which only ``torchrr record
+--verify-saved`` sees.
 
 The bugs live in this file: the model's MLP, decoder layer and eager attention are replaced by
 the functions below (the same computation as transformers 5's Llama, so ``--bug none`` trains the
@@ -20,6 +21,7 @@ line whose saved tensor it breaks carries ``# VICTIM(<name>)`` when it is in thi
 | optimizer_before_backward | ``optimizer.step()`` before ``loss.backward()`` in train (AdamW's aten::mul_ and aten::addcdiv_, +2 versions per LoRA param); raises at step 1 (step 0 has no gradients yet) | ``self.down_proj(...)`` in mlp_forward; inside PEFT, peft/tuners/lora/layer.py Linear.forward's ``lora_B(...)``: aten::linear saved the LoRA B weight (transposed) | MmBackward0 of the last layer's down_proj LoRA B |
 | slice_assign | ``key_states[:, :, :1] = 0`` in attention_forward (aten::fill_ through a slice view) | ``torch.matmul(query, key_states.transpose(2, 3))`` (aten::matmul saved key_states, through bmm) | BmmBackward0 of that matmul |
 | view_write | ``log_probs.select(-1, PAD).zero_()`` in next_token_loss | ``torch.log_softmax(logits, -1)`` (saved its result) | LogSoftmaxBackward0 |
+| silent_dlpack | ``scale_through_dlpack(up, 0.5)`` in mlp_forward: an extension-style kernel rescales the up projection through a DLPack alias (another storage, another version counter) | ``act * up`` (aten::mul saved ``up``) | none: nothing raises, the gradients are silently wrong; ``torchrr record --verify-saved`` reports a ``silent`` violation for MulBackward0 |
 
     peft_lora.py [--device cuda|cpu] [--steps 3] [--bug none|NAME] [--list-bugs] [--seed 0]
 
@@ -40,12 +42,21 @@ BUGS = {
     "optimizer_before_backward": "optimizer.step() between the forward and loss.backward()",
     "slice_assign": "a slice of the keys overwritten after the score matmul saved them",
     "view_write": "a column of the saved log-probabilities zeroed through a view",
+    "silent_dlpack": "the MLP's up projection rescaled through a DLPack alias after the product "
+                     "saved it (no error: silently wrong gradients)",
 }
 PAD = 0
 BUG = "none"  # The planted bug, set from --bug.
 
 
 # The Llama modules' computations, as transformers 5.17 writes them, with the bugs' hooks.
+
+def scale_through_dlpack(t, scale):
+    """What a custom extension's kernel does when handed the tensor's memory through DLPack: the
+    alias is another storage with another version counter, so autograd never sees the write."""
+    alias = torch.from_dlpack(t.detach())
+    alias.mul_(scale)
+
 
 def mlp_forward(self, x):
     gate = self.gate_proj(x)
@@ -54,7 +65,11 @@ def mlp_forward(self, x):
         act.mul_(gate)  # BUG(inplace_activation)
     else:
         act = act * gate  # SiLU(gate) = gate * sigmoid(gate), as self.act_fn computes it.
-    return self.down_proj(act * self.up_proj(x))  # VICTIM(optimizer_before_backward)
+    up = self.up_proj(x)
+    hidden = act * up  # VICTIM(silent_dlpack)
+    if BUG == "silent_dlpack":
+        scale_through_dlpack(up, 0.5)  # BUG(silent_dlpack)
+    return self.down_proj(hidden)  # VICTIM(optimizer_before_backward)
 
 
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None,

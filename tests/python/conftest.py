@@ -40,14 +40,14 @@ def cli():
     return _native.cli_path()
 
 
-def record(out, argv, *, env=None, timeout=120, cwd=None):
-    """Runs `torchrr record -o OUT -- ARGV...` and returns the CompletedProcess (text)."""
+def record(out, argv, *, env=None, timeout=120, cwd=None, flags=()):
+    """Runs `torchrr record -o OUT [FLAGS] -- ARGV...` and returns the CompletedProcess (text)."""
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     for name in ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "RANK"):
         full_env.pop(name, None)
     full_env.update(env or {})
-    return subprocess.run([cli(), "record", "-o", str(out), "--", *map(str, argv)],
+    return subprocess.run([cli(), "record", "-o", str(out), *flags, "--", *map(str, argv)],
                           capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
 
 

@@ -24,7 +24,8 @@ def expectations(script):
 def test_case(script, tmp_path):
     expect = expectations(script)
     trace = tmp_path / "run.trr"
-    proc = record(trace, [sys.executable, script])
+    flags = ["--verify-saved"] if expect.get("verify_saved") == "1" else []
+    proc = record(trace, [sys.executable, script], flags=flags)
     want_exit = int(expect.get("exit", "1"))
     assert proc.returncode == want_exit, proc.stderr[-2000:]
     if want_exit == 1:
@@ -54,6 +55,16 @@ def test_case(script, tmp_path):
     assert v.victim is not None and v.victim.op == expect["victim_op"]
     assert same_file(v.victim.user_frame.file, script)
     assert v.victim.user_frame.line == marker_line(script, "VICTIM")
+
+    if expect.get("evidence") == "fingerprint":
+        # No recorded op wrote it: no culprit, but the ops that touched its bytes are candidates.
+        assert v.evidence == "fingerprint"
+        assert v.culprit is None
+        assert v.fingerprint and v.fingerprint["at_save"] != v.fingerprint["at_use"]
+        lines = [c.op.user_frame.line for c in v.candidates if c.op.user_frame and
+                 same_file(c.op.user_frame.file, script)]
+        assert marker_line(script, "CANDIDATE") in lines, v.candidates
+        return
 
     assert v.culprit is not None
     if "op" in expect:

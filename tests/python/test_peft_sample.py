@@ -41,8 +41,9 @@ def runs(tmp_path_factory):
     def run(bug):
         trace = base / f"{bug}.trr"
         steps = "2" if bug in ("none", "optimizer_before_backward") else "1"
+        flags = ["--verify-saved"] if bug.startswith("silent_") else []
         proc = record(trace, [sys.executable, SAMPLE, "--device", "cpu", "--steps", steps,
-                              "--bug", bug], timeout=180)
+                              "--bug", bug], timeout=180, flags=flags)
         return bug, (proc, trace)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -66,7 +67,28 @@ def test_no_bug_trains_cleanly(runs):
     assert report.violations == [] and report.ops > 1000
 
 
-@pytest.mark.parametrize("bug", [b for b in BUGS if b != "none"])
+@pytest.mark.parametrize("bug", [b for b in BUGS if b.startswith("silent_")])
+def test_silent_bug(runs, bug):
+    """A write behind autograd's back: nothing raises; --verify-saved's fingerprints show the saved
+    bytes changed, and the op that made the alias is a candidate, called from the BUG line."""
+    proc, trace = runs[bug]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = torchrr.replay(trace)
+    assert report.violations, "no violation found"
+    v = report.violations[0]
+    assert (v.kind, v.evidence) == ("silent", "fingerprint")
+    assert v.culprit is None and not v.pytorch_raised
+    assert v.backward_node.name == "MulBackward0"
+    assert same_file(v.victim.user_frame.file, SAMPLE)
+    assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
+    bug_line = marker_line(SAMPLE, rf"BUG\({bug}\)")
+    called_from_bug = [c for c in v.candidates
+                       if any(f.python and same_file(f.file, SAMPLE) and f.line == bug_line
+                              for f in c.op.stack)]
+    assert called_from_bug, v.candidates
+
+
+@pytest.mark.parametrize("bug", [b for b in BUGS if b != "none" and not b.startswith("silent_")])
 def test_planted_bug(runs, bug):
     proc, trace = runs[bug]
     assert proc.returncode == 1, proc.stderr[-2000:]

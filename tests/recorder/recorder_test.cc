@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "torchrr/format/reader.h"
+#include "torchrr/kernels/fingerprint.h"
 #include "torchrr/recorder.h"
 
 namespace torchrr {
@@ -41,6 +42,7 @@ struct Indexed {
   std::map<format::ObjectId, NodeRecord> nodes;
   std::vector<format::NodeExecRecord> execs;
   std::vector<format::ErrorRecord> errors;
+  std::vector<format::FingerprintRecord> fingerprints;
 
   explicit Indexed(const std::string& path) : trace(format::ReadTraceFileAll(path)) {
     for (const auto& record : trace.records) {
@@ -50,6 +52,7 @@ struct Indexed {
       if (auto* n = std::get_if<NodeRecord>(&record)) nodes[n->node] = *n;
       if (auto* e = std::get_if<format::NodeExecRecord>(&record)) execs.push_back(*e);
       if (auto* e = std::get_if<format::ErrorRecord>(&record)) errors.push_back(*e);
+      if (auto* f = std::get_if<format::FingerprintRecord>(&record)) fingerprints.push_back(*f);
     }
   }
   std::string Name(format::InternId id) const {
@@ -442,6 +445,76 @@ TEST(Recorder, CustomCppFunctionSavedTensors) {
   EXPECT_EQ(custom[0].saved[0].version_counter, trace.CounterOf(mul[0].outputs[0].tensor));
   x.add_(1);  // Autograd agrees: the custom node saved x.
   EXPECT_THROW(y.sum().backward(), c10::Error);
+}
+
+}  // namespace
+}  // namespace torchrr
+
+namespace torchrr {
+namespace {
+
+// --verify-saved: a write through data_ptr (no op, no version bump) into a saved tensor changes
+// its fingerprint between save and use; a saved tensor nobody touched keeps it. The hashes are
+// those of kernels::FingerprintHost over the bytes autograd saved.
+TEST(Recorder, VerifySavedFingerprintsSavedBytesAtSaveAndAtUse) {
+  std::string path = TempTrace("verify_saved");
+  auto x = torch::randn({6, 5}, torch::requires_grad());
+  uint64_t y_before = 0, z_bytes = 0;
+  {
+    RecorderOptions options;
+    options.path = path;
+    options.native_stacks = false;
+    options.verify_saved = true;
+    Recorder recorder(options);
+    auto y = x.sigmoid();            // Saves its output.
+    auto z = x.tanh();               // Saves its output; untouched.
+    y_before = kernels::FingerprintHost(y.const_data_ptr(), y.nbytes());
+    z_bytes = kernels::FingerprintHost(z.const_data_ptr(), z.nbytes());
+    y.data_ptr<float>()[7] = 42.0f;  // A raw write: autograd never sees it.
+    (y.sum() + z.sum()).backward();
+  }
+  Indexed t(path);
+  auto sigmoid = t.NodesNamed("SigmoidBackward0");
+  auto tanh = t.NodesNamed("TanhBackward0");
+  ASSERT_EQ(sigmoid.size(), 1u);
+  ASSERT_EQ(tanh.size(), 1u);
+  std::map<std::pair<format::ObjectId, int>, format::FingerprintRecord> by_node;
+  for (const auto& f : t.fingerprints) {
+    EXPECT_EQ(t.Name(f.saved_name), "result");
+    by_node[{f.node, static_cast<int>(f.when)}] = f;
+  }
+  auto at = [&](format::ObjectId node, format::FingerprintWhen when) {
+    auto it = by_node.find({node, static_cast<int>(when)});
+    EXPECT_NE(it, by_node.end());
+    return it == by_node.end() ? format::FingerprintRecord{} : it->second;
+  };
+  auto y_save = at(sigmoid[0].node, format::FingerprintWhen::kAtSave);
+  auto y_use = at(sigmoid[0].node, format::FingerprintWhen::kAtUse);
+  auto z_save = at(tanh[0].node, format::FingerprintWhen::kAtSave);
+  auto z_use = at(tanh[0].node, format::FingerprintWhen::kAtUse);
+  EXPECT_EQ(y_save.hash, y_before);
+  EXPECT_NE(y_use.hash, y_save.hash);
+  EXPECT_EQ(z_save.hash, z_bytes);
+  EXPECT_EQ(z_use.hash, z_save.hash);
+  EXPECT_EQ(y_save.byte_offset, 0u);
+  EXPECT_EQ(y_save.byte_length, 6u * 5u * sizeof(float));
+  EXPECT_LT(y_save.time_ns, y_use.time_ns);
+  EXPECT_NE(y_save.storage, 0u);
+  EXPECT_EQ(y_save.storage, y_use.storage);
+}
+
+// Without the option, nothing is fingerprinted.
+TEST(Recorder, NoFingerprintsUnlessAsked) {
+  std::string path = TempTrace("no_verify");
+  auto x = torch::randn({4}, torch::requires_grad());
+  {
+    RecorderOptions options;
+    options.path = path;
+    options.native_stacks = false;
+    Recorder recorder(options);
+    x.sigmoid().sum().backward();
+  }
+  EXPECT_TRUE(Indexed(path).fingerprints.empty());
 }
 
 }  // namespace

@@ -271,6 +271,112 @@ TEST(AnalyzerTest, SilentWritesOutsideTheSavedBytesOrAfterUseAreFine) {
   EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
 }
 
+// --verify-saved: y = x.sigmoid(); y.detach().numpy()[:] = 0; backward. No op wrote y, but its
+// bytes' fingerprint changed: a silent write, with the detach() that made the alias as candidate.
+TEST(AnalyzerTest, FingerprintChangeWithNoRecordedWriteIsSilent) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  b.FingerprintAtSave(y.node, "result", 0x1111);
+  auto other = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(12));
+  b.FingerprintAtSave(other.node, "result", 0x3333);
+  const format::TensorInfo info = b.Info(y.out);
+  auto alias = b.View(y.out, info.shape, info.strides, 0);
+  auto detach = b.Op({.name = "aten::detach", .inputs = {y.out}, .outputs = {alias},
+                      .stack = b.At(13)});
+  b.Op({.name = "aten::mul", .inputs = {y.out, x}, .outputs = {b.Tensor({4, 8})},
+        .stack = b.At(14)});  // Reads y: not a candidate.
+  b.FingerprintAtUse(y.node, "result", 0x2222);
+  b.FingerprintAtUse(other.node, "result", 0x3333);  // Unchanged: fine.
+  b.Backward({other.node, y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kSilent);
+  EXPECT_EQ(v.evidence, SilentEvidence::kFingerprint);
+  EXPECT_FALSE(v.culprit.has_value());
+  EXPECT_EQ(Line(v.victim), 11u);
+  EXPECT_EQ(v.backward_node.name, "SigmoidBackward0");
+  ASSERT_TRUE(v.fingerprint.has_value());
+  EXPECT_EQ(v.fingerprint->at_save, 0x1111u);
+  EXPECT_EQ(v.fingerprint->at_use, 0x2222u);
+  ASSERT_EQ(v.candidates.size(), 1u);
+  EXPECT_EQ(v.candidates[0].op.id, detach);
+  EXPECT_FALSE(v.candidates[0].wrote);
+  EXPECT_EQ(v.candidates[0].op.user_frame->line, 13u);
+  EXPECT_FALSE(v.pytorch_raised);
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("candidate: aten::detach made a tensor over them at train.py:13"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("0000000000001111 at save, 0000000000002222 at use"), std::string::npos)
+      << text;
+  nlohmann::json j = ToJson(report)["violations"][0];
+  EXPECT_EQ(j["evidence"], "fingerprint");
+  EXPECT_EQ(j["fingerprint"]["at_save"], "0x0000000000001111");
+  EXPECT_EQ(j["candidates"][0]["role"], "aliased");
+  EXPECT_EQ(j["candidates"][0]["op"], "aten::detach");
+}
+
+// A version violation whose bytes changed too is reported once, as the version violation, with
+// the fingerprints; a write through .data keeps its own evidence.
+TEST(AnalyzerTest, FingerprintsExplainedByARecordedWriteAddNoViolation) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  b.FingerprintAtSave(y.node, "result", 1);
+  b.Inplace("aten::mul_", y.out, {}, b.At(12));
+  auto z = b.Forward("aten::tanh", "TanhBackward0", {x}, {{"result", kOutput}}, b.At(13));
+  b.FingerprintAtSave(z.node, "result", 5);
+  b.Inplace("aten::zero_", b.Data(z.out), {}, b.At(14), false);
+  b.FingerprintAtUse(y.node, "result", 2);
+  b.FingerprintAtUse(z.node, "result", 6);
+  b.Backward({z.node, y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 2u) << FormatText(report, false);
+  for (const Violation& v : report.violations) {
+    ASSERT_TRUE(v.fingerprint.has_value());
+    EXPECT_TRUE(v.candidates.empty());
+    ASSERT_TRUE(v.culprit.has_value());
+    if (v.kind == ViolationKind::kVersion) {
+      EXPECT_EQ(Line(v.culprit), 12u);
+      EXPECT_EQ(v.evidence, SilentEvidence::kNone);
+    } else {
+      EXPECT_EQ(Line(v.culprit), 14u);
+      EXPECT_EQ(v.evidence, SilentEvidence::kAliasedWrite);
+    }
+  }
+}
+
+// A raw CUDA kernel launched outside any op, between the save and the use, is a candidate.
+TEST(AnalyzerTest, KernelsOutsideOpsBetweenSaveAndUseAreCandidates) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  format::CudaKernelRecord early;
+  early.name = b.Str("early_kernel");
+  early.start_ns = early.end_ns = b.Now();
+  b.records.push_back(early);
+  b.FingerprintAtSave(y.node, "result", 1);
+  format::CudaKernelRecord raw;
+  raw.name = b.Str("scribble_kernel");
+  raw.start_ns = raw.end_ns = b.Now();
+  b.records.push_back(raw);
+  format::CudaKernelRecord inside = raw;  // Launched by an op: that op's work.
+  inside.op = y.op;
+  inside.name = b.Str("sigmoid_kernel");
+  b.records.push_back(inside);
+  b.FingerprintAtUse(y.node, "result", 2);
+  b.Backward({y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  ASSERT_EQ(v.kernels.size(), 1u);
+  EXPECT_EQ(v.kernels[0].name, "scribble_kernel");
+  EXPECT_NE(FormatText(report, false).find("candidate: scribble_kernel on cuda:0, launched "
+                                           "outside any op"),
+            std::string::npos);
+}
+
 // s = x.sigmoid(); e = s.exp(); e.mul_(2); s.add_(1); e.sum().backward(): ExpBackward0 throws;
 // SigmoidBackward0 never runs, but would throw next: the rest of the pass is simulated.
 TEST(AnalyzerTest, BackwardThatThrewPartWaySimulatesTheRest) {

@@ -231,6 +231,8 @@ class TraceBuilder {
                 const std::string& message = "", uint32_t thread = 1) {
     for (ObjectId node : nodes) {
       bool throws = node == threw;
+      for (auto& r : before_exec_[node]) records.push_back(std::move(r));
+      before_exec_.erase(node);
       ObjectId op = Op({.name = node_names_.at(node), .scope = format::OpScope::kBackwardFunction,
                         .sequence_nr = node_seq_.at(node), .thread = thread, .threw = throws});
       format::NodeExecRecord exec;
@@ -253,6 +255,16 @@ class TraceBuilder {
       }
     }
   }
+
+  // --verify-saved's fingerprint of node's saved `name`: at save, written now; at use, written
+  // just before the node's next execution (as the recorder does, at the backward op's start).
+  void FingerprintAtSave(ObjectId node, const std::string& name, uint64_t hash) {
+    records.push_back(MakeFingerprint(node, name, format::FingerprintWhen::kAtSave, hash));
+  }
+  void FingerprintAtUse(ObjectId node, const std::string& name, uint64_t hash) {
+    before_exec_[node].push_back(MakeFingerprint(node, name, format::FingerprintWhen::kAtUse, hash));
+  }
+  int64_t Now() { return ++clock_; }
 
   void PythonError(const std::string& message) {
     format::ErrorRecord error;
@@ -280,6 +292,19 @@ class TraceBuilder {
   }
 
  private:
+  format::FingerprintRecord MakeFingerprint(ObjectId node, const std::string& name,
+                                            format::FingerprintWhen when, uint64_t hash) {
+    format::FingerprintRecord r;
+    r.node = node;
+    r.saved_name = Str(name);
+    r.when = when;
+    r.hash = hash;
+    r.time_ns = ++clock_;
+    return r;
+  }
+
+  std::map<ObjectId, std::vector<Record>> before_exec_;
+
   static std::vector<int64_t> Contiguous(const std::vector<int64_t>& shape) {
     std::vector<int64_t> strides(shape.size(), 1);
     for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];

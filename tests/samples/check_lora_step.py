@@ -5,6 +5,8 @@ and check the report against the source and against PyTorch's own message.
 For each bug the first violation must name the line marked `// BUG(name)` as the culprit, the
 line marked `// VICTIM(name)` (when the sample marks one) as the victim, and the same saved and
 current versions as PyTorch's message; PyTorch must have raised. `--bug none` reports nothing.
+A silent bug (`silent_*`: a write behind autograd's back, nothing raises) is recorded with
+--verify-saved and must come back as a `silent` violation found by fingerprint, with its victim.
 Also: recording changes nothing (the same losses, bit for bit, with and without the recorder).
 
 Usage: check_lora_step.py TORCHRR LORA_STEP SAMPLE_SOURCE_DIR WORK_DIR
@@ -64,10 +66,33 @@ check("bit-for-bit losses with and without the recorder",
       and len(losses(plain.stdout)) == 3,
       f"plain={losses(plain.stdout)} traced={losses(traced.stdout)} rc={plain.returncode},{traced.returncode}")
 
+def check_silent(bug, rec, rep, violations):
+    problems = []
+    if rec.returncode != 0 or rep.returncode != 1 or not violations:
+        check(bug, False, f"record exit {rec.returncode}, replay exit {rep.returncode}, "
+                          f"{len(violations)} violations")
+        return
+    first = violations[0]
+    if (first["kind"], first.get("evidence")) != ("silent", "fingerprint"):
+        problems.append(f"kind {first['kind']} evidence {first.get('evidence')}")
+    if first["culprit"] is not None or first["pytorch_raised"]:
+        problems.append("a culprit or pytorch_raised for a write nothing recorded")
+    fingerprint = first.get("fingerprint") or {}
+    if not fingerprint or fingerprint["at_save"] == fingerprint["at_use"]:
+        problems.append(f"fingerprints {fingerprint}")
+    vframe = (first.get("victim") or {}).get("user_frame") or {}
+    vfile, vline = victims[bug]
+    if not (vframe.get("file", "").endswith(vfile) and vframe.get("line") == vline):
+        problems.append(f"victim at {vframe.get('file')}:{vframe.get('line')}, "
+                        f"expected {vfile}:{vline}")
+    check(bug, not problems, "; ".join(problems))
+
+
 for bug in bugs:
     trace = os.path.join(work, bug + ".trr")
-    rec = run([torchrr, "record", "-o", trace, "--", lora_step, "--device", "cpu",
-               "--steps", STEPS, "--bug", bug])
+    silent = bug.startswith("silent_")
+    rec = run([torchrr, "record", "-o", trace] + (["--verify-saved"] if silent else []) +
+              ["--", lora_step, "--device", "cpu", "--steps", STEPS, "--bug", bug])
     rep = run([torchrr, "replay", "--json", trace])
     try:
         report = json.loads(rep.stdout)
@@ -75,6 +100,9 @@ for bug in bugs:
         check(bug, False, f"replay printed no JSON (exit {rep.returncode}): {rep.stderr[-300:]}")
         continue
     violations = report["violations"]
+    if silent:
+        check_silent(bug, rec, rep, violations)
+        continue
     if bug == "none":
         check(bug, rec.returncode == 0 and rep.returncode == 0 and not violations,
               f"record exit {rec.returncode}, replay exit {rep.returncode}, {len(violations)} violations")

@@ -24,6 +24,15 @@ int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes
 int torchrr_start2(const char* path, int native_stacks, int python_stacks,
                    size_t max_buffered_bytes, int drop_when_full, int rank);
 
+/* Option flags for torchrr_start3. */
+#define TORCHRR_VERIFY_SAVED 1u     /* RecorderOptions::verify_saved: fingerprint saved tensors. */
+#define TORCHRR_NO_CUDA_KERNELS 2u  /* RecorderOptions::cuda_kernels off: no CUPTI. */
+
+/* torchrr_start2 with option flags (an OR of TORCHRR_* flags above; unknown bits are ignored).
+ * Same return values as torchrr_start. */
+int torchrr_start3(const char* path, int native_stacks, int python_stacks,
+                   size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
+
 /* Stops the recording started by torchrr_start and closes the trace. Returns 0, or 1 when
  * nothing was recording. */
 int torchrr_stop(void);

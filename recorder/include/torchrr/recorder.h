@@ -37,6 +37,15 @@ struct RecorderOptions {
   WhenFull when_full = WhenFull::kWait;
   int rank = -1;                 // Distributed rank written to the file header; -1 reads RANK.
   int zstd_level = 1;           // Level 1: on trace data it compresses better than 3, and faster.
+  // Fingerprints (a 64-bit hash) of the bytes of every saved tensor when its node saves it and
+  // again when backward is about to use it, so the replay can report writes that no version
+  // counter saw (raw CUDA kernels, numpy, extensions) as `silent` violations. Costs a pass over
+  // every saved tensor's bytes twice (and, on CUDA, a stream synchronization each time).
+  bool verify_saved = false;
+  // CUDA kernels, copies and memsets through CUPTI, each attributed to the op that launched it;
+  // only when a CUDA device is present. When CUPTI is missing or refuses: one warning, and the
+  // recording goes on without them.
+  bool cuda_kernels = true;
 };
 
 class Recorder {

@@ -77,6 +77,10 @@ def library() -> ctypes.CDLL:
         lib.torchrr_start2.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
                                        ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
         lib.torchrr_start2.restype = ctypes.c_int
+        lib.torchrr_start3.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_uint32]
+        lib.torchrr_start3.restype = ctypes.c_int
         lib.torchrr_stop.argtypes = []
         lib.torchrr_stop.restype = ctypes.c_int
         lib.torchrr_recording.argtypes = []

@@ -6,6 +6,10 @@ from typing import Optional
 
 from . import _native
 
+# torchrr_start3's flags (c_api.h).
+_VERIFY_SAVED = 1
+_NO_CUDA_KERNELS = 2
+
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
 ERROR_PYTHON = 1
@@ -14,22 +18,29 @@ ERROR_UNCAUGHT = 2
 
 def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True,
           python_stacks: bool = True, max_buffered_bytes: int = 0,
-          drop_when_full: bool = False, rank: Optional[int] = None) -> bool:
+          drop_when_full: bool = False, rank: Optional[int] = None,
+          verify_saved: bool = False, cuda_kernels: bool = True) -> bool:
     """Starts recording every tensor op of this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes; costly and
     rarely useful from Python). python_stacks: the Python frames that issued each top-level op.
     max_buffered_bytes: memory for records waiting for the writer thread (0: the default, 256
     MiB). drop_when_full: drop records (and say so in the trace) rather than wait for the writer.
-    rank: the distributed rank written to the trace (None reads RANK).
+    rank: the distributed rank written to the trace (None reads RANK). verify_saved: fingerprint
+    every saved tensor's bytes when it is saved and when backward uses it, so that writes no
+    version counter sees (numpy, raw CUDA kernels, extensions) are reported as ``silent``; costs a
+    pass over the saved bytes at save and at use. cuda_kernels: record CUDA kernels, copies and
+    memsets through CUPTI, each with the op that launched it (only when a GPU is present).
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
     """
     lib = _native.library()
-    rc = lib.torchrr_start2(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
+    rc = lib.torchrr_start3(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
                             int(bool(python_stacks)), int(max_buffered_bytes),
-                            int(bool(drop_when_full)), -1 if rank is None else int(rank))
+                            int(bool(drop_when_full)), -1 if rank is None else int(rank),
+                            (_VERIFY_SAVED if verify_saved else 0) |
+                            (0 if cuda_kernels else _NO_CUDA_KERNELS))
     return rc == 0
 
 

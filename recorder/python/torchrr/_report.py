@@ -111,11 +111,27 @@ class Tensor:
 
 
 @dataclass
+class Candidate:
+    """For a silent write found by fingerprint: an op that wrote into the saved bytes
+    (``role == "wrote"``) or made a tensor over them (``"aliased"``) between the save and the use."""
+    op: Optional[Op]
+    role: str
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Candidate":
+        return cls(Op.from_json(d), d.get("role", ""))
+
+
+@dataclass
 class Violation:
     """A saved tensor found modified. kind: ``"version"`` (its version counter moved: PyTorch
-    raises) or ``"silent"`` (written through ``.data`` or another alias: PyTorch raises nothing).
+    raises) or ``"silent"`` (its bytes changed but not its counter: PyTorch raises nothing).
     culprit: the op that wrote it; victim: the forward op that saved it; backward_node: the node
-    that needed it."""
+    that needed it. For ``silent``, evidence says how it was found: ``"aliased_write"`` (a recorded
+    write through ``.data`` or another alias: the culprit) or ``"fingerprint"`` (``--verify-saved``:
+    its bytes' fingerprints differ and no recorded op wrote them; candidates and kernels list what
+    touched them in between). fingerprint: ``{"at_save": "0x..", "at_use": "0x.."}`` when they
+    changed."""
     kind: str
     culprit: Optional[Op]
     later_culprits: list
@@ -130,6 +146,10 @@ class Violation:
     simulated: bool = False
     backward_pass: Optional[int] = None
     node_exec_op: Optional[int] = None
+    evidence: Optional[str] = None
+    fingerprint: Optional[dict] = None
+    candidates: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -141,7 +161,9 @@ class Violation:
                    Tensor.from_json(d.get("tensor")), bool(d.get("pytorch_raised", False)),
                    d.get("pytorch_message"), d.get("pytorch_names"),
                    bool(d.get("simulated", False)), d.get("backward_pass"),
-                   d.get("node_exec_op"), d)
+                   d.get("node_exec_op"), d.get("evidence"), d.get("fingerprint"),
+                   [Candidate.from_json(c) for c in d.get("candidates", [])],
+                   list(d.get("kernels", [])), d)
 
 
 @dataclass

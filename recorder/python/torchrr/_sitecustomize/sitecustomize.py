@@ -1,9 +1,9 @@
 """torchrr's sitecustomize: records an unchanged Python program under ``torchrr record``.
 
 ``torchrr record -o FILE -- python ...`` puts this directory first on PYTHONPATH and sets
-TORCHRR_OUTPUT (absolute), TORCHRR_NATIVE_STACKS (0/1), TORCHRR_MAX_BUFFERED_BYTES and
-TORCHRR_WHEN_FULL (``drop``). TORCHRR_PYTHON_STACKS (0/1) defaults to TORCHRR_NATIVE_STACKS, so
-``--no-stacks`` turns off every stack. Here:
+TORCHRR_OUTPUT (absolute), TORCHRR_NATIVE_STACKS (0/1), TORCHRR_MAX_BUFFERED_BYTES,
+TORCHRR_WHEN_FULL (``drop``), TORCHRR_VERIFY_SAVED and TORCHRR_CUDA_KERNELS (0/1). TORCHRR_PYTHON_STACKS (0/1) defaults
+to TORCHRR_NATIVE_STACKS, so ``--no-stacks`` turns off every stack. Here:
 
 - Any sitecustomize found later on sys.path (the user's, the distribution's) runs first, as if
   this one were not there.
@@ -104,6 +104,8 @@ def _start_recording():
             python_stacks=_flag("TORCHRR_PYTHON_STACKS", native),
             max_buffered_bytes=int(os.environ.get("TORCHRR_MAX_BUFFERED_BYTES") or 0),
             drop_when_full=os.environ.get("TORCHRR_WHEN_FULL") == "drop",
+            verify_saved=_flag("TORCHRR_VERIFY_SAVED", False),
+            cuda_kernels=_flag("TORCHRR_CUDA_KERNELS", True),
             rank=int(rank) if rank is not None and rank.isdigit() else None)
     except Exception as error:
         _warn(f"not recording: {error}")

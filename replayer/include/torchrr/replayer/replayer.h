@@ -61,9 +61,41 @@ struct OpRef {
 
 enum class ViolationKind : uint8_t {
   kVersion = 0,  // The saved tensor's version counter moved: PyTorch raises (or would have).
-  kSilent = 1,   // Its bytes were written through a tensor with another counter: PyTorch is silent.
+  kSilent = 1,   // Its bytes changed and its counter did not: PyTorch is silent.
 };
 const char* ViolationKindName(ViolationKind kind);  // "version", "silent"
+
+// How a silent write was found.
+enum class SilentEvidence : uint8_t {
+  kNone = 0,          // Not a silent violation.
+  kAliasedWrite = 1,  // A recorded op wrote its bytes through a tensor with another counter.
+  kFingerprint = 2,   // --verify-saved: its bytes' fingerprint changed between save and use, and
+                      // no recorded write explains it (numpy, a raw kernel, an extension).
+};
+const char* SilentEvidenceName(SilentEvidence evidence);  // "", "aliased_write", "fingerprint"
+
+// The saved tensor's bytes' fingerprints (kernels/fingerprint.h), when --verify-saved was on and
+// they differ.
+struct Fingerprints {
+  uint64_t at_save = 0;
+  uint64_t at_use = 0;
+};
+
+// For a silent write found by fingerprint: an op that, between the save and the use, wrote into
+// the saved bytes or made a tensor over them (a view, detach()) through which they could be
+// written outside PyTorch's ops.
+struct SilentCandidate {
+  OpRef op;             // The outermost op the user called.
+  bool wrote = false;   // It bumped a version on those bytes; otherwise it made an alias.
+};
+
+// A CUDA kernel, copy or memset launched outside any recorded op.
+struct KernelRef {
+  std::string name;     // The kernel's name; "[memcpy HtoD]", "[memset]" for copies.
+  int device = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
 
 // The saved tensor, as it was when the node saved it.
 struct SavedTensorRef {
@@ -106,6 +138,12 @@ struct Violation {
   bool simulated = false;
   uint64_t backward_pass = 0;           // Index of the backward pass, from 0.
   format::ObjectId node_exec_op = 0;    // The execution's OpRecord; 0 when simulated.
+  SilentEvidence evidence = SilentEvidence::kNone;  // For kSilent: how it was found.
+  std::optional<Fingerprints> fingerprint;          // When recorded and changed.
+  // kFingerprint: the candidates, in trace order, and the kernels launched outside any op
+  // between the save and the use.
+  std::vector<SilentCandidate> candidates;
+  std::vector<KernelRef> kernels;
 };
 
 // What the analysis found, and how much it looked at.
