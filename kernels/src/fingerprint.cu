@@ -97,6 +97,12 @@ __device__ uint64_t HashInGroup(const Load& load, uint64_t length, uint64_t seed
 __device__ unsigned GroupMask() { return 0xFu << (threadIdx.x % 32 & ~3u); }
 
 // hashes[i] = XXH64(leaf i of the `bytes` bytes at `input`, seed 0) for i < leaves, one group of
+// The length of the leaf that starts at `begin`: a whole leaf, or the rest of the range.
+__device__ __forceinline__ uint64_t LeafLength(uint64_t bytes, uint64_t begin) {
+  const uint64_t rest = bytes - begin;
+  return rest < kFingerprintLeafBytes ? rest : kFingerprintLeafBytes;
+}
+
 // 4 threads per leaf.
 template <typename Load>
 __global__ void __launch_bounds__(kLeafThreads)
@@ -107,10 +113,8 @@ __global__ void __launch_bounds__(kLeafThreads)
   if (leaf >= leaves) return;
   const int lane = static_cast<int>(threadIdx.x % kLanes);
   const uint64_t begin = leaf * kFingerprintLeafBytes;
-  const uint64_t rest = bytes - begin;
-  const uint64_t length = rest < kFingerprintLeafBytes ? rest : kFingerprintLeafBytes;
-  const uint64_t hash =
-      HashInGroup<kLeafKernelBatch>(Load{input + begin}, length, 0, lane, GroupMask());
+  const uint64_t hash = HashInGroup<kLeafKernelBatch>(
+      Load{input + begin}, LeafLength(bytes, begin), 0, lane, GroupMask());
   if (lane == 0) hashes[leaf] = hash;
 }
 
@@ -131,10 +135,8 @@ __global__ void __launch_bounds__(kTopThreads)
     // Uniform within a group of 4: all run the same iterations.
     for (uint64_t leaf = threadIdx.x / kLanes; leaf < leaves; leaf += blockDim.x / kLanes) {
       const uint64_t begin = leaf * kFingerprintLeafBytes;
-      const uint64_t rest = input_bytes - begin;
-      const uint64_t length = rest < kFingerprintLeafBytes ? rest : kFingerprintLeafBytes;
-      const uint64_t hash =
-          HashInGroup<kTopKernelBatch>(Load{input + begin}, length, 0, lane, GroupMask());
+      const uint64_t hash = HashInGroup<kTopKernelBatch>(
+          Load{input + begin}, LeafLength(input_bytes, begin), 0, lane, GroupMask());
       if (lane == 0) leaf_hashes[leaf] = hash;
     }
     __syncthreads();
