@@ -55,6 +55,13 @@ std::mutex g_active_mu;
 std::shared_ptr<Session> g_active;          // Guarded by g_active_mu.
 std::atomic<Session*> g_active_raw{nullptr};  // The callbacks' fast path.
 
+// verify_saved: a saved tensor to fingerprint once mu_ is released (QueueFingerprint).
+struct PendingFingerprint {
+  format::FingerprintRecord record;  // All but the hash, the byte range and the time.
+  at::Tensor data;
+};
+thread_local std::vector<PendingFingerprint> t_fingerprints;
+
 struct ThreadState {
   std::vector<ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
   int backward_depth = 0;          // Backward functions running on this thread.
@@ -142,6 +149,7 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
   explicit CudaSink(Session* session) : session_(session) {}
 
   void OnKernel(const format::CudaKernelRecord& record, std::string_view name) override {
+    if (record.op == kOwnCudaWork) return;
     format::CudaKernelRecord r = record;
     {
       std::lock_guard<std::mutex> lock(session_->mu_);
@@ -149,7 +157,9 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
     }
     group_.emplace_back(r);
   }
-  void OnMemcpy(const format::CudaMemcpyRecord& record) override { group_.emplace_back(record); }
+  void OnMemcpy(const format::CudaMemcpyRecord& record) override {
+    if (record.op != kOwnCudaWork) group_.emplace_back(record);
+  }
   void OnDataLoss(uint64_t records, std::string_view reason) override {
     int64_t now = NowNs();
     group_.emplace_back(format::DataLossRecord{records, 0, now, now, std::string(reason)});
@@ -509,7 +519,6 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     record.variable = RefTensor(accumulate->variable, out);
   }
 
-  std::vector<Record> fingerprints;
   const bool verify = verify_saved_.load(std::memory_order_relaxed);
   record.saved_kind = VisitSavedVariables(
       *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
@@ -531,8 +540,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
           // names the output the program holds instead.
           if (facts.saved_original) saved.tensor = RefTensor(*facts.data, out);
           if (verify) {
-            FingerprintSaved(id, saved.name, list_index, *facts.data, saved.tensor,
-                             format::FingerprintWhen::kAtSave, fingerprints);
+            QueueFingerprint(id, saved.name, list_index, *facts.data, saved.tensor,
+                             format::FingerprintWhen::kAtSave);
           }
         }
         record.saved.push_back(saved);
@@ -570,18 +579,35 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     }
   }
   out.emplace_back(std::move(record));
-  for (auto& fingerprint : fingerprints) out.push_back(std::move(fingerprint));
 }
 
-void Session::FingerprintSaved(ObjectId node, format::InternId name, uint32_t list_index,
-                               const at::Tensor& data, ObjectId tensor, format::FingerprintWhen when,
-                               std::vector<Record>& out) {
-  format::FingerprintRecord fingerprint;
-  std::string error;
-  switch (FingerprintTensorBytes(data, &fingerprint, &error)) {
-    case FingerprintResult::kNotReadable:
-      return;
-    case FingerprintResult::kFailed:
+void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t list_index,
+                               const at::Tensor& data, ObjectId tensor,
+                               format::FingerprintWhen when) {
+  PendingFingerprint pending;
+  pending.record.node = node;
+  pending.record.saved_name = name;
+  pending.record.list_index = list_index;
+  pending.record.storage = StorageId(*data.unsafeGetTensorImpl());
+  pending.record.tensor = tensor;
+  pending.record.when = when;
+  pending.data = data;
+  t_fingerprints.push_back(std::move(pending));
+}
+
+void Session::TakeFingerprints(std::vector<Record>& out) {
+  if (t_fingerprints.empty()) return;
+  std::vector<PendingFingerprint> pending;
+  pending.swap(t_fingerprints);
+  for (PendingFingerprint& p : pending) {
+    if (!verify_saved_.load(std::memory_order_relaxed)) return;
+    std::string error;
+    // torchrr's own kernels and copies: marked so that CUPTI's records of them are dropped.
+    const bool own_cuda = cuda_tracer_ && p.data.is_cuda();
+    if (own_cuda) cuda_tracer_->PushOp(kOwnCudaWork);
+    FingerprintResult result = FingerprintTensorBytes(p.data, &p.record, &error);
+    if (own_cuda) cuda_tracer_->PopOp();
+    if (result == FingerprintResult::kFailed) {
       if (verify_saved_.exchange(false)) {
         std::fprintf(stderr,
                      "torchrr: warning: --verify-saved turned off: cannot fingerprint a saved "
@@ -589,18 +615,11 @@ void Session::FingerprintSaved(ObjectId node, format::InternId name, uint32_t li
                      error.c_str());
       }
       return;
-    case FingerprintResult::kDone:
-      break;
+    }
+    if (result != FingerprintResult::kDone) continue;
+    p.record.time_ns = NowNs();
+    out.emplace_back(p.record);
   }
-  const c10::TensorImpl& impl = *data.unsafeGetTensorImpl();
-  fingerprint.node = node;
-  fingerprint.saved_name = name;
-  fingerprint.list_index = list_index;
-  fingerprint.storage = StorageId(impl);
-  fingerprint.tensor = tensor;
-  fingerprint.when = when;
-  fingerprint.time_ns = NowNs();
-  out.emplace_back(fingerprint);
 }
 
 void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
@@ -616,8 +635,8 @@ void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
         if (!verify_saved_.load(std::memory_order_relaxed)) return;
         SavedVariableFacts facts = ReadSavedVariable(sv);
         if (facts.data == nullptr) return;
-        FingerprintSaved(entry->id, InternString(name, out), list_index, *facts.data, 0,
-                         format::FingerprintWhen::kAtUse, out);
+        QueueFingerprint(entry->id, InternString(name, out), list_index, *facts.data, 0,
+                         format::FingerprintWhen::kAtUse);
       });
 }
 
@@ -763,9 +782,11 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's start: ") + e.what());
     frame.reset();
+    t_fingerprints.clear();
   }
-  // Last, outside mu_: CUDA work launched from here on is this op's (torchrr's own fingerprint
-  // kernels above are not).
+  // Outside mu_: hashing saved bytes (on CUDA, a kernel and a wait) blocks no other thread.
+  if (frame) TakeFingerprints(frame->before);
+  // Last: CUDA work launched from here on is this op's.
   if (frame && cuda_tracer_) cuda_tracer_->PushOp(frame->op.op);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   return frame;
@@ -887,11 +908,13 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       group.emplace_back(std::move(op));
       if (has_exec) group.emplace_back(exec);
     }
+    TakeFingerprints(group);  // Outside mu_; after the NodeRecords they name.
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     PushGroup(group);
     if (cuda_tracer_) MaybeFlushCuda();
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's end: ") + e.what());
+    t_fingerprints.clear();
   }
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
 }

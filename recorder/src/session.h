@@ -37,6 +37,8 @@ namespace torchrr::recorder {
 struct OpFrame;
 
 inline constexpr size_t kMaxPythonFrames = 48;
+// The CUPTI external correlation id of torchrr's own CUDA work (fingerprints): dropped.
+inline constexpr uint64_t kOwnCudaWork = ~uint64_t{0};
 
 class Session {
  public:
@@ -93,12 +95,16 @@ class Session {
   void StartCudaTracer();
   void MaybeFlushCuda();
   void ForgetInterned();  // After a dropped group: everything is defined again on next use.
-  // verify_saved: the FingerprintRecord of one saved tensor (node, name, list index), appended to
-  // `out`; nothing when its bytes cannot be read. A CUDA failure turns verification off, once.
-  void FingerprintSaved(format::ObjectId node, format::InternId name, uint32_t list_index,
+  // verify_saved: queues the fingerprint of one saved tensor (node, name, list index) on this
+  // thread, under mu_; TakeFingerprints() computes the queued ones, without mu_, and appends their
+  // FingerprintRecords to `out` (nothing for bytes it cannot read). A CUDA failure turns
+  // verification off, once.
+  void QueueFingerprint(format::ObjectId node, format::InternId name, uint32_t list_index,
                         const at::Tensor& data, format::ObjectId tensor,
-                        format::FingerprintWhen when, std::vector<format::Record>& out);
-  // verify_saved, at a backward function's start: the fingerprints of what its node saved.
+                        format::FingerprintWhen when);
+  void TakeFingerprints(std::vector<format::Record>& out);
+  // verify_saved, at a backward function's start: queues the fingerprints of what its node saved
+  // (names interned into `out`).
   void FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
                         std::vector<format::Record>& out);
 
