@@ -54,7 +54,7 @@ note "machine"
   nproc
 } | tee "$OUT/machine.txt"
 DEVICES=cpu,cuda
-BUILD_LIMIT=300
+BUILD_LIMIT=360
 BENCH=(--device cuda --dtype bfloat16 --hidden 2048 --layers 8 --seq 1024 --batch 8 --vocab 32000
        --rounds 3 --steps 5)
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
