@@ -56,7 +56,8 @@ json ToJson(const TensorInfo& r) {
           {"is_leaf", r.is_leaf},
           {"grad_fn", r.grad_fn},
           {"output_nr", r.output_nr},
-          {"storage_nbytes", r.storage_nbytes}};
+          {"storage_nbytes", r.storage_nbytes},
+          {"storage_address", r.storage_address}};
 }
 
 json ToJson(const Value& v) {

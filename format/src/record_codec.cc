@@ -91,7 +91,8 @@ class Encoder {
     auto strides = MaybeVector(fbb_, r.strides);
     return fb::CreateTensorInfo(fbb_, tensor, storage, counter, r.dtype, r.device.type,
                                 r.device.index, shape, strides, r.storage_offset, r.requires_grad,
-                                r.is_leaf, grad_fn, r.output_nr, r.storage_nbytes)
+                                r.is_leaf, grad_fn, r.output_nr, r.storage_nbytes,
+                                r.storage_address)
         .Union();
   }
   fbs::Offset<void> operator()(const OpRecord& r) {
@@ -249,6 +250,7 @@ void Decode(const fb::TensorInfo& in, IdCoder& ids, TimeCoder&, Record& out) {
   r.is_leaf = in.is_leaf();
   r.output_nr = in.output_nr();
   r.storage_nbytes = in.storage_nbytes();
+  r.storage_address = in.storage_address();
 }
 void Decode(const fb::OpRecord& in, IdCoder& ids, TimeCoder& times, Record& out) {
   auto& r = Emplace<OpRecord>(out);

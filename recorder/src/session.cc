@@ -444,12 +444,18 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   const c10::Device device = impl->device();
   const auto dtype = static_cast<format::DType>(impl->dtype().toScalarType());
   const uint64_t nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
+  // verify_saved: where the bytes are, so that a write through another storage over the same
+  // memory (from_blob, DLPack) can be named. Not otherwise: it costs trace bytes.
+  const uint64_t address =
+      verify_saved_.load(std::memory_order_relaxed) && impl->has_storage()
+          ? reinterpret_cast<uint64_t>(impl->unsafe_storage().data())
+          : 0;
   const format::TensorInfo& last = entry.extra;
   if (!created && last.tensor != 0 && last.storage == storage && last.version_counter == counter &&
       last.grad_fn == grad_fn_id && last.output_nr == output_nr && last.dtype == dtype &&
       last.device.type == static_cast<int8_t>(device.type()) &&
       last.requires_grad == impl->requires_grad() && last.is_leaf == (grad_fn == nullptr) &&
-      last.storage_nbytes == nbytes &&
+      last.storage_nbytes == nbytes && last.storage_address == address &&
       (!strided || (last.storage_offset == impl->storage_offset() &&
                     std::equal(last.shape.begin(), last.shape.end(), impl->sizes().begin(),
                                impl->sizes().end()) &&
@@ -477,6 +483,7 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   info.grad_fn = grad_fn_id;
   info.output_nr = output_nr;
   info.storage_nbytes = nbytes;
+  info.storage_address = address;
   entry.extra = info;
   out.emplace_back(std::move(info));
   return entry.id;

@@ -125,6 +125,7 @@ struct OpInfo {
 
 struct TensorState {
   ObjectId storage = 0;
+  uint64_t storage_address = 0;  // Format 1.1, --verify-saved traces only.
   ObjectId counter = 0;
   ObjectId grad_fn = 0;
   int64_t storage_offset = 0;
@@ -177,6 +178,11 @@ struct SavedState {
   bool has_fingerprint = false;
   bool use_pending = false;
   ObjectId saved_by = 0;  // The op that created the node: its own record follows the save.
+  // Where its bytes were in the recorded process (--verify-saved traces), [first, last); 0 when
+  // unknown. `address_watched`: in addressed_saved_, until its node runs.
+  uint64_t address_first = 0;
+  uint64_t address_last = 0;
+  bool address_watched = false;
   uint64_t hash_at_save = 0;
   uint64_t hash_at_use = 0;
   int64_t save_ns = 0;
@@ -314,6 +320,7 @@ class Analyzer::Impl {
     }
     TensorState& t = tensors_[slot];
     t.storage = r.storage;
+    t.storage_address = r.storage_address;
     t.counter = r.version_counter;
     t.grad_fn = r.grad_fn;
     t.storage_offset = r.storage_offset;
@@ -528,6 +535,10 @@ class Analyzer::Impl {
         s.device = t->device;
         std::tie(s.byte_first, s.byte_last) =
             layouts_.ByteRange(t->layout, t->storage_offset, DTypeSize(t->dtype));
+        if (t->storage_address != 0 && s.byte_last != UINT64_MAX) {
+          s.address_first = t->storage_address + s.byte_first;
+          s.address_last = t->storage_address + s.byte_last;
+        }
       }
       saved_.push_back(std::move(s));
     }
@@ -576,6 +587,7 @@ class Analyzer::Impl {
     for (uint32_t i = 0; i < node.saved_count; ++i) {
       uint32_t w = node.saved_begin + i;
       SavedState& s = saved_[w];
+      s.address_watched = false;  // Dropped from addressed_saved_ lazily.
       if (!Checked(s.saved) || s.saved.storage == 0) continue;
       if (s.watch_prev != UINT32_MAX) {
         saved_[s.watch_prev].watch_next = s.watch_next;
@@ -922,6 +934,10 @@ class Analyzer::Impl {
       if (s.saved.name != r.saved_name || s.saved.list_index != r.list_index) continue;
       if (r.when == format::FingerprintWhen::kAtSave) {
         if (!s.has_fingerprint) ++fingerprinted_;
+        if (s.address_first != 0 && !s.address_watched && node.watched) {
+          s.address_watched = true;
+          addressed_saved_.push_back(node.saved_begin + i);
+        }
         s.has_fingerprint = true;
         s.hash_at_save = r.hash;
         s.save_ns = r.time_ns;
@@ -950,22 +966,56 @@ class Analyzer::Impl {
         SavedState& s = saved_[w];
         if (!s.has_fingerprint || r.op == s.saved_by) continue;
         if (last <= s.byte_first || s.byte_last <= first) continue;
-        if (s.touch_tail != UINT32_MAX && touches_[s.touch_tail].op == r.op) {
-          touches_[s.touch_tail].wrote |= wrote;
-          continue;
-        }
-        uint32_t index = static_cast<uint32_t>(touches_.size());
-        touches_.push_back({r.op, seq_, wrote, UINT32_MAX});
-        if (s.touch_tail == UINT32_MAX) {
-          s.touch_head = index;
-        } else {
-          touches_[s.touch_tail].next = index;
-        }
-        s.touch_tail = index;
+        AddTouch(s, r.op, wrote);
       }
     };
     for (const auto& use : r.inputs) visit(use, false);
     for (const auto& use : r.outputs) visit(use, true);
+    if (!addressed_saved_.empty()) NoteWritesThroughOtherStorages(r);
+  }
+
+  // A write through a tensor whose storage is another one over the same memory (from_blob,
+  // DLPack: another StorageImpl, another counter) is a write into the saved bytes all the same.
+  // Needs the storages' addresses (--verify-saved traces).
+  void NoteWritesThroughOtherStorages(const format::OpRecord& r) {
+    auto visit = [&](const format::TensorUse& use) {
+      if (use.version_after <= use.version_before) return;
+      const TensorState* tensor = FindTensor(use.tensor);
+      if (tensor == nullptr || tensor->storage_address == 0) return;
+      auto [first, last] =
+          layouts_.ByteRange(tensor->layout, tensor->storage_offset, DTypeSize(tensor->dtype));
+      if (last == UINT64_MAX) return;
+      const uint64_t address_first = tensor->storage_address + first;
+      const uint64_t address_last = tensor->storage_address + last;
+      for (uint32_t w : addressed_saved_) {
+        SavedState& s = saved_[w];
+        if (!s.address_watched || s.saved.storage == tensor->storage) continue;
+        if (address_last <= s.address_first || s.address_last <= address_first) continue;
+        AddTouch(s, r.op, /*wrote=*/true);
+      }
+    };
+    for (const auto& use : r.inputs) visit(use);
+    for (const auto& use : r.outputs) visit(use);
+    // Saved tensors whose nodes ran are dropped once they are most of the list.
+    if (addressed_saved_.size() >= 2 * addressed_live_hint_ + 64) {
+      std::erase_if(addressed_saved_, [this](uint32_t w) { return !saved_[w].address_watched; });
+      addressed_live_hint_ = addressed_saved_.size();
+    }
+  }
+
+  void AddTouch(SavedState& s, ObjectId op, bool wrote) {
+    if (s.touch_tail != UINT32_MAX && touches_[s.touch_tail].op == op) {
+      touches_[s.touch_tail].wrote |= wrote;
+      return;
+    }
+    uint32_t index = static_cast<uint32_t>(touches_.size());
+    touches_.push_back({op, seq_, wrote, UINT32_MAX});
+    if (s.touch_tail == UINT32_MAX) {
+      s.touch_head = index;
+    } else {
+      touches_[s.touch_tail].next = index;
+    }
+    s.touch_tail = index;
   }
 
   // --- The report ------------------------------------------------------------------------------
@@ -1281,6 +1331,10 @@ class Analyzer::Impl {
   std::vector<StorageTouch> touches_;
   std::vector<LooseKernel> loose_kernels_;
   uint64_t fingerprinted_ = 0;           // Saved tensors with a fingerprint at save.
+  // Fingerprinted saved tensors with known addresses, watched for writes through other storages
+  // over the same memory; entries whose node ran are dropped lazily.
+  std::vector<uint32_t> addressed_saved_;
+  size_t addressed_live_hint_ = 0;
   std::vector<uint32_t> storage_heads_;  // By storage slot: first watched saved_ slot.
   // Per thread, the open ops that already have ended children, innermost last, with the first
   // record of their subtree so far. Ops nest properly on a thread, so a stack is enough.

@@ -110,8 +110,8 @@ void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sour
       out << "   " << p.Gutter("=") << " culprit: " << label << "\n";
     }
   } else if (v.evidence == SilentEvidence::kFingerprint) {
-    out << "  " << p.Gutter("-->") << " <the write was not recorded: its bytes changed between "
-        << "the save and the use (fingerprints), and no recorded op wrote them>\n";
+    out << "  " << p.Gutter("-->") << " <no version counter saw the write: the saved bytes "
+        << "changed between the save and the use (fingerprints)>\n";
     if (v.candidates.empty() && v.kernels.empty()) {
       out << "   " << p.Gutter("=") << " no recorded op or kernel touched those bytes in between: "
           << "the write came from outside PyTorch's ops (numpy, a raw pointer, a C extension)\n";

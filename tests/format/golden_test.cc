@@ -103,7 +103,25 @@ TEST(Golden, V1_0ReadsEveryKind) {
   EXPECT_EQ(Nth<FingerprintRecord>(trace, 1).when, FingerprintWhen::kAtUse);
   EXPECT_EQ(Nth<FingerprintRecord>(trace, 1).time_ns, 2'000'003'000);
 
-  // And every field of every record, as sample_records.cc made them.
+  // And every field of every record, as sample_records.cc made them, but for the fields added
+  // since 1.0, which read as their defaults.
+  std::vector<Record> want = testing::ManySteps(2);
+  for (Record& r : want) {
+    if (auto* t = std::get_if<TensorInfo>(&r)) t->storage_address = 0;  // 1.1
+  }
+  ASSERT_EQ(trace.records.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(RecordToJson(trace.records[i]), RecordToJson(want[i])) << "record " << i;
+  }
+}
+
+TEST(Golden, V1_1ReadsEveryField) {
+  Trace trace = ReadTraceFileAll(kGolden + "/v1_1.trr");
+  ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  EXPECT_EQ(trace.summary.header.major, 1);
+  EXPECT_EQ(trace.summary.header.minor, 1);
+  EXPECT_EQ(trace.summary.header.oldest_reader_minor, 0);
+  EXPECT_EQ(Nth<TensorInfo>(trace, 1).storage_address, 0x7f3a12345000u);
   std::vector<Record> want = testing::ManySteps(2);
   ASSERT_EQ(trace.records.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
@@ -121,7 +139,7 @@ TEST(Golden, ErrorFiles) {
       {"truncated.trr", StatusCode::kTruncated, "truncated after chunk 2"},
       {"corrupt.trr", StatusCode::kCorrupt, "chunk 3 @ 0x"},
       {"too_new.trr", StatusCode::kTooNew,
-       "written by torchrr format 2.0; this torchrr reads up to 1.0"},
+       "written by torchrr format 2.0; this torchrr reads up to 1.1"},
       {"not_a_trace.trr", StatusCode::kNotATrace, "not a torchrr trace"},
   };
   for (const Case& c : cases) {

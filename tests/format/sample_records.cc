@@ -42,6 +42,7 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   tensor.grad_fn = id(20);
   tensor.output_nr = 2;
   tensor.storage_nbytes = 67108864;
+  tensor.storage_address = 0x7f3a12345000;
   out.push_back(tensor);
 
   OpRecord op;

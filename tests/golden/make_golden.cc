@@ -3,7 +3,8 @@
 //
 //   build/bin/make_golden tests/golden
 //
-// v1_0.trr: every record kind (tests/format/sample_records.cc, two steps) in several chunks.
+// v1_<minor>.trr: every record kind (tests/format/sample_records.cc, two steps) in several chunks,
+// as this version writes them (v1_0.trr by format 1.0, v1_1.trr by 1.1; the older ones stay).
 // errors/: truncated.trr (cut inside chunk 3), corrupt.trr (a payload byte of chunk 3 flipped),
 // too_new.trr (format 2.0, oldest reader 2.0), not_a_trace.trr (text).
 #include <cstdio>
@@ -53,7 +54,9 @@ int main(int argc, char** argv) {
   std::string too_new = trace;
   const char version[8] = {2, 0, 0, 0, 2, 0, 0, 0};
   too_new.replace(8, 8, version, 8);
-  bool ok = WriteFile(dir + "/v1_0.trr", trace) &&
+  const std::string name = "/v" + std::to_string(kFormatMajor) + "_" +
+                           std::to_string(kFormatMinor) + ".trr";
+  bool ok = WriteFile(dir + name, trace) &&
             WriteFile(dir + "/errors/truncated.trr",
                       trace.substr(0, third.offset + 24 + third.compressed_bytes / 2)) &&
             WriteFile(dir + "/errors/corrupt.trr", corrupt) &&

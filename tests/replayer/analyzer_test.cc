@@ -347,6 +347,33 @@ TEST(AnalyzerTest, FingerprintsExplainedByARecordedWriteAddNoViolation) {
   }
 }
 
+// An extension writes a saved tensor through torch::from_blob over its data_ptr(): another storage,
+// another counter, the same memory. With addresses in the trace (--verify-saved), that write is
+// named as a candidate that wrote.
+TEST(AnalyzerTest, WriteThroughAnotherStorageOverTheSameMemoryIsACandidate) {
+  TraceBuilder b;
+  b.addresses = true;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  b.FingerprintAtSave(y.node, "result", 1);
+  auto elsewhere = b.Tensor({4, 8});  // Another storage, other memory: not a candidate.
+  b.Inplace("aten::zero_", elsewhere, {}, b.At(12), false);
+  auto alias = b.Alias(y.out);
+  auto write = b.Inplace("aten::mul_", alias, {}, b.At(13), false);
+  b.FingerprintAtUse(y.node, "result", 2);
+  b.Backward({y.node});
+  b.Inplace("aten::mul_", alias, {}, b.At(14), false);  // After the use: fine.
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.evidence, SilentEvidence::kFingerprint);
+  ASSERT_EQ(v.candidates.size(), 1u);
+  EXPECT_EQ(v.candidates[0].op.id, write);
+  EXPECT_TRUE(v.candidates[0].wrote);
+  EXPECT_NE(FormatText(report, false).find("candidate: aten::mul_ wrote into them at train.py:13"),
+            std::string::npos) << FormatText(report, false);
+}
+
 // A raw CUDA kernel launched outside any op, between the save and the use, is a candidate.
 TEST(AnalyzerTest, KernelsOutsideOpsBetweenSaveAndUseAreCandidates) {
   TraceBuilder b;

@@ -65,6 +65,8 @@ struct OpSpec {
 class TraceBuilder {
  public:
   std::vector<Record> records;
+  // Give storages addresses (as --verify-saved traces have them): new storages get distinct ones.
+  bool addresses = false;
 
   ObjectId NewId() { return ++next_id_; }
 
@@ -117,6 +119,21 @@ class TraceBuilder {
     t.grad_fn = grad_fn;
     t.output_nr = output_nr;
     t.storage_nbytes = 4 * Numel(shape);
+    if (addresses) t.storage_address = 0x100000 * t.storage;
+    Emit(t);
+    return t.tensor;
+  }
+
+  // torch::from_blob(base.data_ptr(), ...) or a DLPack alias: another storage and counter over the
+  // same memory.
+  ObjectId Alias(ObjectId base) {
+    format::TensorInfo t = Info(base);
+    t.tensor = NewId();
+    t.storage = NewId();
+    t.version_counter = NewId();
+    t.requires_grad = false;
+    t.is_leaf = true;
+    t.grad_fn = 0;
     Emit(t);
     return t.tensor;
   }

@@ -85,6 +85,15 @@ def check_silent(bug, rec, rep, violations):
     if not (vframe.get("file", "").endswith(vfile) and vframe.get("line") == vline):
         problems.append(f"victim at {vframe.get('file')}:{vframe.get('line')}, "
                         f"expected {vfile}:{vline}")
+    # The write went through another storage over the same memory: a candidate that wrote, called
+    # from the BUG line.
+    bfile, bline = culprits[bug]
+    writers = [c for c in first.get("candidates", []) if c.get("role") == "wrote" and
+               any(f.get("file", "").endswith(bfile) and f.get("line") == bline
+                   for f in c.get("stack", []))]
+    if not writers:
+        problems.append(f"no candidate that wrote, called from {bfile}:{bline}: "
+                        f"{[(c.get('op'), c.get('user_frame')) for c in first.get('candidates', [])]}")
     check(bug, not problems, "; ".join(problems))
 
 

@@ -91,6 +91,9 @@ struct TensorInfo {
   ObjectId grad_fn = 0;           // NodeRecord id, 0 for leaves and tensors without history.
   uint32_t output_nr = 0;         // Which output of grad_fn this tensor is.
   uint64_t storage_nbytes = 0;
+  // The storage's data pointer in the recorded process (format 1.1), written with --verify-saved
+  // only, else 0: two storages over the same memory (from_blob, DLPack) alias each other.
+  uint64_t storage_address = 0;
 };
 
 // One tensor argument or output of an op, with its version counter's value at the op's start and
