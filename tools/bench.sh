@@ -19,3 +19,15 @@ if [ -f samples/python/bench_peft.py ]; then
   echo "## Recorder: the PEFT LoRA step on the CPU (Python)"
   .venv/bin/python samples/python/bench_peft.py
 fi
+if [ -x "$B/bin/bench_fingerprint" ]; then
+  echo
+  echo "## Storage fingerprints (kernels/): CPU, and CUDA next to a device copy when a GPU is here"
+  "$B/bin/bench_fingerprint"
+fi
+if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo
+  echo "## Recorder: a bf16 PEFT LoRA step on CUDA (target: torchrr at most 1.05x)"
+  .venv/bin/python samples/python/bench_peft.py --device cuda --dtype bfloat16 --hidden 2048 \
+    --layers 8 --seq 1024 --batch 8 --vocab 32000 --rounds 3 --steps 5 \
+    --configs plain,torchrr,profiler --verify-saved
+fi
