@@ -3,7 +3,8 @@
 // run (rounds interleave the three, so machine noise hits them alike), reported as ratios to
 // plain; plus trace bytes per op and the process's peak memory growth while recording.
 //
-// Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR]
+// Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
+//                       [--hidden H] [--seq S]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -49,11 +50,19 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir);
   size_t max_buffer_mb = 256;
   app.add_option("--max-buffer-mb", max_buffer_mb, "The recorder's queue bound");
+  bool floor = false;
+  app.add_flag("--floor", floor,
+               "Also time an empty RecordFunction callback that asks for what the recorder asks "
+               "for (inputs, outputs, ids): the part of the overhead that is torch's own");
+  samples::LlamaConfig config;
+  // A smaller model runs the same ops with less arithmetic: for instruction counts under
+  // callgrind, where the matrix products would dominate the run time.
+  app.add_option("--hidden", config.hidden_size);
+  app.add_option("--seq", config.max_seq_len);
   CLI11_PARSE(app, argc, argv);
   std::filesystem::create_directories(dir);
   at::set_num_threads(threads);
 
-  samples::LlamaConfig config;
   config.intermediate_size = (config.hidden_size * 8 / 3 + 31) / 32 * 32;
   torch::manual_seed(0);
   samples::LlamaForCausalLM model(config, samples::Bug::kNone);
@@ -74,6 +83,7 @@ int main(int argc, char** argv) {
     const char* name;
     bool record;
     bool stacks;
+    bool empty_callback = false;
     std::vector<double> step_ms;
     std::vector<double> stop_ms;
     uint64_t ops = 0;
@@ -81,6 +91,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Config> configs = {{"plain", false, false, {}}, {"recorder, stacks on", true, true, {}},
                                  {"recorder, stacks off", true, false, {}}};
+  if (floor) configs.push_back({"empty callback", false, false, true, {}});
   for (int round = 0; round < rounds; ++round) {
     for (auto& c : configs) {
       std::string path = dir + "/round" + std::to_string(round) + (c.stacks ? "_s" : "_n") + ".trr";
@@ -92,11 +103,26 @@ int main(int argc, char** argv) {
         options.max_buffered_bytes = max_buffer_mb << 20;
         recorder.emplace(options);
       }
+      at::CallbackHandle empty_callback = 0;
+      if (c.empty_callback) {
+        empty_callback = at::addGlobalCallback(
+            at::RecordFunctionCallback(
+                [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> {
+                  return nullptr;
+                },
+                [](const at::RecordFunction&, at::ObserverContext*) {})
+                .needsInputs(true)
+                .needsOutputs(true)
+                .needsIds(true)
+                .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                         at::RecordScope::USER_SCOPE}));
+      }
       step();  // The first recorded step interns what later steps repeat: not timed.
       auto start = Clock::now();
       for (int i = 0; i < steps; ++i) step();
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       c.step_ms.push_back(ms / steps);
+      if (empty_callback != 0) at::removeCallback(empty_callback);
       if (recorder) {
         auto stop_start = Clock::now();
         recorder->Stop();  // Drains the queue, symbolizes new frames, closes the file.

@@ -67,6 +67,14 @@ struct ThreadState {
   int backward_depth = 0;          // Backward functions running on this thread.
   size_t user_scopes = 0;          // record_function() ranges among op_stack.
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
+  // OnEnd's working vectors, kept between ops so that their capacity is reused: an op's end
+  // would otherwise allocate and free each of them (OnEnd does not nest: torchrr's own ops are
+  // ignored). Empty between ops.
+  std::vector<Record> group;
+  std::vector<Record> after;
+  std::vector<Record> nodes;
+  std::vector<at::Tensor> touched;
+  std::vector<std::pair<uint16_t, uint16_t>> positions;
 };
 thread_local ThreadState t_state;
 
@@ -715,6 +723,12 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       op.inputs.push_back(use);
       frame->input_counters.push_back(std::move(counter));
     };
+    // One allocation each for the common case (no tensor lists).
+    size_t n_tensors = 0;
+    for (const c10::IValue& v : inputs) n_tensors += v.isTensor() ? 1 : 0;
+    op.inputs.reserve(n_tensors);
+    frame->input_counters.reserve(n_tensors);
+    op.values.reserve(inputs.size() - n_tensors);
     for (size_t i = 0; i < inputs.size(); ++i) {
       const c10::IValue& v = inputs[i];
       auto position = static_cast<uint16_t>(i);
@@ -824,14 +838,27 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
     }
     frame.input_counters.clear();
 
-    std::vector<Record> group = std::move(frame.before);
-    std::vector<Record> after;
+    std::vector<Record>& group = t_state.group;
+    std::vector<Record>& after = t_state.after;
+    std::vector<Record>& nodes = t_state.nodes;
+    std::vector<at::Tensor>& touched = t_state.touched;  // Parallel to op.outputs.
+    std::vector<std::pair<uint16_t, uint16_t>>& positions = t_state.positions;
+    // Whatever happens below, the scratch vectors are left empty (and the tensors released).
+    struct ClearScratch {
+      ~ClearScratch() {
+        t_state.group.clear();
+        t_state.after.clear();
+        t_state.nodes.clear();
+        t_state.touched.clear();
+        t_state.positions.clear();
+      }
+    } clear_scratch;
+    for (auto& r : frame.before) group.push_back(std::move(r));
+    frame.before.clear();
     const auto& outputs = fn.outputs();
     {
       std::lock_guard<std::mutex> lock(mu_);
       // Outputs, in order: tensors and the positions they came from.
-      std::vector<at::Tensor> touched;  // Parallel to op.outputs.
-      std::vector<std::pair<uint16_t, uint16_t>> positions;
       for (size_t i = 0; i < outputs.size(); ++i) {
         const c10::IValue& v = outputs[i];
         if (v.isTensor()) {
@@ -850,7 +877,6 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       }
       // The nodes this op created, first (so the outputs' TensorInfo can name them): the outputs'
       // grad_fn, and for an in-place op on a view the CopySlices autograd put on the view's base.
-      std::vector<Record> nodes;
       for (const at::Tensor& t : touched) {
         torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (grad_fn != nullptr) RefNode(grad_fn, &frame, nodes);
@@ -864,6 +890,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
           }
         }
       }
+      op.outputs.reserve(touched.size());
       for (size_t i = 0; i < touched.size(); ++i) {
         const at::Tensor& t = touched[i];
         format::TensorUse use;
