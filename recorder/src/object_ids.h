@@ -71,11 +71,20 @@ class ObjectIdTable {
   }
 
   size_t size() const { return entries_.size(); }
-  void Clear() { entries_.clear(); }
+  void Clear() {
+    entries_.clear();
+    ++sweeps_;
+  }
+
+  // How many times entries were removed. While it stays the same, an address that had an entry
+  // still has that entry, with the same id, for as long as the object there lives: the entry's weak
+  // reference keeps the address from going to another object. Callers use it to cache ids.
+  uint64_t sweeps() const { return sweeps_; }
 
  private:
   void MaybeSweep() {
     if (entries_.size() < sweep_at_) return;
+    ++sweeps_;
     for (auto it = entries_.begin(); it != entries_.end();) {
       it = it->second.weak.expired() ? entries_.erase(it) : std::next(it);
     }
@@ -85,6 +94,7 @@ class ObjectIdTable {
   static constexpr size_t kMinSweep = 1024;
   std::unordered_map<const void*, Entry> entries_;
   size_t sweep_at_ = kMinSweep;
+  uint64_t sweeps_ = 0;
 };
 
 }  // namespace torchrr::recorder

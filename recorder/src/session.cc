@@ -113,8 +113,9 @@ c10::ArrayRef<const c10::IValue> InputsOf(const at::RecordFunction& fn) {
 }
 
 struct BusyGuard {
-  BusyGuard() { t_state.busy = true; }
-  ~BusyGuard() { t_state.busy = false; }
+  explicit BusyGuard(ThreadState& state) : state(state) { state.busy = true; }
+  ~BusyGuard() { state.busy = false; }
+  ThreadState& state;
 };
 
 std::vector<std::string> ReadCommandLine() {
@@ -328,7 +329,7 @@ void Session::RecordError(format::ErrorKind kind, const std::string& type,
                           const std::string& message) {
   if (!recording()) return;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  BusyGuard busy;
+  BusyGuard busy(t_state);
   std::vector<Record> group;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -443,8 +444,19 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
       next_id_, created);
 
   // Most uses of a tensor find its metadata unchanged: compare in place, build only on change.
-  const ObjectId storage = StorageId(*impl);
-  const ObjectId counter = VersionCounterId(*impl);
+  TensorState& state = entry.extra;
+  const void* storage_impl = nullptr;
+  if (impl->has_storage()) storage_impl = impl->unsafe_storage().unsafeGetStorageImpl();
+  const void* counter_impl = VersionCounterOf(*impl);
+  const bool known = !created && state.last.tensor != 0;
+  const ObjectId storage = known && storage_impl == state.storage_impl &&
+                                   state.storage_sweeps == storages_.sweeps()
+                               ? state.last.storage
+                               : StorageId(*impl);
+  const ObjectId counter = known && counter_impl == state.counter_impl &&
+                                   state.counter_sweeps == counters_.sweeps()
+                               ? state.last.version_counter
+                               : VersionCounterId(*impl);
   const bool strided = impl->layout() == c10::kStrided;
   torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
   const ObjectId grad_fn_id = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
@@ -454,21 +466,27 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   const uint64_t nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
   // verify_saved: where the bytes are, so that a write through another storage over the same
   // memory (from_blob, DLPack) can be named. Not otherwise: it costs trace bytes.
-  const uint64_t address =
+  const uint64_t data_address =
       verify_saved_.load(std::memory_order_relaxed) && impl->has_storage()
           ? reinterpret_cast<uint64_t>(impl->unsafe_storage().data())
           : 0;
-  const format::TensorInfo& last = entry.extra;
-  if (!created && last.tensor != 0 && last.storage == storage && last.version_counter == counter &&
+  const format::TensorInfo& last = state.last;
+  if (known && last.storage == storage && last.version_counter == counter &&
       last.grad_fn == grad_fn_id && last.output_nr == output_nr && last.dtype == dtype &&
       last.device.type == static_cast<int8_t>(device.type()) &&
       last.requires_grad == impl->requires_grad() && last.is_leaf == (grad_fn == nullptr) &&
-      last.storage_nbytes == nbytes && last.storage_address == address &&
+      last.storage_nbytes == nbytes && last.storage_address == data_address &&
       (!strided || (last.storage_offset == impl->storage_offset() &&
                     std::equal(last.shape.begin(), last.shape.end(), impl->sizes().begin(),
                                impl->sizes().end()) &&
                     std::equal(last.strides.begin(), last.strides.end(),
                                impl->strides().begin(), impl->strides().end())))) {
+    // The ids are those of the objects the tensor holds now: (re)start caching them, also after a
+    // sweep.
+    state.storage_impl = storage_impl;
+    state.counter_impl = counter_impl;
+    state.storage_sweeps = storages_.sweeps();
+    state.counter_sweeps = counters_.sweeps();
     return entry.id;
   }
 
@@ -491,8 +509,12 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   info.grad_fn = grad_fn_id;
   info.output_nr = output_nr;
   info.storage_nbytes = nbytes;
-  info.storage_address = address;
-  entry.extra = info;
+  info.storage_address = data_address;
+  state.last = info;
+  state.storage_impl = storage_impl;
+  state.counter_impl = counter_impl;
+  state.storage_sweeps = storages_.sweeps();
+  state.counter_sweeps = counters_.sweeps();
   out.emplace_back(std::move(info));
   return entry.id;
 }
@@ -657,7 +679,10 @@ void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
 
 std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  BusyGuard busy;
+  // One access to the thread_local: in a shared library each one is a call (__tls_get_addr and
+  // the initialization check), and they added up to several hundred instructions per op.
+  ThreadState& ts = t_state;
+  BusyGuard busy(ts);
   std::unique_ptr<OpFrame> frame;
   try {
     frame = std::make_unique<OpFrame>();
@@ -671,7 +696,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     op.sequence_nr = fn.seqNr();
     op.forward_thread = fn.forwardThreadId();
     op.grad_mode = at::GradMode::is_enabled();
-    op.parent = t_state.op_stack.empty() ? 0 : t_state.op_stack.back();
+    op.parent = ts.op_stack.empty() ? 0 : ts.op_stack.back();
 
     // Stacks for top-level ops outside backward: nested ops share their top-level op's stack,
     // and ops run by autograd's engine have no user frames.
@@ -680,8 +705,8 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     bool is_backward = op.scope == format::OpScope::kBackwardFunction;
     // An op inside record_function() ranges only (torch.optim's step, a user's profiler range)
     // is one the user called: it gets a stack too.
-    bool outermost = t_state.op_stack.size() == t_state.user_scopes;
-    if (options_.native_stacks && outermost && t_state.backward_depth == 0 &&
+    bool outermost = ts.op_stack.size() == ts.user_scopes;
+    if (options_.native_stacks && outermost && ts.backward_depth == 0 &&
         !is_backward) {
       n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
     }
@@ -796,9 +821,9 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       }
       op.values.push_back(std::move(value));
     }
-    t_state.op_stack.push_back(op.op);
-    if (op.scope == format::OpScope::kUserScope) ++t_state.user_scopes;
-    if (is_backward) ++t_state.backward_depth;
+    ts.op_stack.push_back(op.op);
+    if (op.scope == format::OpScope::kUserScope) ++ts.user_scopes;
+    if (is_backward) ++ts.backward_depth;
     frame->active = true;
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's start: ") + e.what());
@@ -816,14 +841,15 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
 void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   if (cuda_tracer_) cuda_tracer_->PopOp();
-  BusyGuard busy;
+  ThreadState& ts = t_state;  // One access: see OnStart.
+  BusyGuard busy(ts);
   format::OpRecord& op = frame.op;
   bool is_backward = op.scope == format::OpScope::kBackwardFunction;
-  if (!t_state.op_stack.empty() && t_state.op_stack.back() == op.op) {
-    t_state.op_stack.pop_back();
-    if (op.scope == format::OpScope::kUserScope && t_state.user_scopes > 0) --t_state.user_scopes;
+  if (!ts.op_stack.empty() && ts.op_stack.back() == op.op) {
+    ts.op_stack.pop_back();
+    if (op.scope == format::OpScope::kUserScope && ts.user_scopes > 0) --ts.user_scopes;
   }
-  if (is_backward && t_state.backward_depth > 0) --t_state.backward_depth;
+  if (is_backward && ts.backward_depth > 0) --ts.backward_depth;
   frame.active = false;
   if (!recording()) {
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
@@ -838,21 +864,22 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
     }
     frame.input_counters.clear();
 
-    std::vector<Record>& group = t_state.group;
-    std::vector<Record>& after = t_state.after;
-    std::vector<Record>& nodes = t_state.nodes;
-    std::vector<at::Tensor>& touched = t_state.touched;  // Parallel to op.outputs.
-    std::vector<std::pair<uint16_t, uint16_t>>& positions = t_state.positions;
+    std::vector<Record>& group = ts.group;
+    std::vector<Record>& after = ts.after;
+    std::vector<Record>& nodes = ts.nodes;
+    std::vector<at::Tensor>& touched = ts.touched;  // Parallel to op.outputs.
+    std::vector<std::pair<uint16_t, uint16_t>>& positions = ts.positions;
     // Whatever happens below, the scratch vectors are left empty (and the tensors released).
     struct ClearScratch {
       ~ClearScratch() {
-        t_state.group.clear();
-        t_state.after.clear();
-        t_state.nodes.clear();
-        t_state.touched.clear();
-        t_state.positions.clear();
+        state.group.clear();
+        state.after.clear();
+        state.nodes.clear();
+        state.touched.clear();
+        state.positions.clear();
       }
-    } clear_scratch;
+      ThreadState& state;
+    } clear_scratch{ts};
     for (auto& r : frame.before) group.push_back(std::move(r));
     frame.before.clear();
     const auto& outputs = fn.outputs();

@@ -130,7 +130,18 @@ class Session {
   std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.
   std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
-  ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, format::TensorInfo> tensors_;
+  // What RefTensor keeps per tensor: the metadata last written, and the addresses of the StorageImpl
+  // and version counter it names with the sweep counts of their tables then. A tensor that still
+  // holds the same objects, with no sweep since, has the same storage and counter ids (see
+  // ObjectIdTable::sweeps): most uses skip those two lookups.
+  struct TensorState {
+    format::TensorInfo last;
+    const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
+    const void* counter_impl = nullptr;
+    uint64_t storage_sweeps = 0;
+    uint64_t counter_sweeps = 0;
+  };
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_;
   ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_;
   ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_;
   ObjectIdTable<std::weak_ptr<torch::autograd::Node>> nodes_;
