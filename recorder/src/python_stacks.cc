@@ -35,6 +35,9 @@ struct CPython {
   PyFrameObject* (*PyFrame_GetBack)(PyFrameObject*) = nullptr;         // New reference.
   PyCodeObject* (*PyFrame_GetCode)(PyFrameObject*) = nullptr;          // New reference.
   int (*PyFrame_GetLineNumber)(PyFrameObject*) = nullptr;
+  // Optional (3.11+ and 3.10+): with both, lines are looked up once per (code, instruction).
+  int (*PyFrame_GetLasti)(PyFrameObject*) = nullptr;
+  int (*PyCode_Addr2Line)(PyCodeObject*, int) = nullptr;
   void (*Py_IncRef)(PyObject*) = nullptr;
   void (*Py_DecRef)(PyObject*) = nullptr;
   PyObject* (*PyObject_GetAttrString)(PyObject*, const char*) = nullptr;  // New reference.
@@ -59,6 +62,11 @@ const CPython& Api() {
     // Without the interpreter's symbols (a C++ program) there is nothing more to look for.
     if (!ok) return a;
     if (!Resolve(a.IsFinalizing, "Py_IsFinalizing")) Resolve(a.IsFinalizing, "_Py_IsFinalizing");
+    if (!Resolve(a.PyFrame_GetLasti, "PyFrame_GetLasti") ||
+        !Resolve(a.PyCode_Addr2Line, "PyCode_Addr2Line")) {
+      a.PyFrame_GetLasti = nullptr;
+      a.PyCode_Addr2Line = nullptr;
+    }
     ok = Resolve(a.PyGILState_GetThisThreadState, "PyGILState_GetThisThreadState") &&
          Resolve(a.PyGILState_Ensure, "PyGILState_Ensure") &&
          Resolve(a.PyGILState_Release, "PyGILState_Release") &&
@@ -89,6 +97,10 @@ const CPython& Api() {
 struct CodeEntry {
   uint32_t id = 0;
   uint64_t described_epoch = 0;  // The recording epoch it was last described in.
+  // Instruction offset -> line. PyFrame_GetLineNumber scans the code's whole line table on every
+  // call (CPython 3.11), which made it most of the recorder's cost per op in Python programs; the
+  // line of an offset never changes (code objects are immutable and kept alive, see InternCode).
+  std::unordered_map<int, int> lines;
 };
 std::unordered_map<PyCodeObject*, CodeEntry>* g_codes = nullptr;  // Guarded by the GIL.
 uint32_t g_next_code = 0;                                          // Guarded by the GIL.
@@ -175,10 +187,10 @@ bool IsFramework(const CPython& py, const std::string& file) {
   return false;
 }
 
-// The id of `code`, interning it (and describing it into `new_codes`) when first seen in this
+// The entry of `code`, interning it (and describing it into `new_codes`) when first seen in this
 // recording epoch. Holds the GIL.
-uint32_t InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
-                    std::vector<PythonCode>* new_codes) {
+CodeEntry& InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
+                      std::vector<PythonCode>* new_codes) {
   if (g_codes == nullptr) g_codes = new std::unordered_map<PyCodeObject*, CodeEntry>();
   auto [it, created] = g_codes->try_emplace(code);
   CodeEntry& entry = it->second;
@@ -198,7 +210,18 @@ uint32_t InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
     description.framework = IsFramework(py, description.file);
     new_codes->push_back(std::move(description));
   }
-  return entry.id;
+  return entry;
+}
+
+// The frame's current line, as PyFrame_GetLineNumber gives it. That is PyCode_Addr2Line of the
+// frame's last instruction (CPython sets a frame's own f_lineno only for the duration of a trace
+// call, to that same line), so it is cached per offset. Holds the GIL.
+int LineOf(const CPython& py, PyFrameObject* frame, PyCodeObject* code, CodeEntry& entry) {
+  if (py.PyFrame_GetLasti == nullptr) return py.PyFrame_GetLineNumber(frame);
+  int lasti = py.PyFrame_GetLasti(frame);
+  auto [it, created] = entry.lines.try_emplace(lasti, 0);
+  if (created) it->second = py.PyCode_Addr2Line(code, lasti);
+  return it->second;
 }
 
 }  // namespace
@@ -219,8 +242,9 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
   PyFrameObject* frame = py.PyThreadState_GetFrame(thread);
   while (frame != nullptr && n < max) {
     PyCodeObject* code = py.PyFrame_GetCode(frame);
-    out[n].code = InternCode(py, code, epoch, new_codes);
-    out[n].line = py.PyFrame_GetLineNumber(frame);
+    CodeEntry& entry = InternCode(py, code, epoch, new_codes);
+    out[n].code = entry.id;
+    out[n].line = LineOf(py, frame, code, entry);
     py.Py_DecRef(code);
     ++n;
     PyFrameObject* back = py.PyFrame_GetBack(frame);
