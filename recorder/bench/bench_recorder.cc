@@ -6,6 +6,7 @@
 // Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
 //                       [--hidden H] [--seq S]
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +30,15 @@ long MaxRssKb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss;
+}
+
+// CPU time of the calling thread: set against the step's wall time it shows how much of the
+// overhead the training thread computes itself, and how much it waits (for the CPU the writer
+// thread takes on a busy machine, for locks).
+double ThreadCpuMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 double Median(std::vector<double> v) {
@@ -85,6 +95,7 @@ int main(int argc, char** argv) {
     bool stacks;
     bool empty_callback = false;
     std::vector<double> step_ms;
+    std::vector<double> cpu_ms;
     std::vector<double> stop_ms;
     uint64_t ops = 0;
     uint64_t bytes = 0;
@@ -119,9 +130,11 @@ int main(int argc, char** argv) {
       }
       step();  // The first recorded step interns what later steps repeat: not timed.
       auto start = Clock::now();
+      double cpu_start = ThreadCpuMs();
       for (int i = 0; i < steps; ++i) step();
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       c.step_ms.push_back(ms / steps);
+      c.cpu_ms.push_back((ThreadCpuMs() - cpu_start) / steps);
       if (empty_callback != 0) at::removeCallback(empty_callback);
       if (recorder) {
         auto stop_start = Clock::now();
@@ -138,11 +151,13 @@ int main(int argc, char** argv) {
   double plain = Median(configs[0].step_ms);
   std::printf("C++ LoRA step on the CPU (%d intra-op thread(s)), %d rounds x %d steps, "
               "medians:\n", threads, rounds, steps);
-  std::printf("| configuration | step (ms) | ratio to plain | trace bytes/op | close (ms) |\n");
-  std::printf("|---|---|---|---|---|\n");
+  std::printf("| configuration | step (ms) | ratio to plain | training thread CPU (ms) | "
+              "trace bytes/op | close (ms) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
   for (const auto& c : configs) {
     double ms = Median(c.step_ms);
-    std::printf("| %s | %.2f | %.2fx | %s | %s |\n", c.name, ms, ms / plain,
+    std::printf("| %s | %.2f | %.2fx | %.2f | %s | %s |\n", c.name, ms, ms / plain,
+                Median(c.cpu_ms),
                 c.ops ? std::to_string(static_cast<double>(c.bytes) / c.ops).substr(0, 5).c_str()
                       : "-",
                 c.stop_ms.empty() ? "-" : std::to_string(Median(c.stop_ms)).substr(0, 6).c_str());
