@@ -1182,6 +1182,16 @@ class Analyzer::Impl {
         }
         v.candidates.push_back({std::move(ref), wrote});
       }
+      // A candidate that wrote did write the saved bytes (through another tensor over them): the
+      // first is the culprit, the others later ones.
+      for (const SilentCandidate& c : v.candidates) {
+        if (!c.wrote) continue;
+        if (!v.culprit) {
+          v.culprit = c.op;
+        } else {
+          v.later_culprits.push_back(c.op);
+        }
+      }
       for (const LooseKernel& k : loose_kernels_) {
         if (k.start_ns < f.save_ns || k.start_ns > f.use_ns) continue;
         KernelRef kernel;

@@ -87,6 +87,35 @@ bool QuoteSource(std::ostringstream& out, const Painter& p, SourceCache& sources
   return true;
 }
 
+// For a silent write found by fingerprint: the ops that wrote into or made a tensor over the saved
+// bytes (but the culprit, already shown), grouped by call site with one quote each, and the CUDA
+// work launched outside any op in between.
+void WriteCandidates(std::ostringstream& out, const Painter& p, SourceCache& sources,
+                     const Violation& v) {
+  std::vector<const SilentCandidate*> shown;
+  for (const SilentCandidate& c : v.candidates) {
+    if (!(v.culprit && c.op.id == v.culprit->id)) shown.push_back(&c);
+  }
+  for (size_t i = 0; i < shown.size();) {
+    size_t j = i + 1;
+    while (j < shown.size() && Location(shown[j]->op) == Location(shown[i]->op)) ++j;
+    std::string names;
+    bool wrote = false;
+    for (size_t k = i; k < j; ++k) {
+      names += (k > i ? ", " : "") + OpName(shown[k]->op);
+      wrote |= shown[k]->wrote;
+    }
+    std::string label = names + (wrote ? " wrote into them" : " made a tensor over them");
+    out << p.Note("note") << ": candidate: " << label << " at " << Location(shown[i]->op) << "\n";
+    QuoteSource(out, p, sources, shown[i]->op, label);
+    i = j;
+  }
+  for (const KernelRef& k : v.kernels) {
+    out << p.Note("note") << ": candidate: " << k.name << " on cuda:" << k.device
+        << ", launched outside any op\n";
+  }
+}
+
 void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sources,
                     const Violation& v) {
   bool silent = v.kind == ViolationKind::kSilent;
@@ -103,12 +132,15 @@ void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sour
     if (!silent) {
       label += " changed the version " + std::to_string(v.saved_version) + " -> " +
                std::to_string(v.current_version);
+    } else if (v.evidence == SilentEvidence::kFingerprint) {
+      label += " wrote into its memory through another tensor over it";
     } else {
       label += " wrote into its storage";
     }
     if (!QuoteSource(out, p, sources, *v.culprit, label)) {
       out << "   " << p.Gutter("=") << " culprit: " << label << "\n";
     }
+    if (v.evidence == SilentEvidence::kFingerprint) WriteCandidates(out, p, sources, v);
   } else if (v.evidence == SilentEvidence::kFingerprint) {
     out << "  " << p.Gutter("-->") << " <no version counter saw the write: the saved bytes "
         << "changed between the save and the use (fingerprints)>\n";
@@ -116,28 +148,7 @@ void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sour
       out << "   " << p.Gutter("=") << " no recorded op or kernel touched those bytes in between: "
           << "the write came from outside PyTorch's ops (numpy, a raw pointer, a C extension)\n";
     }
-    // Candidates grouped by call site, in order: one quote per line of the user's code.
-    for (size_t i = 0; i < v.candidates.size();) {
-      size_t j = i + 1;
-      while (j < v.candidates.size() && Location(v.candidates[j].op) == Location(v.candidates[i].op)) {
-        ++j;
-      }
-      std::string names;
-      bool wrote = false;
-      for (size_t k = i; k < j; ++k) {
-        names += (k > i ? ", " : "") + OpName(v.candidates[k].op);
-        wrote |= v.candidates[k].wrote;
-      }
-      std::string label = names + (wrote ? " wrote into them" : " made a tensor over them");
-      out << p.Note("note") << ": candidate: " << label << " at " << Location(v.candidates[i].op)
-          << "\n";
-      QuoteSource(out, p, sources, v.candidates[i].op, label);
-      i = j;
-    }
-    for (const KernelRef& k : v.kernels) {
-      out << p.Note("note") << ": candidate: " << k.name << " on cuda:" << k.device
-          << ", launched outside any op\n";
-    }
+    WriteCandidates(out, p, sources, v);
   } else {
     out << "  " << p.Gutter("-->") << " <the write was not recorded: the version counter moved "
         << "between two recorded uses>\n";

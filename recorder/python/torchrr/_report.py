@@ -129,8 +129,9 @@ class Violation:
     culprit: the op that wrote it; victim: the forward op that saved it; backward_node: the node
     that needed it. For ``silent``, evidence says how it was found: ``"aliased_write"`` (a recorded
     write through ``.data`` or another alias: the culprit) or ``"fingerprint"`` (``--verify-saved``:
-    its bytes' fingerprints differ and no recorded op wrote them; candidates and kernels list what
-    touched them in between). fingerprint: ``{"at_save": "0x..", "at_use": "0x.."}`` when they
+    its bytes' fingerprints differ and nothing wrote through the saved tensor; candidates and
+    kernels list what touched them in between, and the first candidate that wrote them through
+    another tensor over the same memory, if any, is the culprit). fingerprint: ``{"at_save": "0x..", "at_use": "0x.."}`` when they
     changed."""
     kind: str
     culprit: Optional[Op]
