@@ -60,7 +60,6 @@ struct PendingFingerprint {
   format::FingerprintRecord record;  // All but the hash, the byte range and the time.
   at::Tensor data;
 };
-thread_local std::vector<PendingFingerprint> t_fingerprints;
 
 struct ThreadState {
   std::vector<ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
@@ -75,6 +74,8 @@ struct ThreadState {
   std::vector<Record> nodes;
   std::vector<at::Tensor> touched;
   std::vector<std::pair<uint16_t, uint16_t>> positions;
+  // verify_saved: fingerprints queued under mu_, computed after it is released.
+  std::vector<PendingFingerprint> fingerprints;
 };
 thread_local ThreadState t_state;
 
@@ -457,6 +458,12 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
                                    state.counter_sweeps == counters_.sweeps()
                                ? state.last.version_counter
                                : VersionCounterId(*impl);
+  // The ids are those of the objects the tensor holds now: (re)start caching them, also after a
+  // sweep.
+  state.storage_impl = storage_impl;
+  state.counter_impl = counter_impl;
+  state.storage_sweeps = storages_.sweeps();
+  state.counter_sweeps = counters_.sweeps();
   const bool strided = impl->layout() == c10::kStrided;
   torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
   const ObjectId grad_fn_id = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
@@ -481,12 +488,6 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
                                impl->sizes().end()) &&
                     std::equal(last.strides.begin(), last.strides.end(),
                                impl->strides().begin(), impl->strides().end())))) {
-    // The ids are those of the objects the tensor holds now: (re)start caching them, also after a
-    // sweep.
-    state.storage_impl = storage_impl;
-    state.counter_impl = counter_impl;
-    state.storage_sweeps = storages_.sweeps();
-    state.counter_sweeps = counters_.sweeps();
     return entry.id;
   }
 
@@ -511,10 +512,6 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   info.storage_nbytes = nbytes;
   info.storage_address = data_address;
   state.last = info;
-  state.storage_impl = storage_impl;
-  state.counter_impl = counter_impl;
-  state.storage_sweeps = storages_.sweeps();
-  state.counter_sweeps = counters_.sweeps();
   out.emplace_back(std::move(info));
   return entry.id;
 }
@@ -629,13 +626,12 @@ void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t li
   pending.record.tensor = tensor;
   pending.record.when = when;
   pending.data = data;
-  t_fingerprints.push_back(std::move(pending));
+  t_state.fingerprints.push_back(std::move(pending));
 }
 
 void Session::TakeFingerprints(std::vector<Record>& out) {
-  if (t_fingerprints.empty()) return;
   std::vector<PendingFingerprint> pending;
-  pending.swap(t_fingerprints);
+  pending.swap(t_state.fingerprints);
   for (PendingFingerprint& p : pending) {
     if (!verify_saved_.load(std::memory_order_relaxed)) return;
     std::string error;
@@ -828,10 +824,10 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's start: ") + e.what());
     frame.reset();
-    t_fingerprints.clear();
+    ts.fingerprints.clear();
   }
   // Outside mu_: hashing saved bytes (on CUDA, a kernel and a wait) blocks no other thread.
-  if (frame) TakeFingerprints(frame->before);
+  if (frame && !ts.fingerprints.empty()) TakeFingerprints(frame->before);
   // Last: CUDA work launched from here on is this op's.
   if (frame && cuda_tracer_) cuda_tracer_->PushOp(frame->op.op);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
@@ -969,13 +965,14 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       group.emplace_back(std::move(op));
       if (has_exec) group.emplace_back(exec);
     }
-    TakeFingerprints(group);  // Outside mu_; after the NodeRecords they name.
+    // Outside mu_; after the NodeRecords they name.
+    if (!ts.fingerprints.empty()) TakeFingerprints(group);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
     PushGroup(group);
     if (cuda_tracer_) MaybeFlushCuda();
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's end: ") + e.what());
-    t_fingerprints.clear();
+    ts.fingerprints.clear();
   }
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
 }

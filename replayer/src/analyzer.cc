@@ -599,25 +599,39 @@ class Analyzer::Impl {
     }
   }
 
-  void CheckSilentWrite(ObjectId op, const TensorState& writer, ObjectId writer_counter) {
-    if (writer.storage == 0) return;
-    uint32_t slot = index_.Find(writer.storage, IdKind::kStorage);
+  // Calls visit(saved) for each watched saved tensor on `tensor`'s storage whose bytes overlap it.
+  template <typename Visit>
+  void ForEachOverlappingWatched(const TensorState& tensor, Visit&& visit) {
+    if (tensor.storage == 0) return;
+    uint32_t slot = index_.Find(tensor.storage, IdKind::kStorage);
     if (slot == IdIndex::kAbsent || storage_heads_[slot] == UINT32_MAX) return;
     auto [first, last] =
-        layouts_.ByteRange(writer.layout, writer.storage_offset, DTypeSize(writer.dtype));
+        layouts_.ByteRange(tensor.layout, tensor.storage_offset, DTypeSize(tensor.dtype));
     for (uint32_t w = storage_heads_[slot]; w != UINT32_MAX; w = saved_[w].watch_next) {
       SavedState& s = saved_[w];
-      if (s.saved.version_counter == writer_counter) continue;  // The version check sees it.
       if (last <= s.byte_first || s.byte_last <= first) continue;
-      uint32_t index = static_cast<uint32_t>(silent_writes_.size());
-      silent_writes_.push_back({op, seq_, UINT32_MAX});
-      if (s.silent_tail == UINT32_MAX) {
-        s.silent_head = index;
-      } else {
-        silent_writes_[s.silent_tail].next = index;
-      }
-      s.silent_tail = index;
+      visit(s);
     }
+  }
+
+  // Appends `item` to a per-saved-tensor list kept in `list` (linked through Item::next).
+  template <typename Item>
+  static void Append(std::vector<Item>& list, uint32_t& head, uint32_t& tail, Item item) {
+    uint32_t index = static_cast<uint32_t>(list.size());
+    list.push_back(item);
+    if (tail == UINT32_MAX) {
+      head = index;
+    } else {
+      list[tail].next = index;
+    }
+    tail = index;
+  }
+
+  void CheckSilentWrite(ObjectId op, const TensorState& writer, ObjectId writer_counter) {
+    ForEachOverlappingWatched(writer, [&](SavedState& s) {
+      if (s.saved.version_counter == writer_counter) return;  // The version check sees it.
+      Append(silent_writes_, s.silent_head, s.silent_tail, SilentWrite{op, seq_, UINT32_MAX});
+    });
   }
 
   // --- Backward -------------------------------------------------------------------------------
@@ -957,17 +971,10 @@ class Analyzer::Impl {
       bool wrote = use.version_after > use.version_before;
       if (!output && !wrote) return;
       const TensorState* tensor = FindTensor(use.tensor);
-      if (tensor == nullptr || tensor->storage == 0) return;
-      uint32_t slot = index_.Find(tensor->storage, IdKind::kStorage);
-      if (slot == IdIndex::kAbsent || storage_heads_[slot] == UINT32_MAX) return;
-      auto [first, last] =
-          layouts_.ByteRange(tensor->layout, tensor->storage_offset, DTypeSize(tensor->dtype));
-      for (uint32_t w = storage_heads_[slot]; w != UINT32_MAX; w = saved_[w].watch_next) {
-        SavedState& s = saved_[w];
-        if (!s.has_fingerprint || r.op == s.saved_by) continue;
-        if (last <= s.byte_first || s.byte_last <= first) continue;
-        AddTouch(s, r.op, wrote);
-      }
+      if (tensor == nullptr) return;
+      ForEachOverlappingWatched(*tensor, [&](SavedState& s) {
+        if (s.has_fingerprint && r.op != s.saved_by) AddTouch(s, r.op, wrote);
+      });
     };
     for (const auto& use : r.inputs) visit(use, false);
     for (const auto& use : r.outputs) visit(use, true);
@@ -1008,14 +1015,7 @@ class Analyzer::Impl {
       touches_[s.touch_tail].wrote |= wrote;
       return;
     }
-    uint32_t index = static_cast<uint32_t>(touches_.size());
-    touches_.push_back({op, seq_, wrote, UINT32_MAX});
-    if (s.touch_tail == UINT32_MAX) {
-      s.touch_head = index;
-    } else {
-      touches_[s.touch_tail].next = index;
-    }
-    s.touch_tail = index;
+    Append(touches_, s.touch_head, s.touch_tail, StorageTouch{op, seq_, wrote, UINT32_MAX});
   }
 
   // --- The report ------------------------------------------------------------------------------

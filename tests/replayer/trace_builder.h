@@ -127,13 +127,8 @@ class TraceBuilder {
   // torch::from_blob(base.data_ptr(), ...) or a DLPack alias: another storage and counter over the
   // same memory.
   ObjectId Alias(ObjectId base) {
-    format::TensorInfo t = Info(base);
-    t.tensor = NewId();
+    format::TensorInfo t = Detached(base);
     t.storage = NewId();
-    t.version_counter = NewId();
-    t.requires_grad = false;
-    t.is_leaf = true;
-    t.grad_fn = 0;
     Emit(t);
     return t.tensor;
   }
@@ -154,12 +149,7 @@ class TraceBuilder {
 
   // `base.data`: same storage, a fresh counter, no autograd history.
   ObjectId Data(ObjectId base) {
-    format::TensorInfo t = Info(base);
-    t.tensor = NewId();
-    t.version_counter = NewId();
-    t.requires_grad = false;
-    t.is_leaf = true;
-    t.grad_fn = 0;
+    format::TensorInfo t = Detached(base);
     Emit(t);
     return t.tensor;
   }
@@ -309,6 +299,17 @@ class TraceBuilder {
   }
 
  private:
+  // A new tensor over `base`'s bytes with a fresh counter and no autograd history (not emitted).
+  format::TensorInfo Detached(ObjectId base) {
+    format::TensorInfo t = Info(base);
+    t.tensor = NewId();
+    t.version_counter = NewId();
+    t.requires_grad = false;
+    t.is_leaf = true;
+    t.grad_fn = 0;
+    return t;
+  }
+
   format::FingerprintRecord MakeFingerprint(ObjectId node, const std::string& name,
                                             format::FingerprintWhen when, uint64_t hash) {
     format::FingerprintRecord r;
