@@ -11,7 +11,7 @@ rm -rf "$out"
 mkdir -p "$out/debs" "$out/extra/include" "$out/extra/lib"
 PKGS=(flatbuffers-compiler libflatbuffers-dev libflatbuffers2 libzstd-dev libzstd1
       libboost1.74-dev libboost-stacktrace1.74-dev libgtest-dev libcli11-dev nlohmann-json3-dev
-      libfmt-dev libfmt9 libxxhash-dev libxxhash0)
+      libfmt-dev libfmt9 libxxhash-dev libxxhash0 libunwind8)
 (cd "$out/debs" && apt-get download "${PKGS[@]}" 2>&1 | grep -v "^W: Download is performed unsandboxed" || true)
 n=$(ls "$out"/debs/*.deb | wc -l)
 if [ "$n" -ne "${#PKGS[@]}" ]; then

@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
   // callgrind, where the matrix products would dominate the run time.
   app.add_option("--hidden", config.hidden_size);
   app.add_option("--seq", config.max_seq_len);
+  bool only_recorder = false;
+  app.add_flag("--only-stacks-off", only_recorder,
+               "Time plain and the recorder with stacks off only (for a profiler's view of the "
+               "recorder's own cost)");
   CLI11_PARSE(app, argc, argv);
   std::filesystem::create_directories(dir);
   at::set_num_threads(threads);
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
   };
   std::vector<Config> configs = {{"plain", false, false, {}}, {"recorder, stacks on", true, true, {}},
                                  {"recorder, stacks off", true, false, {}}};
+  if (only_recorder) configs.erase(configs.begin() + 1);
   if (floor) configs.push_back({"empty callback", false, false, true, {}});
   for (int round = 0; round < rounds; ++round) {
     for (auto& c : configs) {

@@ -2,7 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <string_view>
@@ -12,17 +15,98 @@
 #include <boost/core/demangle.hpp>
 #include <boost/stacktrace.hpp>
 
+#include "libunwind_backtrace.h"
+
 namespace torchrr::recorder {
 
+namespace {
+
+// unw_backtrace() starts inside libunwind: its frames and CaptureNativeStack's come before those
+// Boost reports for the same `skip`. How many is learned on the first verified capture.
+constexpr size_t kMaxLeadingFrames = 8;
+// Captures checked against Boost.Stacktrace: the first ones, then one in kVerifyEvery.
+constexpr uint64_t kVerifyFirst = 64;
+constexpr uint64_t kVerifyEvery = 1024;
+
+struct FastUnwinder {
+  UnwBacktraceFn unw = nullptr;
+  std::atomic<bool> enabled{false};
+  std::atomic<int> lead{-1};  // Frames of unw_backtrace's result before Boost's first; -1: unknown.
+  std::atomic<uint64_t> captures{0};
+};
+
+FastUnwinder& Fast() {
+  static FastUnwinder* fast = [] {
+    auto* f = new FastUnwinder();  // Leaked: used until exit, by any thread.
+    const char* choice = std::getenv("TORCHRR_NATIVE_UNWINDER");
+    if (choice == nullptr || std::string_view(choice) != "boost") f->unw = LibunwindBacktrace();
+    f->enabled.store(f->unw != nullptr);
+    return f;
+  }();
+  return *fast;
+}
+
+// True when libunwind's frames from `lead` on are Boost's, frame for frame, to the outermost (or
+// to `max`, where Boost's may have been cut).
+bool SameFrames(void* const* unw, size_t n_unw, size_t lead, void* const* boost, size_t n_boost,
+                size_t max) {
+  if (lead > n_unw) return false;
+  size_t n_rest = n_unw - lead;
+  if (n_boost >= max ? n_rest < n_boost : n_rest != n_boost) return false;
+  return std::equal(boost, boost + n_boost, unw + lead);
+}
+
+}  // namespace
+
+const char* NativeUnwinderName() {
+  return Fast().enabled.load(std::memory_order_relaxed) ? "libunwind" : "boost";
+}
+
 size_t CaptureNativeStack(uintptr_t* out, size_t max, size_t skip) {
+  max = std::min(max, kMaxNativeFrames);
+  FastUnwinder& fast = Fast();
+  std::array<void*, kMaxNativeFrames + kMaxLeadingFrames + 16> unw_frames;
+  size_t n_unw = 0;
+  int lead = -1;
+  bool verify = true;
+  if (fast.enabled.load(std::memory_order_relaxed)) {
+    lead = fast.lead.load(std::memory_order_relaxed);
+    uint64_t capture = fast.captures.fetch_add(1, std::memory_order_relaxed);
+    verify = lead < 0 || capture < kVerifyFirst || capture % kVerifyEvery == 0;
+    size_t want = max + (lead < 0 ? skip + 1 + kMaxLeadingFrames : static_cast<size_t>(lead));
+    int n = fast.unw(unw_frames.data(), static_cast<int>(std::min(want, unw_frames.size())));
+    n_unw = n > 0 ? static_cast<size_t>(n) : 0;
+    if (!verify) {
+      size_t written = 0;
+      for (size_t i = lead; i < n_unw && written < max; ++i) {
+        out[written++] = reinterpret_cast<uintptr_t>(unw_frames[i]);
+      }
+      return written;
+    }
+  }
+  // Boost.Stacktrace: the reference, and the unwinder when libunwind is absent or disagreed once.
   // safe_dump_to writes void* addresses followed by a null terminator.
   std::array<void*, kMaxNativeFrames + 1> buffer;
   size_t n = boost::stacktrace::safe_dump_to(skip + 1, buffer.data(), sizeof(buffer));
-  size_t written = 0;
-  for (size_t i = 0; i < n && written < max && buffer[i] != nullptr; ++i) {
-    out[written++] = reinterpret_cast<uintptr_t>(buffer[i]);
+  size_t n_boost = 0;
+  while (n_boost < n && n_boost < max && buffer[n_boost] != nullptr) ++n_boost;
+  if (n_unw > 0) {
+    bool agrees = false;
+    if (lead >= 0) {
+      agrees = SameFrames(unw_frames.data(), n_unw, lead, buffer.data(), n_boost, max);
+    } else {
+      for (size_t l = 0; l <= skip + 1 + kMaxLeadingFrames && !agrees; ++l) {
+        if (SameFrames(unw_frames.data(), n_unw, l, buffer.data(), n_boost, max)) {
+          int unknown = -1;
+          agrees = fast.lead.compare_exchange_strong(unknown, static_cast<int>(l)) ||
+                   unknown == static_cast<int>(l);
+        }
+      }
+    }
+    if (!agrees) fast.enabled.store(false, std::memory_order_relaxed);  // For good.
   }
-  return written;
+  for (size_t i = 0; i < n_boost; ++i) out[i] = reinterpret_cast<uintptr_t>(buffer[i]);
+  return n_boost;
 }
 
 namespace {

@@ -1,5 +1,6 @@
-// C++ stacks through Boost.Stacktrace: captured cheaply as return addresses on the training
-// thread, symbolized (function, file, line, library) once per unique address on the writer thread,
+// C++ stacks: captured cheaply as return addresses on the training thread (libunwind's cached
+// unwinder when installed, checked against Boost.Stacktrace; Boost.Stacktrace otherwise),
+// symbolized (function, file, line, library) once per unique address on the writer thread,
 // before the frame's first use is written, so the trace reads on another machine.
 #ifndef TORCHRR_RECORDER_NATIVE_STACKS_H_
 #define TORCHRR_RECORDER_NATIVE_STACKS_H_
@@ -13,9 +14,19 @@ namespace torchrr::recorder {
 
 inline constexpr size_t kMaxNativeFrames = 64;
 
-// Writes up to `max` return addresses of the calling thread's stack into `out`, innermost first,
-// skipping `skip` frames above the caller. Returns how many. Allocation-free; thread-safe.
+// Writes up to `max` (at most kMaxNativeFrames) return addresses of the calling thread's stack into
+// `out`, innermost first, skipping `skip` frames above the caller. Returns how many.
+// Allocation-free; thread-safe.
+//
+// Boost.Stacktrace (libgcc's unwinder) is the reference. When libunwind is installed its
+// unw_backtrace() is used instead (libunwind_backtrace.h: several times faster on the stacks a
+// training step repeats), checked against Boost's result on the first 64 captures of the process
+// and on one in 1024 after that; the first disagreement switches to Boost for the rest of the
+// process (that capture returns Boost's frames). TORCHRR_NATIVE_UNWINDER=boost forces Boost.
 size_t CaptureNativeStack(uintptr_t* out, size_t max, size_t skip);
+
+// The unwinder CaptureNativeStack uses now: "libunwind" or "boost".
+const char* NativeUnwinderName();
 
 struct SymbolizedFrame {
   std::string function;  // Demangled; empty when unknown.
