@@ -8,13 +8,18 @@
 // sweep, after which the address may come back with a new id. Memory stays proportional to the
 // live objects.
 //
+// A flat (open-addressing) table: one lookup costs a hash and a probe or two in one array, and a new
+// entry no allocation of its own. An insertion may move entries: a reference Lookup() returns is
+// valid until the next Lookup() on the same table.
+//
 // Not thread-safe: the caller holds the recorder's lock.
 #ifndef TORCHRR_RECORDER_OBJECT_IDS_H_
 #define TORCHRR_RECORDER_OBJECT_IDS_H_
 
 #include <cstdint>
-#include <unordered_map>
 #include <utility>
+
+#include <c10/util/flat_hash_map.h>
 
 #include "torchrr/format/records.h"
 
@@ -92,7 +97,7 @@ class ObjectIdTable {
   }
 
   static constexpr size_t kMinSweep = 1024;
-  std::unordered_map<const void*, Entry> entries_;
+  ska::flat_hash_map<const void*, Entry> entries_;
   size_t sweep_at_ = kMinSweep;
   uint64_t sweeps_ = 0;
 };

@@ -321,8 +321,7 @@ void Session::ForgetInterned() {
   frames_.clear();
   python_frames_.clear();
   stacks_.clear();
-  // Tensors keep their ids but their metadata is written again on next use (an empty snapshot
-  // never matches: a written TensorInfo always has a tensor id).
+  // Tensors keep their ids but their metadata is written again on next use.
   tensors_.ResetExtras();
 }
 
@@ -449,14 +448,14 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   const void* storage_impl = nullptr;
   if (impl->has_storage()) storage_impl = impl->unsafe_storage().unsafeGetStorageImpl();
   const void* counter_impl = VersionCounterOf(*impl);
-  const bool known = !created && state.last.tensor != 0;
+  const bool known = !created && state.written;
   const ObjectId storage = known && storage_impl == state.storage_impl &&
                                    state.storage_sweeps == storages_.sweeps()
-                               ? state.last.storage
+                               ? state.storage
                                : StorageId(*impl);
   const ObjectId counter = known && counter_impl == state.counter_impl &&
                                    state.counter_sweeps == counters_.sweeps()
-                               ? state.last.version_counter
+                               ? state.version_counter
                                : VersionCounterId(*impl);
   // The ids are those of the objects the tensor holds now: (re)start caching them, also after a
   // sweep.
@@ -469,6 +468,8 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   const ObjectId grad_fn_id = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
   const uint32_t output_nr = impl->autograd_meta() != nullptr ? tensor.output_nr() : 0;
   const c10::Device device = impl->device();
+  const auto device_type = static_cast<int8_t>(device.type());
+  const int8_t device_index = device.has_index() ? device.index() : -1;
   const auto dtype = static_cast<format::DType>(impl->dtype().toScalarType());
   const uint64_t nbytes = impl->has_storage() ? impl->unsafe_storage().nbytes() : 0;
   // verify_saved: where the bytes are, so that a write through another storage over the same
@@ -477,41 +478,53 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
       verify_saved_.load(std::memory_order_relaxed) && impl->has_storage()
           ? reinterpret_cast<uint64_t>(impl->unsafe_storage().data())
           : 0;
-  const format::TensorInfo& last = state.last;
-  if (known && last.storage == storage && last.version_counter == counter &&
-      last.grad_fn == grad_fn_id && last.output_nr == output_nr && last.dtype == dtype &&
-      last.device.type == static_cast<int8_t>(device.type()) &&
-      last.requires_grad == impl->requires_grad() && last.is_leaf == (grad_fn == nullptr) &&
-      last.storage_nbytes == nbytes && last.storage_address == data_address &&
-      (!strided || (last.storage_offset == impl->storage_offset() &&
-                    std::equal(last.shape.begin(), last.shape.end(), impl->sizes().begin(),
-                               impl->sizes().end()) &&
-                    std::equal(last.strides.begin(), last.strides.end(),
-                               impl->strides().begin(), impl->strides().end())))) {
+  const bool requires_grad = impl->requires_grad();
+  const bool is_leaf = grad_fn == nullptr;
+  const int64_t storage_offset = strided ? impl->storage_offset() : 0;
+  c10::IntArrayRef sizes = strided ? impl->sizes() : c10::IntArrayRef();
+  c10::IntArrayRef strides = strided ? impl->strides() : c10::IntArrayRef();
+  if (known && state.storage == storage && state.version_counter == counter &&
+      state.grad_fn == grad_fn_id && state.output_nr == output_nr && state.dtype == dtype &&
+      state.device_type == device_type && state.device_index == device_index &&
+      state.requires_grad == requires_grad && state.is_leaf == is_leaf &&
+      state.storage_nbytes == nbytes && state.storage_address == data_address &&
+      state.strided == strided && state.storage_offset == storage_offset &&
+      c10::IntArrayRef(state.sizes) == sizes && c10::IntArrayRef(state.strides) == strides) {
     return entry.id;
   }
+  state.written = true;
+  state.storage = storage;
+  state.version_counter = counter;
+  state.grad_fn = grad_fn_id;
+  state.output_nr = output_nr;
+  state.dtype = dtype;
+  state.device_type = device_type;
+  state.device_index = device_index;
+  state.requires_grad = requires_grad;
+  state.is_leaf = is_leaf;
+  state.strided = strided;
+  state.storage_nbytes = nbytes;
+  state.storage_address = data_address;
+  state.storage_offset = storage_offset;
+  state.sizes.assign(sizes.begin(), sizes.end());
+  state.strides.assign(strides.begin(), strides.end());
 
   format::TensorInfo info;
   info.tensor = entry.id;
   info.storage = storage;
   info.version_counter = counter;
   info.dtype = dtype;
-  info.device.type = static_cast<int8_t>(device.type());
-  info.device.index = device.has_index() ? device.index() : -1;
-  if (strided) {
-    auto sizes = impl->sizes();
-    auto strides = impl->strides();
-    info.shape.assign(sizes.begin(), sizes.end());
-    info.strides.assign(strides.begin(), strides.end());
-    info.storage_offset = impl->storage_offset();
-  }
-  info.requires_grad = impl->requires_grad();
-  info.is_leaf = grad_fn == nullptr;
+  info.device.type = device_type;
+  info.device.index = device_index;
+  info.shape.assign(sizes.begin(), sizes.end());
+  info.strides.assign(strides.begin(), strides.end());
+  info.storage_offset = storage_offset;
+  info.requires_grad = requires_grad;
+  info.is_leaf = is_leaf;
   info.grad_fn = grad_fn_id;
   info.output_nr = output_nr;
   info.storage_nbytes = nbytes;
   info.storage_address = data_address;
-  state.last = info;
   out.emplace_back(std::move(info));
   return entry.id;
 }
@@ -798,8 +811,9 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
         value.s = InternString(v.toStringRef(), frame->before);
       } else if (v.isIntList()) {
         value.kind = format::ValueKind::kIntList;
-        auto ints = v.toIntVector();
-        value.ints.assign(ints.begin(), ints.end());
+        const auto ints = v.toIntList();  // A reference to the list, not a copy of it.
+        value.ints.reserve(ints.size());
+        for (size_t j = 0; j < ints.size(); ++j) value.ints.push_back(ints.get(j));
       } else if (v.isDoubleList()) {
         value.kind = format::ValueKind::kDoubleList;
         auto doubles = v.toDoubleVector();

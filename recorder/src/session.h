@@ -23,6 +23,8 @@
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/csrc/autograd/function.h>
 
 #include "cupti_tracer.h"
@@ -130,12 +132,28 @@ class Session {
   std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.
   std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
-  // What RefTensor keeps per tensor: the metadata last written, and the addresses of the StorageImpl
-  // and version counter it names with the sweep counts of their tables then. A tensor that still
-  // holds the same objects, with no sweep since, has the same storage and counter ids (see
-  // ObjectIdTable::sweeps): most uses skip those two lookups.
+  // What RefTensor keeps per tensor: the metadata last written, compared field by field with the
+  // tensor's (sizes and strides inline up to 6 dimensions: no allocation per tensor), and the
+  // addresses of the StorageImpl and version counter it names with the sweep counts of their tables
+  // then. A tensor that still holds the same objects, with no sweep since, has the same storage and
+  // counter ids (see ObjectIdTable::sweeps): most uses skip those two lookups.
   struct TensorState {
-    format::TensorInfo last;
+    bool written = false;  // False also after ForgetInterned(): the next use writes it again.
+    format::ObjectId storage = 0;
+    format::ObjectId version_counter = 0;
+    format::ObjectId grad_fn = 0;
+    uint32_t output_nr = 0;
+    format::DType dtype{};
+    int8_t device_type = 0;
+    int8_t device_index = -1;
+    bool requires_grad = false;
+    bool is_leaf = false;
+    bool strided = false;
+    uint64_t storage_nbytes = 0;
+    uint64_t storage_address = 0;
+    int64_t storage_offset = 0;
+    c10::SmallVector<int64_t, 6> sizes;
+    c10::SmallVector<int64_t, 6> strides;
     const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
     const void* counter_impl = nullptr;
     uint64_t storage_sweeps = 0;
@@ -156,7 +174,7 @@ class Session {
     format::ObjectId id = 0;
     const void* address = nullptr;  // To check, with nodes_, that the node is still alive.
   };
-  std::unordered_map<std::pair<uint64_t, int64_t>, KeyedNode, NodeKeyHash> node_keys_;  // mu_.
+  ska::flat_hash_map<std::pair<uint64_t, int64_t>, KeyedNode, NodeKeyHash> node_keys_;  // mu_.
   size_t prune_node_keys_at_ = 4096;  // Guarded by mu_.
 };
 
