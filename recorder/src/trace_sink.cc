@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "native_stacks.h"
+#include "record_bytes.h"
 
 namespace torchrr::recorder {
 
@@ -25,36 +26,7 @@ constexpr auto kFlushInterval = std::chrono::milliseconds(500);
 constexpr size_t kWakeBytes = 1u << 20;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
-template <typename T>
-size_t VectorBytes(const std::vector<T>& v) {
-  return v.capacity() * sizeof(T);
-}
-
 }  // namespace
-
-size_t TraceSink::ApproxBytes(const format::Record& record) {
-  size_t bytes = sizeof(format::Record);
-  std::visit(
-      [&](const auto& r) {
-        using T = std::decay_t<decltype(r)>;
-        if constexpr (std::is_same_v<T, format::OpRecord>) {
-          bytes += VectorBytes(r.inputs) + VectorBytes(r.outputs) + VectorBytes(r.values);
-          for (const auto& v : r.values) bytes += VectorBytes(v.ints) + VectorBytes(v.doubles);
-        } else if constexpr (std::is_same_v<T, format::TensorInfo>) {
-          bytes += VectorBytes(r.shape) + VectorBytes(r.strides);
-        } else if constexpr (std::is_same_v<T, format::NodeRecord>) {
-          bytes += VectorBytes(r.edges) + VectorBytes(r.saved);
-        } else if constexpr (std::is_same_v<T, format::StackDef>) {
-          bytes += VectorBytes(r.frames);
-        } else if constexpr (std::is_same_v<T, format::StringDef>) {
-          bytes += r.text.capacity();
-        } else if constexpr (std::is_same_v<T, format::ErrorRecord>) {
-          bytes += r.message.capacity();
-        }
-      },
-      record);
-  return bytes;
-}
 
 std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format::FileInfo& info,
                                            std::string* error) {
@@ -82,30 +54,32 @@ TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
     records.clear();
     return PushResult::kFailed;
   }
-  size_t bytes = 0;
-  for (const auto& r : records) bytes += ApproxBytes(r);
+  // Encoded and freed here, on the thread that made them, outside the lock (see record_bytes.h).
+  thread_local std::string encoded;
+  encoded.clear();
+  for (const auto& r : records) AppendRecordBytes(r, encoded);
+  const size_t n_records = records.size();
+  records.clear();
+  const size_t bytes = encoded.size();
   std::unique_lock<std::mutex> lock(mu_);
-  if (queued_bytes_ + bytes > options_.max_buffered_bytes && queued_bytes_ > 0) {
+  if (queue_.size() + bytes > options_.max_buffered_bytes && !queue_.empty()) {
     if (options_.when_full == WhenFull::kDrop) {
       int64_t now = NowNs();
       if (dropped_records_ == 0) dropped_first_ns_ = now;
       dropped_last_ns_ = now;
-      dropped_records_ += records.size();
+      dropped_records_ += n_records;
       dropped_bytes_ += bytes;
-      dropped_records_total_.fetch_add(records.size());
-      records.clear();
+      dropped_records_total_.fetch_add(n_records);
       return PushResult::kDropped;
     }
     has_work_.notify_one();  // The writer may be between polls.
     has_room_.wait(lock, [&] {
-      return queued_bytes_ + bytes <= options_.max_buffered_bytes || queued_bytes_ == 0 ||
-             failed() || closing_;
+      return queue_.size() + bytes <= options_.max_buffered_bytes || queue_.empty() || failed() ||
+             closing_;
     });
-    if (failed()) {
-      records.clear();
-      return PushResult::kFailed;
-    }
+    if (failed()) return PushResult::kFailed;
   }
+  const size_t queued_before = queue_.size();
   if (dropped_records_ > 0) {
     format::DataLossRecord loss;
     loss.records = dropped_records_;
@@ -113,13 +87,11 @@ TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
     loss.first_ns = dropped_first_ns_;
     loss.last_ns = dropped_last_ns_;
     loss.reason = "the writer could not keep up (when_full=drop)";
-    queue_.emplace_back(std::move(loss));
+    AppendRecordBytes(format::Record(std::move(loss)), queue_);
     dropped_records_ = dropped_bytes_ = 0;
   }
-  for (auto& r : records) queue_.push_back(std::move(r));
-  records.clear();
-  bool wake = queued_bytes_ < wake_bytes_ && queued_bytes_ + bytes >= wake_bytes_;
-  queued_bytes_ += bytes;
+  queue_.append(encoded);
+  bool wake = queued_before < wake_bytes_ && queue_.size() >= wake_bytes_;
   lock.unlock();
   if (wake) has_work_.notify_one();
   return PushResult::kQueued;
@@ -134,16 +106,15 @@ void TraceSink::Fail(const std::string& why) {
 }
 
 void TraceSink::WriterLoop() {
-  std::vector<format::Record> batch;
+  std::string batch;
   auto last_flush = std::chrono::steady_clock::now();
   for (;;) {
     bool closing;
     {
       std::unique_lock<std::mutex> lock(mu_);
       has_work_.wait_for(lock, kPollInterval,
-                         [&] { return queued_bytes_ >= wake_bytes_ || closing_; });
+                         [&] { return queue_.size() >= wake_bytes_ || closing_; });
       batch.swap(queue_);
-      queued_bytes_ = 0;
       closing = closing_;
     }
     has_room_.notify_all();
@@ -162,8 +133,15 @@ void TraceSink::WriterLoop() {
   }
 }
 
-bool TraceSink::WriteBatch(std::vector<format::Record>& batch) {
-  for (auto& record : batch) {
+bool TraceSink::WriteBatch(std::string_view batch) {
+  size_t pos = 0;
+  while (pos < batch.size()) {
+    format::Record* next = reader_.Next(batch, &pos);
+    if (next == nullptr) {
+      Fail("internal error: a queued record does not decode");
+      return false;
+    }
+    format::Record& record = *next;
     if (auto* frame = std::get_if<format::FrameDef>(&record)) {
       if (frame->kind == format::FrameKind::kNative && frame->function == 0 && frame->pc != 0) {
         // A placeholder from the training thread: written as the frames it symbolizes to.
@@ -171,17 +149,16 @@ bool TraceSink::WriteBatch(std::vector<format::Record>& batch) {
         continue;
       }
     } else if (auto* stack = std::get_if<format::StackDef>(&record)) {
-      std::vector<format::InternId> frames;
-      frames.reserve(stack->frames.size());
+      expanded_stack_.clear();
       for (format::InternId id : stack->frames) {
         auto it = expanded_frames_.find(id);
         if (it == expanded_frames_.end()) {
-          frames.push_back(id);
+          expanded_stack_.push_back(id);
         } else {
-          frames.insert(frames.end(), it->second.begin(), it->second.end());
+          expanded_stack_.insert(expanded_stack_.end(), it->second.begin(), it->second.end());
         }
       }
-      stack->frames = std::move(frames);
+      stack->frames.swap(expanded_stack_);
     }
     format::Status status = writer_->Append(record);
     if (!status.ok()) {

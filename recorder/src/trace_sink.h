@@ -1,7 +1,8 @@
 // TraceSink: the bounded queue between the training threads and the writer thread.
 //
-// Training threads hand over groups of records (one op's worth) and go back to work; the writer
-// thread symbolizes new native frames, encodes, compresses and writes. The queue holds at most
+// Training threads hand over groups of records (one op's worth), appended to the queue as bytes
+// (record_bytes.h), and go back to work; the writer thread decodes them, symbolizes new native
+// frames, encodes them in the trace format, compresses and writes. The queue holds at most
 // max_buffered_bytes: when it is full a producer either waits for the writer (kWait, no data lost)
 // or drops the group and counts it (kDrop); the count becomes a DataLossRecord in the trace.
 // A write that fails (disk full, path gone) prints one warning and fails the sink: every later
@@ -15,10 +16,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "record_bytes.h"
 #include "torchrr/format/records.h"
 #include "torchrr/format/writer.h"
 #include "torchrr/recorder.h"
@@ -40,7 +43,7 @@ class TraceSink {
   ~TraceSink();  // Close().
 
   enum class PushResult { kQueued, kDropped, kFailed };
-  // Moves `records` into the queue (leaving it empty). Thread-safe. kDropped: the queue was full
+  // Appends `records` to the queue and frees them (leaving `records` empty). Thread-safe. kDropped: the queue was full
   // in kDrop mode and the group was counted as lost (the caller must forget what it interned in
   // it). kFailed: the sink has failed; stop recording.
   PushResult Push(std::vector<format::Record>& records);
@@ -61,13 +64,10 @@ class TraceSink {
   // name the placeholder to name them instead.
   format::InternId NextFrameId() { return next_frame_id_.fetch_add(1) + 1; }
 
-  // Rough memory a record holds while queued.
-  static size_t ApproxBytes(const format::Record& record);
-
  private:
   TraceSink(const Options& options, std::unique_ptr<format::TraceWriter> writer);
   void WriterLoop();
-  bool WriteBatch(std::vector<format::Record>& batch);  // Writer thread only.
+  bool WriteBatch(std::string_view batch);  // Writer thread only.
   void Fail(const std::string& why);
   // Writes the frames a placeholder symbolizes to, with the StringDefs they need first.
   // Writer thread only.
@@ -81,14 +81,15 @@ class TraceSink {
   std::mutex mu_;
   std::condition_variable has_work_;   // Writer waits on it.
   std::condition_variable has_room_;   // Producers wait on it (kWait).
-  std::vector<format::Record> queue_;  // Guarded by mu_.
-  size_t queued_bytes_ = 0;            // Guarded by mu_.
+  std::string queue_;                  // Guarded by mu_: AppendRecordBytes' bytes.
   bool closing_ = false;               // Guarded by mu_.
   uint64_t dropped_records_ = 0;       // Guarded by mu_: not yet reported in the trace.
   uint64_t dropped_bytes_ = 0;         // Guarded by mu_.
   int64_t dropped_first_ns_ = 0;       // Guarded by mu_.
   int64_t dropped_last_ns_ = 0;        // Guarded by mu_.
 
+  RecordBytesReader reader_;                                          // Writer thread only.
+  std::vector<format::InternId> expanded_stack_;                      // Writer thread only.
   std::unordered_map<std::string, format::InternId> symbol_strings_;  // Writer thread only.
   std::unordered_map<format::InternId, std::vector<format::InternId>> expanded_frames_;  // Writer.
   std::atomic<format::InternId> next_string_id_{0};
