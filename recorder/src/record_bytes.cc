@@ -1,5 +1,6 @@
 #include "record_bytes.h"
 
+#include <algorithm>
 #include <concepts>
 #include <cstring>
 #include <string_view>
@@ -69,7 +70,7 @@ struct IsVector<std::vector<T>> : std::true_type {};
 
 class ByteWriter {
  public:
-  explicit ByteWriter(std::string& out) : out_(out) {}
+  explicit ByteWriter(ByteBuffer& out) : out_(out) {}
 
   template <class T>
   void operator()(const T& value) {
@@ -95,9 +96,9 @@ class ByteWriter {
     auto n32 = static_cast<uint32_t>(n);
     Raw(&n32, sizeof(n32));
   }
-  void Raw(const void* data, size_t n) { out_.append(static_cast<const char*>(data), n); }
+  void Raw(const void* data, size_t n) { out_.Append(data, n); }
 
-  std::string& out_;
+  ByteBuffer& out_;
 };
 
 class ByteReader {
@@ -176,10 +177,52 @@ std::array<Record, kRecordKindCount> EveryAlternative(std::index_sequence<I...>)
 
 }  // namespace
 
-void AppendRecordBytes(const Record& record, std::string& out) {
-  out.push_back(static_cast<char>(record.index()));
+void ByteBuffer::Grow(size_t n) {
+  size_t capacity = std::max<size_t>({4096, 2 * capacity_, size_ + n});
+  auto data = std::make_unique_for_overwrite<char[]>(capacity);
+  if (size_ > 0) std::memcpy(data.get(), data_.get(), size_);
+  data_ = std::move(data);
+  capacity_ = capacity;
+}
+
+template <class T, size_t I = 0>
+constexpr uint8_t KindOf() {
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, Record>, T>) {
+    return I;
+  } else {
+    return KindOf<T, I + 1>();
+  }
+}
+
+template <class T>
+  requires(!std::is_same_v<T, Record>)
+void AppendRecordBytes(const T& record, ByteBuffer& out) {
+  constexpr uint8_t kKind = KindOf<T>();
+  out.Append(&kKind, 1);
   ByteWriter writer(out);
-  RecordFields(writer, record);
+  if constexpr (std::is_trivially_copyable_v<T>) {
+    writer(record);
+  } else {
+    Fields(writer, record);
+  }
+}
+
+template void AppendRecordBytes(const StringDef&, ByteBuffer&);
+template void AppendRecordBytes(const FrameDef&, ByteBuffer&);
+template void AppendRecordBytes(const StackDef&, ByteBuffer&);
+template void AppendRecordBytes(const TensorInfo&, ByteBuffer&);
+template void AppendRecordBytes(const OpRecord&, ByteBuffer&);
+template void AppendRecordBytes(const NodeRecord&, ByteBuffer&);
+template void AppendRecordBytes(const NodeExecRecord&, ByteBuffer&);
+template void AppendRecordBytes(const ErrorRecord&, ByteBuffer&);
+template void AppendRecordBytes(const CudaKernelRecord&, ByteBuffer&);
+template void AppendRecordBytes(const CudaMemcpyRecord&, ByteBuffer&);
+template void AppendRecordBytes(const DataLossRecord&, ByteBuffer&);
+template void AppendRecordBytes(const FingerprintRecord&, ByteBuffer&);
+static_assert(kRecordKindCount == 12, "a record kind was added: instantiate it above");
+
+void AppendRecordBytes(const Record& record, ByteBuffer& out) {
+  std::visit([&](const auto& r) { AppendRecordBytes(r, out); }, record);
 }
 
 RecordBytesReader::RecordBytesReader()

@@ -35,18 +35,63 @@ namespace torchrr::recorder {
 using format::ObjectId;
 using format::Record;
 
-// What the start callback keeps for the end callback.
-struct OpFrame : at::ObserverContext {
+// What the start callback keeps for the end callback. Frames are reused, op after op, from a
+// per-thread pool (their vectors and buffers keep their capacity): see OpHandle.
+struct OpFrame {
   format::OpRecord op;
   // Strong references to the inputs' version counters, parallel to op.inputs: the versions after
   // the op are read from them even if an input died inside the op.
   std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> input_counters;
-  std::vector<Record> before;  // Definitions and TensorInfos to write before the op.
+  EncodedRecords before;  // Definitions and TensorInfos to write before the op.
   int uncaught_at_start = 0;
   uint64_t sequence_at_start = 0;  // at::sequence_number::peek() at start and end: nodes created
   uint64_t sequence_at_end = 0;    // by this op have numbers in [start, end) on this thread.
   uint64_t thread = 0;
   bool active = false;
+
+  // Back to a fresh frame's state, keeping the capacity of what it holds.
+  void Reset() {
+    std::vector<format::TensorUse> inputs = std::move(op.inputs);
+    std::vector<format::TensorUse> outputs = std::move(op.outputs);
+    std::vector<format::Value> values = std::move(op.values);
+    op = format::OpRecord();
+    op.inputs = std::move(inputs);
+    op.outputs = std::move(outputs);
+    op.values = std::move(values);
+    op.inputs.clear();
+    op.outputs.clear();
+    op.values.clear();
+    input_counters.clear();
+    before.clear();
+    uncaught_at_start = 0;
+    sequence_at_start = sequence_at_end = thread = 0;
+    active = false;
+  }
+};
+
+// The NodeRecords an op's end creates, kept (and reused, with their vectors' capacity) until the
+// group is written: the end fills in which output a saved output is after creating them.
+struct NodeScratch {
+  std::vector<format::NodeRecord> records;
+  size_t size = 0;
+
+  format::NodeRecord& Next() {
+    if (size == records.size()) {
+      ++size;
+      return records.emplace_back();
+    }
+    format::NodeRecord& r = records[size++];
+    std::vector<format::Edge> edges = std::move(r.edges);
+    std::vector<format::SavedTensor> saved = std::move(r.saved);
+    r = format::NodeRecord();
+    r.edges = std::move(edges);
+    r.saved = std::move(saved);
+    r.edges.clear();
+    r.saved.clear();
+    return r;
+  }
+  format::NodeRecord* begin() { return records.data(); }
+  format::NodeRecord* end() { return records.data() + size; }
 };
 
 namespace {
@@ -66,18 +111,42 @@ struct ThreadState {
   int backward_depth = 0;          // Backward functions running on this thread.
   size_t user_scopes = 0;          // record_function() ranges among op_stack.
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
-  // OnEnd's working vectors, kept between ops so that their capacity is reused: an op's end
-  // would otherwise allocate and free each of them (OnEnd does not nest: torchrr's own ops are
-  // ignored). Empty between ops.
-  std::vector<Record> group;
-  std::vector<Record> after;
-  std::vector<Record> nodes;
+  // Frames of ended ops, for the next ones (OpHandle).
+  std::vector<std::unique_ptr<OpFrame>> free_frames;
+  // OnEnd's working storage, kept between ops so that its capacity is reused: an op's end would
+  // otherwise allocate and free each of them (OnEnd does not nest: torchrr's own ops are ignored).
+  // Empty between ops.
+  EncodedRecords group;
+  EncodedRecords after;
+  NodeScratch nodes;
   std::vector<at::Tensor> touched;
   std::vector<std::pair<uint16_t, uint16_t>> positions;
   // verify_saved: fingerprints queued under mu_, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;
 };
 thread_local ThreadState t_state;
+
+// What torch holds between an op's start and end callbacks: the op's frame, which goes back to the
+// pool of the thread that ends the op (the thread that started it, but for ops whose end runs
+// asynchronously elsewhere: their frame just moves to that thread's pool).
+struct OpHandle : at::ObserverContext {
+  std::unique_ptr<OpFrame> frame;
+
+  explicit OpHandle(std::unique_ptr<OpFrame> f) : frame(std::move(f)) {}
+  ~OpHandle() override {
+    // 64: deeper than ops nest in practice; a pool never holds more.
+    std::vector<std::unique_ptr<OpFrame>>& pool = t_state.free_frames;
+    if (pool.size() < 64) pool.push_back(std::move(frame));
+  }
+};
+
+std::unique_ptr<OpFrame> TakeFrame(ThreadState& ts) {
+  if (ts.free_frames.empty()) return std::make_unique<OpFrame>();
+  std::unique_ptr<OpFrame> frame = std::move(ts.free_frames.back());
+  ts.free_frames.pop_back();
+  frame->Reset();
+  return frame;
+}
 
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
@@ -87,7 +156,7 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
-  auto& frame = static_cast<OpFrame&>(*ctx);
+  OpFrame& frame = *static_cast<OpHandle&>(*ctx).frame;
   if (!frame.active) return;
   Session* session = g_active_raw.load(std::memory_order_acquire);
   if (session == nullptr || t_state.busy) return;
@@ -165,14 +234,14 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
       std::lock_guard<std::mutex> lock(session_->mu_);
       r.name = session_->InternString(std::string(name), group_);
     }
-    group_.emplace_back(r);
+    group_.Add(r);
   }
   void OnMemcpy(const format::CudaMemcpyRecord& record) override {
-    if (record.op != kOwnCudaWork) group_.emplace_back(record);
+    if (record.op != kOwnCudaWork) group_.Add(record);
   }
   void OnDataLoss(uint64_t records, std::string_view reason) override {
     int64_t now = NowNs();
-    group_.emplace_back(format::DataLossRecord{records, 0, now, now, std::string(reason)});
+    group_.Add(format::DataLossRecord{records, 0, now, now, std::string(reason)});
   }
   void OnDeliveryEnd() override {
     if (!group_.empty() && session_->recording()) session_->PushGroup(group_);
@@ -181,7 +250,7 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
 
  private:
   Session* session_;
-  std::vector<Record> group_;  // CUPTI delivery only.
+  EncodedRecords group_;  // CUPTI delivery only.
 };
 
 Session::Session(const RecorderOptions& options) : options_(options) {}
@@ -300,8 +369,10 @@ void Session::Degrade(const std::string& why) {
                why.c_str());
 }
 
-void Session::PushGroup(std::vector<Record>& group) {
-  switch (sink_->Push(group)) {
+void Session::PushGroup(EncodedRecords& group) {
+  TraceSink::PushResult result = sink_->Push(group);
+  group.clear();
+  switch (result) {
     case TraceSink::PushResult::kQueued:
       return;
     case TraceSink::PushResult::kDropped: {
@@ -330,7 +401,7 @@ void Session::RecordError(format::ErrorKind kind, const std::string& type,
   if (!recording()) return;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   BusyGuard busy(t_state);
-  std::vector<Record> group;
+  EncodedRecords group;
   {
     std::lock_guard<std::mutex> lock(mu_);
     format::ErrorRecord error;
@@ -340,23 +411,23 @@ void Session::RecordError(format::ErrorKind kind, const std::string& type,
     error.time_ns = NowNs();
     error.type = InternString(type, group);
     error.message = message;
-    group.emplace_back(std::move(error));
+    group.Add(error);
   }
   PushGroup(group);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-format::InternId Session::InternString(const std::string& text, std::vector<Record>& out) {
+format::InternId Session::InternString(const std::string& text, EncodedRecords& out) {
   if (text.empty()) return 0;
   auto it = strings_.find(text);
   if (it != strings_.end()) return it->second;
   format::InternId id = sink_->NextStringId();
   strings_.emplace(text, id);
-  out.emplace_back(format::StringDef{id, text});
+  out.Add(format::StringDef{id, text});
   return id;
 }
 
-format::InternId Session::InternOpName(const char* name, std::vector<Record>& out) {
+format::InternId Session::InternOpName(const char* name, EncodedRecords& out) {
   if (name == nullptr || *name == '\0') return 0;
   auto it = op_names_.find(name);
   if (it != op_names_.end()) return it->second;
@@ -367,7 +438,7 @@ format::InternId Session::InternOpName(const char* name, std::vector<Record>& ou
 
 format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
                                       const PythonFrame* py, size_t n_py,
-                                      std::vector<Record>& out) {
+                                      EncodedRecords& out) {
   if (n_pcs == 0 && n_py == 0) return 0;
   static thread_local std::string key;  // Reused: a repeated stack costs no allocation.
   key.assign(reinterpret_cast<const char*>(pcs), n_pcs * sizeof(uintptr_t));
@@ -387,7 +458,7 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
       def.id = frame->second;
       def.kind = format::FrameKind::kNative;
       def.pc = pcs[i];
-      out.emplace_back(def);
+      out.Add(def);
     }
     stack.frames.push_back(frame->second);
   }
@@ -406,14 +477,13 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
         def.function = InternString(code->second.function, out);
         def.framework = code->second.framework;
       }
-      out.emplace_back(def);
+      out.Add(def);
     }
     stack.frames.push_back(frame->second);
   }
   stacks_.emplace(key, stack.id);
-  format::InternId id = stack.id;
-  out.emplace_back(std::move(stack));
-  return id;
+  out.Add(stack);
+  return stack.id;
 }
 
 format::ObjectId Session::StorageId(const c10::TensorImpl& impl) {
@@ -435,7 +505,7 @@ format::ObjectId Session::VersionCounterId(const c10::TensorImpl& impl) {
       .id;
 }
 
-format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record>& out) {
+format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& out) {
   if (!tensor.defined()) return 0;
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   bool created = false;
@@ -509,7 +579,7 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   state.sizes.assign(sizes.begin(), sizes.end());
   state.strides.assign(strides.begin(), strides.end());
 
-  format::TensorInfo info;
+  format::TensorInfo& info = tensor_info_;  // Its vectors keep their capacity.
   info.tensor = entry.id;
   info.storage = storage;
   info.version_counter = counter;
@@ -525,36 +595,36 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, std::vector<Record
   info.output_nr = output_nr;
   info.storage_nbytes = nbytes;
   info.storage_address = data_address;
-  out.emplace_back(std::move(info));
+  out.Add(info);
   return entry.id;
 }
 
 format::ObjectId Session::RefNode(torch::autograd::Node* node, const OpFrame* creator,
-                                  std::vector<Record>& out) {
+                                  EncodedRecords& defs, NodeScratch& nodes) {
   if (node == nullptr) return 0;
   std::vector<torch::autograd::Node*> pending;
   bool created = false;
   auto& entry = nodes_.Lookup(node, [&] { return node->weak_from_this(); }, next_id_, created);
   ObjectId id = entry.id;
   if (!created) return id;
-  WriteNodeRecord(node, id, creator, pending, out);
+  WriteNodeRecord(node, id, creator, pending, defs, nodes);
   // Nodes reached through edges that were never seen as an op's grad_fn (AccumulateGrad of
   // leaves, nodes created before the recording started).
   while (!pending.empty()) {
     torch::autograd::Node* next = pending.back();
     pending.pop_back();
     ObjectId next_id = nodes_.Find(next);
-    WriteNodeRecord(next, next_id, creator, pending, out);
+    WriteNodeRecord(next, next_id, creator, pending, defs, nodes);
   }
   return id;
 }
 
 void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const OpFrame* creator,
                               std::vector<torch::autograd::Node*>& pending,
-                              std::vector<Record>& out) {
-  format::NodeRecord record;
+                              EncodedRecords& defs, NodeScratch& nodes) {
+  format::NodeRecord& record = nodes.Next();
   record.node = id;
-  record.name = InternString(node->name(), out);
+  record.name = InternString(node->name(), defs);
   record.forward_thread = node->thread_id();
   uint64_t sequence_nr = node->sequence_nr();
   record.sequence_nr = static_cast<int64_t>(sequence_nr);
@@ -563,7 +633,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     record.created_by = creator->op.op;
   }
   if (auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-    record.variable = RefTensor(accumulate->variable, out);
+    record.variable = RefTensor(accumulate->variable, defs);
   }
 
   const bool verify = verify_saved_.load(std::memory_order_relaxed);
@@ -571,7 +641,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
       *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
         SavedVariableFacts facts = ReadSavedVariable(sv);
         format::SavedTensor saved;
-        saved.name = InternString(name, out);
+        saved.name = InternString(name, defs);
         saved.list_index = list_index;
         saved.defined = facts.defined;
         saved.has_hooks = facts.has_hooks;
@@ -585,7 +655,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
           saved.version_counter = VersionCounterId(data);
           // A saved output is a shallow copy sharing the output's storage and counter; OnEnd
           // names the output the program holds instead.
-          if (facts.saved_original) saved.tensor = RefTensor(*facts.data, out);
+          if (facts.saved_original) saved.tensor = RefTensor(*facts.data, defs);
           if (verify) {
             QueueFingerprint(id, saved.name, list_index, *facts.data, saved.tensor,
                              format::FingerprintWhen::kAtSave);
@@ -625,7 +695,6 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
       prune_node_keys_at_ = std::max<size_t>(4096, 2 * node_keys_.size());
     }
   }
-  out.emplace_back(std::move(record));
 }
 
 void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t list_index,
@@ -642,7 +711,7 @@ void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t li
   t_state.fingerprints.push_back(std::move(pending));
 }
 
-void Session::TakeFingerprints(std::vector<Record>& out) {
+void Session::TakeFingerprints(EncodedRecords& out) {
   std::vector<PendingFingerprint> pending;
   pending.swap(t_state.fingerprints);
   for (PendingFingerprint& p : pending) {
@@ -664,12 +733,12 @@ void Session::TakeFingerprints(std::vector<Record>& out) {
     }
     if (result != FingerprintResult::kDone) continue;
     p.record.time_ns = NowNs();
-    out.emplace_back(p.record);
+    out.Add(p.record);
   }
 }
 
 void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
-                               std::vector<Record>& out) {
+                               EncodedRecords& out) {
   auto key = node_keys_.find({forward_thread, sequence_nr});
   if (key == node_keys_.end()) return;
   const auto* entry = nodes_.FindEntry(key->second.address);
@@ -694,7 +763,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   BusyGuard busy(ts);
   std::unique_ptr<OpFrame> frame;
   try {
-    frame = std::make_unique<OpFrame>();
+    frame = TakeFrame(ts);
     format::OpRecord& op = frame->op;
     op.start_ns = NowNs();
     frame->uncaught_at_start = std::uncaught_exceptions();
@@ -845,7 +914,8 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   // Last: CUDA work launched from here on is this op's.
   if (frame && cuda_tracer_) cuda_tracer_->PushOp(frame->op.op);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
-  return frame;
+  if (!frame) return nullptr;
+  return std::make_unique<OpHandle>(std::move(frame));
 }
 
 void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
@@ -874,9 +944,9 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
     }
     frame.input_counters.clear();
 
-    std::vector<Record>& group = ts.group;
-    std::vector<Record>& after = ts.after;
-    std::vector<Record>& nodes = ts.nodes;
+    EncodedRecords& group = ts.group;
+    EncodedRecords& after = ts.after;  // Also the definitions the nodes name.
+    NodeScratch& nodes = ts.nodes;
     std::vector<at::Tensor>& touched = ts.touched;  // Parallel to op.outputs.
     std::vector<std::pair<uint16_t, uint16_t>>& positions = ts.positions;
     // Whatever happens below, the scratch vectors are left empty (and the tensors released).
@@ -884,13 +954,13 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       ~ClearScratch() {
         state.group.clear();
         state.after.clear();
-        state.nodes.clear();
+        state.nodes.size = 0;
         state.touched.clear();
         state.positions.clear();
       }
       ThreadState& state;
     } clear_scratch{ts};
-    for (auto& r : frame.before) group.push_back(std::move(r));
+    group.AddAll(frame.before);
     frame.before.clear();
     const auto& outputs = fn.outputs();
     {
@@ -916,13 +986,13 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       // grad_fn, and for an in-place op on a view the CopySlices autograd put on the view's base.
       for (const at::Tensor& t : touched) {
         torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
-        if (grad_fn != nullptr) RefNode(grad_fn, &frame, nodes);
+        if (grad_fn != nullptr) RefNode(grad_fn, &frame, after, nodes);
         if (t.is_view()) {
           auto* view_meta = torch::autograd::impl::get_view_autograd_meta(t);
           if (view_meta != nullptr && view_meta->has_bw_view()) {
             const at::Tensor& base = view_meta->get_backward_view().base_;
             torch::autograd::Node* base_fn = torch::autograd::impl::grad_fn_unsafe(base);
-            if (base_fn != nullptr) RefNode(base_fn, &frame, nodes);
+            if (base_fn != nullptr) RefNode(base_fn, &frame, after, nodes);
             RefTensor(base, after);
           }
         }
@@ -942,10 +1012,8 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         op.outputs.push_back(use);
       }
       // A saved output names the output tensor the program holds.
-      for (auto& r : nodes) {
-        auto* node = std::get_if<format::NodeRecord>(&r);
-        if (node == nullptr) continue;
-        for (auto& saved : node->saved) {
+      for (format::NodeRecord& node : nodes) {
+        for (auto& saved : node.saved) {
           if (saved.tensor != 0 || saved.version_counter == 0) continue;
           for (size_t i = 0; i < touched.size(); ++i) {
             const c10::TensorImpl& impl = *touched[i].unsafeGetTensorImpl();
@@ -974,10 +1042,10 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       }
       // Order: definitions and inputs' metadata (before), the outputs' metadata as the op left
       // them, the nodes it created (whose saved tensors those describe), the op itself.
-      for (auto& r : after) group.push_back(std::move(r));
-      for (auto& r : nodes) group.push_back(std::move(r));
-      group.emplace_back(std::move(op));
-      if (has_exec) group.emplace_back(exec);
+      group.AddAll(after);
+      for (const format::NodeRecord& node : nodes) group.Add(node);
+      group.Add(op);
+      if (has_exec) group.Add(exec);
     }
     // Outside mu_; after the NodeRecords they name.
     if (!ts.fingerprints.empty()) TakeFingerprints(group);

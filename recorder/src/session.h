@@ -37,6 +37,7 @@
 namespace torchrr::recorder {
 
 struct OpFrame;
+struct NodeScratch;
 
 inline constexpr size_t kMaxPythonFrames = 48;
 // The CUPTI external correlation id of torchrr's own CUDA work (fingerprints): dropped.
@@ -74,24 +75,25 @@ class Session {
   explicit Session(const RecorderOptions& options);
   // Stops with one warning; for failures inside callbacks.
   void Degrade(const std::string& why);
-  void PushGroup(std::vector<format::Record>& group);
+  void PushGroup(EncodedRecords& group);  // Clears `group`.
 
   // All of the following run with mu_ held.
-  format::InternId InternString(const std::string& text, std::vector<format::Record>& out);
-  format::InternId InternOpName(const char* name, std::vector<format::Record>& out);
+  format::InternId InternString(const std::string& text, EncodedRecords& out);
+  format::InternId InternOpName(const char* name, EncodedRecords& out);
   format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,
-                               size_t n_py, std::vector<format::Record>& out);
+                               size_t n_py, EncodedRecords& out);
   // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed.
-  format::ObjectId RefTensor(const at::Tensor& tensor, std::vector<format::Record>& out);
+  format::ObjectId RefTensor(const at::Tensor& tensor, EncodedRecords& out);
   format::ObjectId StorageId(const c10::TensorImpl& impl);
   format::ObjectId VersionCounterId(const c10::TensorImpl& impl);
-  // The node's id; on first sight writes its NodeRecord (and those of unseen nodes it reaches).
+  // The node's id; on first sight adds its NodeRecord (and those of unseen nodes it reaches) to
+  // `nodes`, and the definitions and TensorInfos they name to `defs`, which is written first.
   // `creator` is the op whose end this is (nullptr outside an op end).
   format::ObjectId RefNode(torch::autograd::Node* node, const OpFrame* creator,
-                           std::vector<format::Record>& out);
+                           EncodedRecords& defs, NodeScratch& nodes);
   void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, const OpFrame* creator,
-                       std::vector<torch::autograd::Node*>& pending,
-                       std::vector<format::Record>& out);
+                       std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
+                       NodeScratch& nodes);
   // CUDA work from CUPTI: interned and pushed as groups of their own.
   class CudaSink;
   void StartCudaTracer();
@@ -104,11 +106,11 @@ class Session {
   void QueueFingerprint(format::ObjectId node, format::InternId name, uint32_t list_index,
                         const at::Tensor& data, format::ObjectId tensor,
                         format::FingerprintWhen when);
-  void TakeFingerprints(std::vector<format::Record>& out);
+  void TakeFingerprints(EncodedRecords& out);
   // verify_saved, at a backward function's start: queues the fingerprints of what its node saved
   // (names interned into `out`).
   void FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
-                        std::vector<format::Record>& out);
+                        EncodedRecords& out);
 
   const RecorderOptions options_;
   std::unique_ptr<TraceSink> sink_;
@@ -160,6 +162,7 @@ class Session {
     uint64_t counter_sweeps = 0;
   };
   ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_;
+  format::TensorInfo tensor_info_;  // Guarded by mu_: RefTensor's record, before it is encoded.
   ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_;
   ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_;
   ObjectIdTable<std::weak_ptr<torch::autograd::Node>> nodes_;

@@ -49,18 +49,10 @@ TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter
 
 TraceSink::~TraceSink() { Close(); }
 
-TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
-  if (failed()) {
-    records.clear();
-    return PushResult::kFailed;
-  }
-  // Encoded and freed here, on the thread that made them, outside the lock (see record_bytes.h).
-  thread_local std::string encoded;
-  encoded.clear();
-  for (const auto& r : records) AppendRecordBytes(r, encoded);
-  const size_t n_records = records.size();
-  records.clear();
-  const size_t bytes = encoded.size();
+TraceSink::PushResult TraceSink::Push(const EncodedRecords& records) {
+  if (failed()) return PushResult::kFailed;
+  const size_t n_records = records.count();
+  const size_t bytes = records.bytes().size();
   std::unique_lock<std::mutex> lock(mu_);
   if (queue_.size() + bytes > options_.max_buffered_bytes && !queue_.empty()) {
     if (options_.when_full == WhenFull::kDrop) {
@@ -87,10 +79,10 @@ TraceSink::PushResult TraceSink::Push(std::vector<format::Record>& records) {
     loss.first_ns = dropped_first_ns_;
     loss.last_ns = dropped_last_ns_;
     loss.reason = "the writer could not keep up (when_full=drop)";
-    AppendRecordBytes(format::Record(std::move(loss)), queue_);
+    AppendRecordBytes(loss, queue_);
     dropped_records_ = dropped_bytes_ = 0;
   }
-  queue_.append(encoded);
+  queue_.Append(records.bytes().data(), bytes);
   bool wake = queued_before < wake_bytes_ && queue_.size() >= wake_bytes_;
   lock.unlock();
   if (wake) has_work_.notify_one();
@@ -106,7 +98,7 @@ void TraceSink::Fail(const std::string& why) {
 }
 
 void TraceSink::WriterLoop() {
-  std::string batch;
+  ByteBuffer batch;
   auto last_flush = std::chrono::steady_clock::now();
   for (;;) {
     bool closing;
@@ -118,7 +110,7 @@ void TraceSink::WriterLoop() {
       closing = closing_;
     }
     has_room_.notify_all();
-    if (!batch.empty() && !failed()) WriteBatch(batch);
+    if (!batch.empty() && !failed()) WriteBatch(batch.view());
     batch.clear();
     auto now = std::chrono::steady_clock::now();
     if (!failed() && now - last_flush >= kFlushInterval) {

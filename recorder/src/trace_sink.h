@@ -43,10 +43,10 @@ class TraceSink {
   ~TraceSink();  // Close().
 
   enum class PushResult { kQueued, kDropped, kFailed };
-  // Appends `records` to the queue and frees them (leaving `records` empty). Thread-safe. kDropped: the queue was full
-  // in kDrop mode and the group was counted as lost (the caller must forget what it interned in
-  // it). kFailed: the sink has failed; stop recording.
-  PushResult Push(std::vector<format::Record>& records);
+  // Appends `records` (one group: they are written together) to the queue. Thread-safe.
+  // kDropped: the queue was full in kDrop mode and the group was counted as lost (the caller must
+  // forget what it interned in it). kFailed: the sink has failed; stop recording.
+  PushResult Push(const EncodedRecords& records);
 
   // Drains the queue, closes the trace (index and trailer) and joins the writer thread.
   // Idempotent. Returns false if the trace could not be written whole.
@@ -81,7 +81,7 @@ class TraceSink {
   std::mutex mu_;
   std::condition_variable has_work_;   // Writer waits on it.
   std::condition_variable has_room_;   // Producers wait on it (kWait).
-  std::string queue_;                  // Guarded by mu_: AppendRecordBytes' bytes.
+  ByteBuffer queue_;                   // Guarded by mu_: AppendRecordBytes' bytes.
   bool closing_ = false;               // Guarded by mu_.
   uint64_t dropped_records_ = 0;       // Guarded by mu_: not yet reported in the trace.
   uint64_t dropped_bytes_ = 0;         // Guarded by mu_.

@@ -18,8 +18,9 @@ using format::testing::ManySteps;
 
 // Encodes `records` one after another, decodes them with one reader, compares them as JSON.
 void ExpectRoundTrip(const std::vector<format::Record>& records) {
-  std::string bytes;
-  for (const auto& r : records) AppendRecordBytes(r, bytes);
+  ByteBuffer buffer;
+  for (const auto& r : records) AppendRecordBytes(r, buffer);
+  std::string_view bytes = buffer.view();
   RecordBytesReader reader;
   size_t pos = 0;
   for (const auto& want : records) {
@@ -46,8 +47,9 @@ TEST(RecordBytes, ScratchRecordsAreRefilledNotAppendedTo) {
 }
 
 TEST(RecordBytes, CutOrForeignBytesAreRefused) {
-  std::string bytes;
-  for (const auto& r : EveryKind(1000, 10, 5'000'000)) AppendRecordBytes(r, bytes);
+  ByteBuffer buffer;
+  for (const auto& r : EveryKind(1000, 10, 5'000'000)) AppendRecordBytes(r, buffer);
+  std::string_view bytes = buffer.view();
   for (size_t cut = 1; cut < bytes.size(); cut += 7) {
     std::string_view head(bytes.data(), cut);
     RecordBytesReader reader;
