@@ -417,13 +417,13 @@ void Session::RecordError(format::ErrorKind kind, const std::string& type,
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-format::InternId Session::InternString(const std::string& text, EncodedRecords& out) {
+format::InternId Session::InternString(std::string_view text, EncodedRecords& out) {
   if (text.empty()) return 0;
   auto it = strings_.find(text);
   if (it != strings_.end()) return it->second;
   format::InternId id = sink_->NextStringId();
   strings_.emplace(text, id);
-  out.Add(format::StringDef{id, text});
+  out.Add(format::StringDef{id, std::string(text)});
   return id;
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -78,7 +79,7 @@ class Session {
   void PushGroup(EncodedRecords& group);  // Clears `group`.
 
   // All of the following run with mu_ held.
-  format::InternId InternString(const std::string& text, EncodedRecords& out);
+  format::InternId InternString(std::string_view text, EncodedRecords& out);
   format::InternId InternOpName(const char* name, EncodedRecords& out);
   format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,
                                size_t n_py, EncodedRecords& out);
@@ -127,7 +128,13 @@ class Session {
 
   std::mutex mu_;
   format::ObjectId next_id_ = 0;  // Guarded by mu_.
-  std::unordered_map<std::string, format::InternId> strings_;      // Guarded by mu_.
+  // Looked up by string_view: a name the callbacks get as a char* is not copied to be looked up.
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view text) const { return std::hash<std::string_view>()(text); }
+  };
+  std::unordered_map<std::string, format::InternId, StringHash, std::equal_to<>>
+      strings_;  // Guarded by mu_.
   std::unordered_map<const char*, format::InternId> op_names_;     // Guarded by mu_.
   std::unordered_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
   std::unordered_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
