@@ -451,7 +451,7 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
   // Native frames first (innermost first: the dispatcher, the binding, the interpreter), then the
   // Python frames that called into them, innermost first.
   for (size_t i = 0; i < n_pcs; ++i) {
-    auto [frame, created] = frames_.try_emplace(pcs[i], 0);
+    auto [frame, created] = frames_.emplace(pcs[i], 0);
     if (created) {
       frame->second = sink_->NextFrameId();
       format::FrameDef def;  // Symbolized by the writer thread before it is written.
@@ -464,7 +464,7 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
   }
   for (size_t i = 0; i < n_py; ++i) {
     uint64_t py_key = (static_cast<uint64_t>(py[i].code) << 32) | static_cast<uint32_t>(py[i].line);
-    auto [frame, created] = python_frames_.try_emplace(py_key, 0);
+    auto [frame, created] = python_frames_.emplace(py_key, 0);
     if (created) {
       frame->second = sink_->NextFrameId();
       format::FrameDef def;

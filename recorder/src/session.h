@@ -135,9 +135,9 @@ class Session {
   };
   std::unordered_map<std::string, format::InternId, StringHash, std::equal_to<>>
       strings_;  // Guarded by mu_.
-  std::unordered_map<const char*, format::InternId> op_names_;     // Guarded by mu_.
-  std::unordered_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
-  std::unordered_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
+  ska::flat_hash_map<const char*, format::InternId> op_names_;     // Guarded by mu_.
+  ska::flat_hash_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
+  ska::flat_hash_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
   std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.
   std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.

@@ -31,7 +31,7 @@ enum class WhenFull {
 
 struct RecorderOptions {
   std::string path = "torchrr.trr";
-  bool native_stacks = true;     // A C++ stack per op (Boost.Stacktrace), symbolized at close.
+  bool native_stacks = true;     // A C++ stack per top-level op, symbolized at close.
   bool python_stacks = true;     // Python frames per op, when the process runs Python.
   size_t max_buffered_bytes = 256u << 20;  // Records waiting for the writer thread, at most.
   WhenFull when_full = WhenFull::kWait;
