@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,6 +122,8 @@ struct ThreadState {
   NodeScratch nodes;
   std::vector<at::Tensor> touched;
   std::vector<std::pair<uint16_t, uint16_t>> positions;
+  std::vector<std::pair<ObjectId, ObjectId>> output_ids;  // Storage and counter, per output.
+  std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under mu_, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;
 };
@@ -505,7 +508,8 @@ format::ObjectId Session::VersionCounterId(const c10::TensorImpl& impl) {
       .id;
 }
 
-format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& out) {
+format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& out,
+                                    ObjectId* storage_id, ObjectId* counter_id) {
   if (!tensor.defined()) return 0;
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   bool created = false;
@@ -527,6 +531,8 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
                                    state.counter_sweeps == counters_.sweeps()
                                ? state.version_counter
                                : VersionCounterId(*impl);
+  if (storage_id != nullptr) *storage_id = storage;
+  if (counter_id != nullptr) *counter_id = counter;
   // The ids are those of the objects the tensor holds now: (re)start caching them, also after a
   // sweep.
   state.storage_impl = storage_impl;
@@ -789,7 +795,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
     }
 
-    PythonFrame py_frames[kMaxPythonFrames];
+    PythonFrame* py_frames = ts.python_frames.data();  // Not cleared per op: n_py says how many.
     size_t n_py = 0;
     std::vector<PythonCode> new_codes;
     if (options_.python_stacks && outermost && !is_backward) {
@@ -957,6 +963,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         state.nodes.size = 0;
         state.touched.clear();
         state.positions.clear();
+        state.output_ids.clear();
       }
       ThreadState& state;
     } clear_scratch{ts};
@@ -1001,7 +1008,8 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       for (size_t i = 0; i < touched.size(); ++i) {
         const at::Tensor& t = touched[i];
         format::TensorUse use;
-        use.tensor = RefTensor(t, after);
+        auto& ids = ts.output_ids.emplace_back();
+        use.tensor = RefTensor(t, after, &ids.first, &ids.second);
         use.position = positions[i].first;
         use.list_index = positions[i].second;
         use.version_after = ReadVersionCounter(VersionCounterOf(*t.unsafeGetTensorImpl()));
@@ -1016,9 +1024,8 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         for (auto& saved : node.saved) {
           if (saved.tensor != 0 || saved.version_counter == 0) continue;
           for (size_t i = 0; i < touched.size(); ++i) {
-            const c10::TensorImpl& impl = *touched[i].unsafeGetTensorImpl();
-            if (VersionCounterId(impl) == saved.version_counter &&
-                StorageId(impl) == saved.storage) {
+            if (ts.output_ids[i].second == saved.version_counter &&
+                ts.output_ids[i].first == saved.storage) {
               saved.tensor = op.outputs[i].tensor;
               break;
             }

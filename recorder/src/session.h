@@ -83,8 +83,11 @@ class Session {
   format::InternId InternOpName(const char* name, EncodedRecords& out);
   format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,
                                size_t n_py, EncodedRecords& out);
-  // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed.
-  format::ObjectId RefTensor(const at::Tensor& tensor, EncodedRecords& out);
+  // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed. Also its
+  // storage's and version counter's ids, where asked.
+  format::ObjectId RefTensor(const at::Tensor& tensor, EncodedRecords& out,
+                             format::ObjectId* storage_id = nullptr,
+                             format::ObjectId* counter_id = nullptr);
   format::ObjectId StorageId(const c10::TensorImpl& impl);
   format::ObjectId VersionCounterId(const c10::TensorImpl& impl);
   // The node's id; on first sight adds its NodeRecord (and those of unseen nodes it reaches) to
