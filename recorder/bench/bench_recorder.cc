@@ -4,7 +4,7 @@
 // plain; plus trace bytes per op and the process's peak memory growth while recording.
 //
 // Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
-//                       [--hidden H] [--seq S]
+//                       [--hidden H] [--seq S] [--only-stacks-off]
 #include <sys/resource.h>
 #include <time.h>
 

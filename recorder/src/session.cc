@@ -139,7 +139,11 @@ struct OpHandle : at::ObserverContext {
   ~OpHandle() override {
     // 64: deeper than ops nest in practice; a pool never holds more.
     std::vector<std::unique_ptr<OpFrame>>& pool = t_state.free_frames;
-    if (pool.size() < 64) pool.push_back(std::move(frame));
+    try {
+      if (pool.size() < 64) pool.push_back(std::move(frame));
+    } catch (const std::bad_alloc&) {
+      // The frame is freed instead.
+    }
   }
 };
 
