@@ -156,18 +156,15 @@ class ByteReader {
   bool ok_ = true;
 };
 
-// The record's fields through `io`: as its bytes when it has no heap members, else field by field.
+// One record (one of Record's alternatives) through `io`: as its bytes when it has no heap
+// members, else field by field.
 template <class Io, class R>
 void RecordFields(Io& io, R& record) {
-  std::visit(
-      [&](auto& r) {
-        if constexpr (std::is_trivially_copyable_v<std::decay_t<decltype(r)>>) {
-          io(r);
-        } else {
-          Fields(io, r);
-        }
-      },
-      record);
+  if constexpr (std::is_trivially_copyable_v<std::remove_const_t<R>>) {
+    io(record);
+  } else {
+    Fields(io, record);
+  }
 }
 
 template <size_t... I>
@@ -200,11 +197,7 @@ void AppendRecordBytes(const T& record, ByteBuffer& out) {
   constexpr uint8_t kKind = KindOf<T>();
   out.Append(&kKind, 1);
   ByteWriter writer(out);
-  if constexpr (std::is_trivially_copyable_v<T>) {
-    writer(record);
-  } else {
-    Fields(writer, record);
-  }
+  RecordFields(writer, record);
 }
 
 template void AppendRecordBytes(const StringDef&, ByteBuffer&);
@@ -234,7 +227,7 @@ Record* RecordBytesReader::Next(std::string_view bytes, size_t* pos) {
   if (kind >= kRecordKindCount) return nullptr;
   Record& record = scratch_[kind];
   ByteReader reader(bytes, *pos + 1);
-  RecordFields(reader, record);
+  std::visit([&](auto& r) { RecordFields(reader, r); }, record);
   if (!reader.ok()) return nullptr;
   *pos = reader.pos();
   return &record;

@@ -36,6 +36,15 @@ namespace torchrr::recorder {
 using format::ObjectId;
 using format::Record;
 
+// Resets `record` to a default-constructed one, keeping the capacity of the vector members named.
+template <class T, class... Vectors>
+void ResetKeepingCapacity(T& record, Vectors T::*... vectors) {
+  T fresh;
+  ((fresh.*vectors).swap(record.*vectors), ...);
+  record = std::move(fresh);
+  ((record.*vectors).clear(), ...);
+}
+
 // What the start callback keeps for the end callback. Frames are reused, op after op, from a
 // per-thread pool (their vectors and buffers keep their capacity): see OpHandle.
 struct OpFrame {
@@ -52,16 +61,8 @@ struct OpFrame {
 
   // Back to a fresh frame's state, keeping the capacity of what it holds.
   void Reset() {
-    std::vector<format::TensorUse> inputs = std::move(op.inputs);
-    std::vector<format::TensorUse> outputs = std::move(op.outputs);
-    std::vector<format::Value> values = std::move(op.values);
-    op = format::OpRecord();
-    op.inputs = std::move(inputs);
-    op.outputs = std::move(outputs);
-    op.values = std::move(values);
-    op.inputs.clear();
-    op.outputs.clear();
-    op.values.clear();
+    ResetKeepingCapacity(op, &format::OpRecord::inputs, &format::OpRecord::outputs,
+                         &format::OpRecord::values);
     input_counters.clear();
     before.clear();
     uncaught_at_start = 0;
@@ -82,13 +83,7 @@ struct NodeScratch {
       return records.emplace_back();
     }
     format::NodeRecord& r = records[size++];
-    std::vector<format::Edge> edges = std::move(r.edges);
-    std::vector<format::SavedTensor> saved = std::move(r.saved);
-    r = format::NodeRecord();
-    r.edges = std::move(edges);
-    r.saved = std::move(saved);
-    r.edges.clear();
-    r.saved.clear();
+    ResetKeepingCapacity(r, &format::NodeRecord::edges, &format::NodeRecord::saved);
     return r;
   }
   format::NodeRecord* begin() { return records.data(); }
@@ -120,9 +115,15 @@ struct ThreadState {
   EncodedRecords group;
   EncodedRecords after;
   NodeScratch nodes;
-  std::vector<at::Tensor> touched;
-  std::vector<std::pair<uint16_t, uint16_t>> positions;
-  std::vector<std::pair<ObjectId, ObjectId>> output_ids;  // Storage and counter, per output.
+  // An op's output tensors, in order, with where each came from and its ids.
+  struct Output {
+    at::Tensor tensor;
+    uint16_t position = 0;
+    uint16_t list_index = format::TensorUse::kNotInList;
+    ObjectId storage = 0;
+    ObjectId version_counter = 0;
+  };
+  std::vector<Output> outputs;
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under mu_, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;
@@ -239,7 +240,7 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
     format::CudaKernelRecord r = record;
     {
       std::lock_guard<std::mutex> lock(session_->mu_);
-      r.name = session_->InternString(std::string(name), group_);
+      r.name = session_->InternString(name, group_);
     }
     group_.Add(r);
   }
@@ -660,12 +661,16 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
         saved.saved_version = facts.saved_version;
         saved.output_nr = facts.output_nr;
         if (facts.data != nullptr) {
-          const c10::TensorImpl& data = *facts.data->unsafeGetTensorImpl();
-          saved.storage = StorageId(data);
-          saved.version_counter = VersionCounterId(data);
           // A saved output is a shallow copy sharing the output's storage and counter; OnEnd
           // names the output the program holds instead.
-          if (facts.saved_original) saved.tensor = RefTensor(*facts.data, defs);
+          if (facts.saved_original) {
+            saved.tensor =
+                RefTensor(*facts.data, defs, &saved.storage, &saved.version_counter);
+          } else {
+            const c10::TensorImpl& data = *facts.data->unsafeGetTensorImpl();
+            saved.storage = StorageId(data);
+            saved.version_counter = VersionCounterId(data);
+          }
           if (verify) {
             QueueFingerprint(id, saved.name, list_index, *facts.data, saved.tensor,
                              format::FingerprintWhen::kAtSave);
@@ -957,17 +962,14 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
     EncodedRecords& group = ts.group;
     EncodedRecords& after = ts.after;  // Also the definitions the nodes name.
     NodeScratch& nodes = ts.nodes;
-    std::vector<at::Tensor>& touched = ts.touched;  // Parallel to op.outputs.
-    std::vector<std::pair<uint16_t, uint16_t>>& positions = ts.positions;
+    std::vector<ThreadState::Output>& touched = ts.outputs;  // Parallel to op.outputs.
     // Whatever happens below, the scratch vectors are left empty (and the tensors released).
     struct ClearScratch {
       ~ClearScratch() {
         state.group.clear();
         state.after.clear();
         state.nodes.size = 0;
-        state.touched.clear();
-        state.positions.clear();
-        state.output_ids.clear();
+        state.outputs.clear();
       }
       ThreadState& state;
     } clear_scratch{ts};
@@ -981,21 +983,20 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         const c10::IValue& v = outputs[i];
         if (v.isTensor()) {
           if (!v.toTensor().defined()) continue;
-          touched.push_back(v.toTensor());
-          positions.emplace_back(static_cast<uint16_t>(i), format::TensorUse::kNotInList);
+          touched.push_back({v.toTensor(), static_cast<uint16_t>(i)});
         } else if (v.isTensorList()) {
           auto list = v.toTensorList();
           for (size_t j = 0; j < list.size(); ++j) {
             at::Tensor t = list.get(j);
             if (!t.defined()) continue;
-            touched.push_back(std::move(t));
-            positions.emplace_back(static_cast<uint16_t>(i), static_cast<uint16_t>(j));
+            touched.push_back({std::move(t), static_cast<uint16_t>(i), static_cast<uint16_t>(j)});
           }
         }
       }
       // The nodes this op created, first (so the outputs' TensorInfo can name them): the outputs'
       // grad_fn, and for an in-place op on a view the CopySlices autograd put on the view's base.
-      for (const at::Tensor& t : touched) {
+      for (const ThreadState::Output& output : touched) {
+        const at::Tensor& t = output.tensor;
         torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (grad_fn != nullptr) RefNode(grad_fn, &frame, after, nodes);
         if (t.is_view()) {
@@ -1009,13 +1010,12 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         }
       }
       op.outputs.reserve(touched.size());
-      for (size_t i = 0; i < touched.size(); ++i) {
-        const at::Tensor& t = touched[i];
+      for (ThreadState::Output& output : touched) {
+        const at::Tensor& t = output.tensor;
         format::TensorUse use;
-        auto& ids = ts.output_ids.emplace_back();
-        use.tensor = RefTensor(t, after, &ids.first, &ids.second);
-        use.position = positions[i].first;
-        use.list_index = positions[i].second;
+        use.tensor = RefTensor(t, after, &output.storage, &output.version_counter);
+        use.position = output.position;
+        use.list_index = output.list_index;
         use.version_after = ReadVersionCounter(VersionCounterOf(*t.unsafeGetTensorImpl()));
         use.version_before = use.version_after;
         for (const auto& in : op.inputs) {  // An in-place op returns its input.
@@ -1028,8 +1028,8 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         for (auto& saved : node.saved) {
           if (saved.tensor != 0 || saved.version_counter == 0) continue;
           for (size_t i = 0; i < touched.size(); ++i) {
-            if (ts.output_ids[i].second == saved.version_counter &&
-                ts.output_ids[i].first == saved.storage) {
+            if (touched[i].version_counter == saved.version_counter &&
+                touched[i].storage == saved.storage) {
               saved.tensor = op.outputs[i].tensor;
               break;
             }
