@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   bool floor = false;
   app.add_flag("--floor", floor,
                "Also time an empty RecordFunction callback that asks for what the recorder asks "
-               "for (inputs, outputs, ids): the part of the overhead that is torch's own");
+               "for (inputs and outputs): the part of the overhead that is torch's own");
   samples::LlamaConfig config;
   // A smaller model runs the same ops with less arithmetic: for instruction counts under
   // callgrind, where the matrix products would dominate the run time.
@@ -129,7 +129,6 @@ int main(int argc, char** argv) {
                 [](const at::RecordFunction&, at::ObserverContext*) {})
                 .needsInputs(true)
                 .needsOutputs(true)
-                .needsIds(true)
                 .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                          at::RecordScope::USER_SCOPE}));
       }

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <ATen/SequenceNumber.h>
+#include <c10/util/MaybeOwned.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -53,6 +54,9 @@ struct OpFrame {
   // the op are read from them even if an input died inside the op.
   std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> input_counters;
   EncodedRecords before;  // Definitions and TensorInfos to write before the op.
+  // The int lists of earlier ops' values (kIntList, kBoolList), for this op's: a shape or a dim
+  // list argument costs no allocation once the frame has held as many.
+  std::vector<std::vector<int64_t>> spare_ints;
   int uncaught_at_start = 0;
   uint64_t sequence_at_start = 0;  // at::sequence_number::peek() at start and end: nodes created
   uint64_t sequence_at_end = 0;    // by this op have numbers in [start, end) on this thread.
@@ -61,6 +65,9 @@ struct OpFrame {
 
   // Back to a fresh frame's state, keeping the capacity of what it holds.
   void Reset() {
+    for (format::Value& value : op.values) {
+      if (value.ints.capacity() != 0) spare_ints.push_back(std::move(value.ints));
+    }
     ResetKeepingCapacity(op, &format::OpRecord::inputs, &format::OpRecord::outputs,
                          &format::OpRecord::values);
     input_counters.clear();
@@ -117,7 +124,9 @@ struct ThreadState {
   NodeScratch nodes;
   // An op's output tensors, in order, with where each came from and its ids.
   struct Output {
-    at::Tensor tensor;
+    // Borrowed from the RecordFunction's outputs (no reference count traffic); owned for the
+    // elements of a tensor list, which the list hands out by value.
+    c10::MaybeOwned<at::Tensor> tensor;
     uint16_t position = 0;
     uint16_t list_index = format::TensorUse::kNotInList;
     ObjectId storage = 0;
@@ -127,14 +136,41 @@ struct ThreadState {
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under mu_, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;
+  // The memory of deleted OpHandles, for the next ones (OpHandle::operator delete).
+  std::array<void*, 64> free_handles{};
+  size_t n_free_handles = 0;
+
+  ThreadState() = default;
+  ThreadState(const ThreadState&) = delete;
+  ThreadState& operator=(const ThreadState&) = delete;
+  ~ThreadState() {
+    for (size_t i = 0; i < n_free_handles; ++i) ::operator delete(free_handles[i]);
+  }
 };
 thread_local ThreadState t_state;
 
 // What torch holds between an op's start and end callbacks: the op's frame, which goes back to the
 // pool of the thread that ends the op (the thread that started it, but for ops whose end runs
 // asynchronously elsewhere: their frame just moves to that thread's pool).
+// The handle itself is one small allocation per op, which torch deletes after the op's end: its
+// memory goes to a list of the deleting thread and is reused by that thread's next ops (Make).
 struct OpHandle : at::ObserverContext {
   std::unique_ptr<OpFrame> frame;
+
+  static std::unique_ptr<at::ObserverContext> Make(ThreadState& ts, std::unique_ptr<OpFrame> f) {
+    if (ts.n_free_handles == 0) return std::unique_ptr<at::ObserverContext>(new OpHandle(std::move(f)));
+    void* memory = ts.free_handles[--ts.n_free_handles];
+    return std::unique_ptr<at::ObserverContext>(::new (memory) OpHandle(std::move(f)));
+  }
+  static void* operator new(size_t size) { return ::operator new(size); }
+  static void operator delete(void* memory) {
+    ThreadState& ts = t_state;
+    if (ts.n_free_handles < ts.free_handles.size()) {
+      ts.free_handles[ts.n_free_handles++] = memory;
+    } else {
+      ::operator delete(memory);
+    }
+  }
 
   explicit OpHandle(std::unique_ptr<OpFrame> f) : frame(std::move(f)) {}
   ~OpHandle() override {
@@ -327,7 +363,6 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
       at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
           .needsInputs(true)
           .needsOutputs(true)
-          .needsIds(true)
           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                    at::RecordScope::USER_SCOPE}));
   return session;
@@ -437,10 +472,16 @@ format::InternId Session::InternString(std::string_view text, EncodedRecords& ou
 
 format::InternId Session::InternOpName(const char* name, EncodedRecords& out) {
   if (name == nullptr || *name == '\0') return 0;
+  // The pointer is a shortcut, checked against the text: an ATen op's name points into its
+  // registered schema, but a RecordFunction named by a string (C++'s RECORD_FUNCTION, autograd's
+  // "autograd::engine::evaluate_function: MulBackward0") hands out its own copy, whose memory the
+  // next one reuses for another name.
   auto it = op_names_.find(name);
-  if (it != op_names_.end()) return it->second;
+  if (it != op_names_.end() && it->second.text == name) return it->second.id;
   format::InternId id = InternString(name, out);
-  op_names_.emplace(name, id);
+  OpName& entry = op_names_[name];
+  entry.id = id;
+  entry.text = name;
   return id;
 }
 
@@ -874,6 +915,12 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       }
       format::Value value;
       value.position = position;
+      auto take_ints = [&frame, &value] {
+        if (frame->spare_ints.empty()) return;
+        value.ints = std::move(frame->spare_ints.back());
+        frame->spare_ints.pop_back();
+        value.ints.clear();
+      };
       if (v.isNone()) {
         value.kind = format::ValueKind::kNone;
       } else if (v.isBool()) {
@@ -896,6 +943,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       } else if (v.isIntList()) {
         value.kind = format::ValueKind::kIntList;
         const auto ints = v.toIntList();  // A reference to the list, not a copy of it.
+        take_ints();
         value.ints.reserve(ints.size());
         for (size_t j = 0; j < ints.size(); ++j) value.ints.push_back(ints.get(j));
       } else if (v.isDoubleList()) {
@@ -904,6 +952,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
         value.doubles.assign(doubles.begin(), doubles.end());
       } else if (v.isBoolList()) {
         value.kind = format::ValueKind::kBoolList;
+        take_ints();
         for (bool b : v.toBoolList()) value.ints.push_back(b);
       } else if (v.isDevice()) {
         value.kind = format::ValueKind::kDevice;
@@ -930,7 +979,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   if (frame && cuda_tracer_) cuda_tracer_->PushOp(frame->op.op);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (!frame) return nullptr;
-  return std::make_unique<OpHandle>(std::move(frame));
+  return OpHandle::Make(ts, std::move(frame));
 }
 
 void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
@@ -983,20 +1032,22 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         const c10::IValue& v = outputs[i];
         if (v.isTensor()) {
           if (!v.toTensor().defined()) continue;
-          touched.push_back({v.toTensor(), static_cast<uint16_t>(i)});
+          touched.push_back(
+              {c10::MaybeOwned<at::Tensor>::borrowed(v.toTensor()), static_cast<uint16_t>(i)});
         } else if (v.isTensorList()) {
           auto list = v.toTensorList();
           for (size_t j = 0; j < list.size(); ++j) {
             at::Tensor t = list.get(j);
             if (!t.defined()) continue;
-            touched.push_back({std::move(t), static_cast<uint16_t>(i), static_cast<uint16_t>(j)});
+            touched.push_back({c10::MaybeOwned<at::Tensor>::owned(std::move(t)),
+                               static_cast<uint16_t>(i), static_cast<uint16_t>(j)});
           }
         }
       }
       // The nodes this op created, first (so the outputs' TensorInfo can name them): the outputs'
       // grad_fn, and for an in-place op on a view the CopySlices autograd put on the view's base.
       for (const ThreadState::Output& output : touched) {
-        const at::Tensor& t = output.tensor;
+        const at::Tensor& t = *output.tensor;
         torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
         if (grad_fn != nullptr) RefNode(grad_fn, &frame, after, nodes);
         if (t.is_view()) {
@@ -1011,7 +1062,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       }
       op.outputs.reserve(touched.size());
       for (ThreadState::Output& output : touched) {
-        const at::Tensor& t = output.tensor;
+        const at::Tensor& t = *output.tensor;
         format::TensorUse use;
         use.tensor = RefTensor(t, after, &output.storage, &output.version_counter);
         use.position = output.position;

@@ -138,7 +138,11 @@ class Session {
   };
   std::unordered_map<std::string, format::InternId, StringHash, std::equal_to<>>
       strings_;  // Guarded by mu_.
-  ska::flat_hash_map<const char*, format::InternId> op_names_;     // Guarded by mu_.
+  struct OpName {
+    format::InternId id = 0;
+    std::string text;  // What the pointer pointed to then (InternOpName).
+  };
+  ska::flat_hash_map<const char*, OpName> op_names_;               // Guarded by mu_.
   ska::flat_hash_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
   ska::flat_hash_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
   std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.

@@ -246,6 +246,45 @@ TEST(Recorder, BackwardExecutionsNameTheirNodes) {
             std::vector<std::string>({"SumBackward0", "SigmoidBackward0", "MulBackward1"}));
 }
 
+// Ops named by a string, not a schema, hand the recorder a name whose memory the next such op
+// reuses: autograd's "evaluate_function: <node>" around each node it runs, C++ RECORD_FUNCTION.
+// Each must keep its own name (the node inside an evaluate_function says which it is).
+TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
+  std::string path = TempTrace("string_names");
+  auto x = torch::randn({8}, torch::requires_grad());
+  std::vector<std::string> ranges;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    auto loss = ((x * 2).sigmoid() + x.exp()).tanh().mean();
+    loss.backward();
+    for (int i = 0; i < 6; ++i) {
+      ranges.push_back("torchrr_test::a_range_named_by_a_long_string_" + std::to_string(i));
+      RECORD_FUNCTION(ranges.back(), c10::ArrayRef<const c10::IValue>{});
+    }
+  }
+  Indexed trace(path);
+  std::map<format::ObjectId, std::string> evaluate;  // op -> the node its name says it runs.
+  const std::string prefix = "autograd::engine::evaluate_function: ";
+  std::vector<std::string> recorded_ranges;
+  for (const auto& op : trace.ops) {
+    std::string name = trace.Name(op.name);
+    if (name.rfind(prefix, 0) == 0) evaluate[op.op] = name.substr(prefix.size());
+    if (name.rfind("torchrr_test::", 0) == 0) recorded_ranges.push_back(name);
+  }
+  EXPECT_EQ(recorded_ranges, ranges);
+  size_t checked = 0;
+  for (const auto& op : trace.ops) {
+    if (op.scope != format::OpScope::kBackwardFunction) continue;
+    auto parent = evaluate.find(op.parent);
+    if (parent == evaluate.end()) continue;
+    EXPECT_EQ(parent->second, trace.Name(op.name));
+    ++checked;
+  }
+  EXPECT_GE(checked, 6u);  // Mean, Tanh, Add, Sigmoid, Mul, Exp and the accumulators.
+}
+
 TEST(Recorder, AFailingBackwardIsMarked) {
   std::string path = TempTrace("failing");
   auto x = torch::randn({8}, torch::requires_grad());
