@@ -158,9 +158,10 @@ struct OpHandle : at::ObserverContext {
   std::unique_ptr<OpFrame> frame;
 
   static std::unique_ptr<at::ObserverContext> Make(ThreadState& ts, std::unique_ptr<OpFrame> f) {
-    if (ts.n_free_handles == 0) return std::unique_ptr<at::ObserverContext>(new OpHandle(std::move(f)));
+    using Owned = std::unique_ptr<at::ObserverContext>;
+    if (ts.n_free_handles == 0) return Owned(new OpHandle(std::move(f)));
     void* memory = ts.free_handles[--ts.n_free_handles];
-    return std::unique_ptr<at::ObserverContext>(::new (memory) OpHandle(std::move(f)));
+    return Owned(::new (memory) OpHandle(std::move(f)));
   }
   static void* operator new(size_t size) { return ::operator new(size); }
   static void operator delete(void* memory) {
