@@ -61,6 +61,8 @@ struct OpFrame {
   uint64_t sequence_at_start = 0;  // at::sequence_number::peek() at start and end: nodes created
   uint64_t sequence_at_end = 0;    // by this op have numbers in [start, end) on this thread.
   uint64_t thread = 0;
+  // A backward function: the node autograd's engine is running (its id, taken at the start).
+  ObjectId exec_node = 0;
   bool active = false;
 
   // Back to a fresh frame's state, keeping the capacity of what it holds.
@@ -74,6 +76,7 @@ struct OpFrame {
     before.clear();
     uncaught_at_start = 0;
     sequence_at_start = sequence_at_end = thread = 0;
+    exec_node = 0;
     active = false;
   }
 };
@@ -754,6 +757,28 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
   }
 }
 
+format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, NodeScratch& scratch,
+                                        EncodedRecords& out) {
+  // The engine names the node it runs (NodeGuard, around the node's whole evaluation). The node
+  // must be this function's: a node called directly (a user calling grad_fn, a hook calling a
+  // node) runs outside that guard, or inside another node's.
+  std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  if (!node || static_cast<int64_t>(node->sequence_nr()) != fn.seqNr() ||
+      node->thread_id() != fn.forwardThreadId()) {
+    return 0;
+  }
+  // Nodes without a sequence number (AccumulateGrad, GraphRoot) share the key: the name too.
+  if (fn.seqNr() < 0 && node->name() != fn.name()) return 0;
+  ObjectId id = nodes_.Find(node.get());
+  if (id != 0) return id;
+  // Never seen: a GraphRoot, or a node made before the recording started. Its record is written
+  // now, before it runs and releases what it saved.
+  id = RefNode(node.get(), nullptr, out, scratch);
+  for (const format::NodeRecord& record : scratch) out.Add(record);
+  scratch.size = 0;
+  return id;
+}
+
 void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t list_index,
                                const at::Tensor& data, ObjectId tensor,
                                format::FingerprintWhen when) {
@@ -866,6 +891,8 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       op.name = InternString(fn.name(), frame->before);
     }
     op.stack = InternStack(pcs, n_pcs, py_frames, n_py, frame->before);
+    // OnEnd's node scratch is free between ops.
+    if (is_backward) frame->exec_node = ExecutingNode(fn, ts.nodes, frame->before);
     // Before the node's apply() unpacks (and maybe releases) what it saved.
     if (is_backward && verify_saved_.load(std::memory_order_relaxed)) {
       FingerprintAtUse(op.forward_thread, op.sequence_nr, frame->before);
@@ -1093,7 +1120,9 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       bool has_exec = false;
       if (is_backward) {
         has_exec = true;
-        auto it = node_keys_.find({op.forward_thread, op.sequence_nr});
+        exec.node = frame.exec_node;
+        auto it = exec.node != 0 ? node_keys_.end()
+                                 : node_keys_.find({op.forward_thread, op.sequence_nr});
         if (it != node_keys_.end() && nodes_.Find(it->second.address) == it->second.id) {
           exec.node = it->second.id;
         }

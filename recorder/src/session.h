@@ -95,6 +95,11 @@ class Session {
   // `creator` is the op whose end this is (nullptr outside an op end).
   format::ObjectId RefNode(torch::autograd::Node* node, const OpFrame* creator,
                            EncodedRecords& defs, NodeScratch& nodes);
+  // A backward function at its start: the id of the node autograd's engine is running for it
+  // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is not
+  // running it.
+  format::ObjectId ExecutingNode(const at::RecordFunction& fn, NodeScratch& scratch,
+                                 EncodedRecords& out);
   void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, const OpFrame* creator,
                        std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
                        NodeScratch& nodes);

@@ -718,8 +718,9 @@ class Analyzer::Impl {
       pass_threads_.push_back(exec.thread);
     }
     if (slot == IdIndex::kAbsent) {
-      // Node 0: the recorder could not tell which node ran (AccumulateGrad and GraphRoot share
-      // one key); such nodes save nothing, so there is nothing to check.
+      // Node 0: the recorder could not tell which node ran (a backward called outside autograd's
+      // engine; recorders before 2026-11-30 also wrote 0 for AccumulateGrad and GraphRoot, which
+      // save nothing): there is nothing to check.
       if (exec.node != 0) ++unknown_node_execs_;
     } else {
       if (pass_root_ == IdIndex::kAbsent) pass_root_ = slot;

@@ -229,21 +229,44 @@ TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
 TEST(Recorder, BackwardExecutionsNameTheirNodes) {
   std::string path = TempTrace("backward");
   auto x = torch::randn({8}, torch::requires_grad());
+  auto w = torch::randn({8}, torch::requires_grad());
   {
     RecorderOptions options;
     options.path = path;
     Recorder recorder(options);
     auto loss = (x * 2).sigmoid().sum();
     loss.backward();
+    // Two roots: the engine runs a GraphRoot first, a node no op created.
+    auto a = (w * 3).sum();
+    auto b = w.exp().sum();
+    torch::autograd::backward({a, b});
   }
   Indexed trace(path);
   std::vector<std::string> executed;
+  std::vector<format::ObjectId> accumulated;  // The leaves whose AccumulateGrad ran, in order.
   for (const auto& exec : trace.execs) {
-    if (exec.node != 0) executed.push_back(trace.Name(trace.nodes.at(exec.node).name));
+    ASSERT_NE(exec.node, 0u) << "an execution with no node";
+    const NodeRecord& node = trace.nodes.at(exec.node);
+    executed.push_back(trace.Name(node.name));
+    if (node.variable != 0) accumulated.push_back(node.variable);
     EXPECT_FALSE(exec.threw);
   }
-  EXPECT_EQ(executed,
-            std::vector<std::string>({"SumBackward0", "SigmoidBackward0", "MulBackward1"}));
+  ASSERT_EQ(executed.size(), 10u);
+  EXPECT_EQ(std::vector<std::string>(executed.begin(), executed.begin() + 4),
+            std::vector<std::string>({"SumBackward0", "SigmoidBackward0", "MulBackward1",
+                                      "torch::autograd::AccumulateGrad"}));
+  EXPECT_EQ(executed[4], "torch::autograd::GraphRoot");
+  EXPECT_EQ(executed.back(), "torch::autograd::AccumulateGrad");
+  std::multiset<std::string> second(executed.begin() + 5, executed.end() - 1);
+  EXPECT_EQ(second, std::multiset<std::string>(
+                        {"SumBackward0", "SumBackward0", "MulBackward1", "ExpBackward0"}))
+      << "the second pass";
+  // The accumulators are those of x, then w (the trace's ids of the leaves the ops used).
+  std::vector<OpRecord> muls = trace.OpsNamed("aten::mul");  // x * 2, then w * 3.
+  ASSERT_EQ(accumulated.size(), 2u);
+  ASSERT_EQ(muls.size(), 2u);
+  EXPECT_EQ(accumulated[0], muls[0].inputs.at(0).tensor);
+  EXPECT_EQ(accumulated[1], muls[1].inputs.at(0).tensor);
 }
 
 // Ops named by a string, not a schema, hand the recorder a name whose memory the next such op
