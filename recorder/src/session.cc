@@ -292,7 +292,10 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
     group_.Add(format::DataLossRecord{records, 0, now, now, std::string(reason)});
   }
   void OnDeliveryEnd() override {
-    if (!group_.empty() && session_->recording()) session_->PushGroup(group_);
+    if (!group_.empty() && session_->recording()) {
+      std::lock_guard<std::mutex> lock(session_->mu_);
+      session_->PushGroupLocked(group_);
+    }
     group_.clear();
   }
 
@@ -416,21 +419,20 @@ void Session::Degrade(const std::string& why) {
                why.c_str());
 }
 
-void Session::PushGroup(EncodedRecords& group) {
+TraceSink::PushResult Session::PushGroupLocked(EncodedRecords& group) {
   TraceSink::PushResult result = sink_->Push(group);
   group.clear();
   switch (result) {
     case TraceSink::PushResult::kQueued:
-      return;
-    case TraceSink::PushResult::kDropped: {
-      std::lock_guard<std::mutex> lock(mu_);
+      break;
+    case TraceSink::PushResult::kDropped:
       ForgetInterned();
-      return;
-    }
+      break;
     case TraceSink::PushResult::kFailed:
       recording_.store(false, std::memory_order_release);  // The sink already warned.
-      return;
+      break;
   }
+  return result;
 }
 
 void Session::ForgetInterned() {
@@ -459,8 +461,8 @@ void Session::RecordError(format::ErrorKind kind, const std::string& type,
     error.type = InternString(type, group);
     error.message = message;
     group.Add(error);
+    PushGroupLocked(group);
   }
-  PushGroup(group);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
@@ -730,6 +732,11 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     }
   }
 
+  if (record.created_by == 0 && sequence_nr != UINT64_MAX) {
+    record.created_by = CreatorOf(node->thread_id(), sequence_nr,
+                                  record.saved_kind == format::SavedSetKind::kCustom);
+  }
+
   const auto& edges = node->next_edges();
   record.edges.reserve(edges.size());
   for (const auto& edge : edges) {
@@ -777,6 +784,36 @@ format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, NodeScratc
   for (const format::NodeRecord& record : scratch) out.Add(record);
   scratch.size = 0;
   return id;
+}
+
+// A node first seen after its creating op ended (found through another node's edges, or as an
+// input's grad_fn): the op that spanned its sequence number on its thread, innermost first (a
+// Python Function.apply is such an op). A C++ torch::autograd::Function's apply is not an op: its
+// node takes the number and its forward runs ops after it; the first op that started with the
+// next number stands for a custom node.
+format::ObjectId Session::CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const {
+  const size_t n = std::min<uint64_t>(recent_ops_count_, kRecentOps);
+  format::ObjectId first_after = 0;
+  for (size_t i = 1; i <= n; ++i) {  // Latest first; nested ops end before theirs.
+    const RecentOp& r = recent_ops_[(recent_ops_count_ - i) % kRecentOps];
+    if (r.thread != thread) continue;
+    if (sequence_nr >= r.sequence_at_start && sequence_nr < r.sequence_at_end) {
+      // The innermost such op ended first: keep looking for an earlier (inner) one.
+      format::ObjectId inner = r.op;
+      for (size_t j = i + 1; j <= n; ++j) {
+        const RecentOp& e = recent_ops_[(recent_ops_count_ - j) % kRecentOps];
+        if (e.thread == thread && sequence_nr >= e.sequence_at_start &&
+            sequence_nr < e.sequence_at_end) {
+          inner = e.op;
+        }
+        if (e.thread == thread && e.sequence_at_end <= sequence_nr) break;  // Before the node.
+      }
+      return inner;
+    }
+    if (custom && r.sequence_at_start == sequence_nr + 1) first_after = r.op;
+    if (r.sequence_at_end <= sequence_nr && r.thread == thread) break;  // Ops before the node.
+  }
+  return first_after;
 }
 
 void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t list_index,
@@ -992,6 +1029,10 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       }
       op.values.push_back(std::move(value));
     }
+    // The definitions and the inputs' metadata go out now, before the records of the ops nested
+    // in this one (which end, and are written, first) can name them or describe those inputs
+    // as they changed.
+    if (!frame->before.empty()) PushGroupLocked(frame->before);
     ts.op_stack.push_back(op.op);
     if (op.scope == format::OpScope::kUserScope) ++ts.user_scopes;
     if (is_backward) ++ts.backward_depth;
@@ -1132,17 +1173,26 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
         exec.end_ns = op.end_ns;
         exec.threw = op.threw;
       }
-      // Order: definitions and inputs' metadata (before), the outputs' metadata as the op left
-      // them, the nodes it created (whose saved tensors those describe), the op itself.
+      // Order: the fingerprints taken at the start (before), the definitions and the outputs'
+      // metadata as the op left them, the nodes it created (whose saved tensors those describe),
+      // the op itself. Pushed under mu_: no other thread names what this group defines before
+      // the group is in the queue.
       group.AddAll(after);
       for (const format::NodeRecord& node : nodes) group.Add(node);
       group.Add(op);
       if (has_exec) group.Add(exec);
+      PushGroupLocked(group);
+      recent_ops_[recent_ops_count_++ % kRecentOps] = {frame.thread, op.op,
+                                                        frame.sequence_at_start,
+                                                        frame.sequence_at_end};
     }
-    // Outside mu_; after the NodeRecords they name.
-    if (!ts.fingerprints.empty()) TakeFingerprints(group);
     ops_recorded_.fetch_add(1, std::memory_order_relaxed);
-    PushGroup(group);
+    // Outside mu_ (hashing bytes blocks no other thread); after the NodeRecords they name.
+    if (!ts.fingerprints.empty()) {
+      TakeFingerprints(group);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!group.empty()) PushGroupLocked(group);
+    }
     if (cuda_tracer_) MaybeFlushCuda();
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at an op's end: ") + e.what());

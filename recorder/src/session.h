@@ -2,16 +2,19 @@
 //
 // The callbacks run on every thread that dispatches an op (training threads, autograd's worker
 // threads, the optimizer). The start callback takes what is only valid then (the inputs, their
-// versions, the stack); the end callback adds the outputs, the versions after the op, the autograd
-// nodes the op created (with what each saved) and, for a node running in backward, its execution;
-// then it hands the op's records to the TraceSink in one group. Shared tables (ids, interned
-// strings and stacks) are guarded by one mutex taken once per callback.
+// versions, the stack) and hands the TraceSink what it defined (strings, stacks, the inputs'
+// metadata when new or changed) before any op nested in this one runs; the end callback adds the
+// outputs, the versions after the op, the autograd nodes the op created (with what each saved)
+// and, for a node running in backward, its execution, and hands them over in one group. Shared
+// tables (ids, interned strings and stacks) are guarded by one mutex taken once per callback;
+// groups are handed over under it, so a definition reaches the trace before any use of it.
 //
 // Nothing here throws into the program or aborts it: a callback that fails stops the recording
 // with one warning.
 #ifndef TORCHRR_RECORDER_SESSION_H_
 #define TORCHRR_RECORDER_SESSION_H_
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -76,7 +79,9 @@ class Session {
   explicit Session(const RecorderOptions& options);
   // Stops with one warning; for failures inside callbacks.
   void Degrade(const std::string& why);
-  void PushGroup(EncodedRecords& group);  // Clears `group`.
+  // Hands `group` to the sink and clears it. Called with mu_ held, so that groups reach the
+  // trace in the order their definitions were made, on every thread.
+  TraceSink::PushResult PushGroupLocked(EncodedRecords& group);
 
   // All of the following run with mu_ held.
   format::InternId InternString(std::string_view text, EncodedRecords& out);
@@ -197,6 +202,18 @@ class Session {
     const void* address = nullptr;  // To check, with nodes_, that the node is still alive.
   };
   ska::flat_hash_map<std::pair<uint64_t, int64_t>, KeyedNode, NodeKeyHash> node_keys_;  // mu_.
+  // The last ops to end, with the sequence numbers they spanned: who created a node first seen
+  // after its creating op ended (CreatorOf). Guarded by mu_.
+  struct RecentOp {
+    uint64_t thread = 0;
+    format::ObjectId op = 0;
+    uint64_t sequence_at_start = 0;
+    uint64_t sequence_at_end = 0;
+  };
+  static constexpr size_t kRecentOps = 1024;
+  std::array<RecentOp, kRecentOps> recent_ops_{};
+  uint64_t recent_ops_count_ = 0;  // Guarded by mu_.
+  format::ObjectId CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const;
   size_t prune_node_keys_at_ = 4096;  // Guarded by mu_.
 };
 

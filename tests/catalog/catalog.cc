@@ -251,6 +251,29 @@ void NoGradInplace() {
   act.sum().backward();
 }
 
+// --- bug: a C++ custom Function's saved input modified in place -------------------------------
+// ctx->save_for_backward() keeps the input; the caller then adds to it in place. A C++
+// Function's apply() is not an op: the victim is the first op its forward ran.
+struct ScaledSquare : torch::autograd::Function<ScaledSquare> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x * 0.5;  // VICTIM(cpp_custom_function_input)
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto x = ctx->get_saved_variables()[0];
+    return {x * grads[0]};
+  }
+};
+
+void CppCustomFunctionInput() {
+  auto w = Param({4, 8});
+  auto h = torch::tanh(w) * 2.0;
+  auto energy = ScaledSquare::apply(h);
+  h.add_(1.0);  // CULPRIT(cpp_custom_function_input)
+  energy.sum().backward();
+}
+
 // --- legal: in-place on a tensor no node saved --------------------------------------------------
 void LegalInplaceUnsaved() {
   auto x = torch::randn({4, 8});
@@ -358,6 +381,7 @@ const std::vector<Case>& AllCases() {
       {"pow_input_modified", Category::kBug, PowInputModified},
       {"div_saved_input", Category::kBug, DivSavedInput},
       {"no_grad_inplace", Category::kBug, NoGradInplace},
+      {"cpp_custom_function_input", Category::kBug, CppCustomFunctionInput},
       {"legal_inplace_unsaved", Category::kLegal, LegalInplaceUnsaved},
       {"legal_inplace_before_save", Category::kLegal, LegalInplaceBeforeSave},
       {"legal_no_grad_update_after_backward", Category::kLegal, LegalNoGradUpdateAfterBackward},

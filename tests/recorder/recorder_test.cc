@@ -308,6 +308,61 @@ TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
   EXPECT_GE(checked, 6u);  // Mean, Tanh, Add, Sigmoid, Mul, Exp and the accumulators.
 }
 
+// SPEC.md's order: a definition comes before every record that names it, and a tensor's latest
+// TensorInfo is its metadata now, also around nested ops: a composite op (linear, matmul, to)
+// interns names and sees inputs at its start, then the ops nested in it end, and are written,
+// before it; an in-place op nested in a composite one changes its input's grad_fn.
+TEST(Recorder, DefinitionsComeBeforeUseAndTheLatestMetadataIsCurrent) {
+  std::string path = TempTrace("order");
+  auto w = torch::randn({8, 8}, torch::requires_grad());
+  torch::Tensor y;
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    auto x = torch::randn({4, 8}, torch::kDouble).to(torch::kFloat);
+    auto h = torch::nn::functional::linear(x, w);
+    y = torch::matmul(h, w) * 2.0;
+    // A composite in-place op on a tensor no op has named yet: hardtanh_ runs clamp_ inside it,
+    // which gives y a new grad_fn while the outer op is still running.
+    torch::nn::functional::hardtanh(y, torch::nn::functional::HardtanhFuncOptions().inplace(true));
+    y.sum().backward();
+  }
+  format::Trace trace = format::ReadTraceFileAll(path);
+  ASSERT_TRUE(trace.summary.status.ok());
+  std::set<format::InternId> strings, stacks;
+  std::set<format::ObjectId> described;
+  std::map<format::ObjectId, format::ObjectId> latest_grad_fn;
+  size_t checked = 0;
+  for (const auto& record : trace.records) {
+    if (auto* s = std::get_if<format::StringDef>(&record)) strings.insert(s->id);
+    if (auto* s = std::get_if<format::StackDef>(&record)) stacks.insert(s->id);
+    if (auto* t = std::get_if<format::TensorInfo>(&record)) {
+      described.insert(t->tensor);
+      latest_grad_fn[t->tensor] = t->grad_fn;
+    }
+    auto* op = std::get_if<OpRecord>(&record);
+    if (op == nullptr) continue;
+    ++checked;
+    EXPECT_TRUE(op->name == 0 || strings.count(op->name)) << "op " << op->op << " names a string"
+                                                          << " defined later";
+    EXPECT_TRUE(op->overload == 0 || strings.count(op->overload)) << "op " << op->op;
+    EXPECT_TRUE(op->stack == 0 || stacks.count(op->stack)) << "op " << op->op;
+    for (const auto& use : op->inputs) EXPECT_TRUE(described.count(use.tensor)) << "op " << op->op;
+    for (const auto& use : op->outputs) EXPECT_TRUE(described.count(use.tensor)) << "op " << op->op;
+  }
+  EXPECT_GT(checked, 20u);
+  // y's latest TensorInfo names the grad_fn it has now (the hardtanh_ ran last on it).
+  Indexed indexed(path);
+  std::vector<OpRecord> hardtanh = indexed.OpsNamed("aten::hardtanh_");
+  ASSERT_EQ(hardtanh.size(), 1u);
+  ASSERT_EQ(hardtanh[0].outputs.size(), 1u);
+  format::ObjectId y_id = hardtanh[0].outputs[0].tensor;
+  ASSERT_NE(latest_grad_fn[y_id], 0u);
+  EXPECT_EQ(indexed.Name(indexed.nodes.at(latest_grad_fn[y_id]).name),
+            y.grad_fn()->name());
+}
+
 TEST(Recorder, AFailingBackwardIsMarked) {
   std::string path = TempTrace("failing");
   auto x = torch::randn({8}, torch::requires_grad());
@@ -505,6 +560,11 @@ TEST(Recorder, CustomCppFunctionSavedTensors) {
   auto mul = trace.OpsNamed("aten::mul");
   ASSERT_FALSE(mul.empty());
   EXPECT_EQ(custom[0].saved[0].version_counter, trace.CounterOf(mul[0].outputs[0].tensor));
+  // apply() is not an op: the node is credited to the first op its forward ran, x * x (the
+  // second top-level aten::mul, after leaf * 2), which took x as both inputs.
+  ASSERT_GE(mul.size(), 2u);
+  EXPECT_EQ(custom[0].created_by, mul[1].op);
+  EXPECT_EQ(mul[1].inputs.at(0).tensor, mul[0].outputs.at(0).tensor);
   x.add_(1);  // Autograd agrees: the custom node saved x.
   EXPECT_THROW(y.sum().backward(), c10::Error);
 }

@@ -189,7 +189,10 @@ struct NodeRecord {
   InternId name = 0;             // "SigmoidBackward0"
   uint64_t forward_thread = 0;   // With sequence_nr, the key the backward pass carries.
   int64_t sequence_nr = -1;
-  ObjectId created_by = 0;       // OpRecord id of the op whose end first saw it; 0 if unknown.
+  // OpRecord id of the op that created it: the op whose end first saw it, or, for a node first
+  // seen later, the op that spanned its sequence number (for a C++ custom Function, whose apply
+  // is not an op, the first op its forward ran); 0 if unknown.
+  ObjectId created_by = 0;
   ObjectId variable = 0;         // AccumulateGrad: the leaf tensor it accumulates into.
   SavedSetKind saved_kind = SavedSetKind::kExact;
   std::vector<Edge> edges;
