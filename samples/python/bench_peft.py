@@ -32,11 +32,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=512)
+    peft_lora.add_model_arguments(parser, hidden=128, vocab=512, seq=64, batch=4)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--configs", default="plain,torchrr,anomaly,profiler")
@@ -44,13 +40,10 @@ def main():
                         help="also time torchrr with --verify-saved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model_args = argparse.Namespace(device=args.device, seed=0, layers=args.layers,
-                                    hidden=args.hidden, vocab=args.vocab, seq=args.seq,
-                                    batch=args.batch, lr=1e-3)
-    model = peft_lora.build_model(model_args).to(getattr(torch, args.dtype))
+    model = peft_lora.build_model(args).to(getattr(torch, args.dtype))
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    input_ids = torch.randint(1, model_args.vocab, (model_args.batch, model_args.seq))
+    input_ids = torch.randint(1, args.vocab, (args.batch, args.seq))
     input_ids = input_ids.to(args.device)
     cuda = args.device == "cuda"
 

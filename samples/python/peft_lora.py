@@ -120,6 +120,16 @@ def next_token_loss(logits, input_ids):
     return -log_probs.gather(-1, targets.unsqueeze(-1)).mean()
 
 
+def add_model_arguments(parser, hidden=64, vocab=256, seq=32, batch=2):
+    """The model and batch options, shared with bench_peft.py (which times a larger default)."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=hidden)
+    parser.add_argument("--vocab", type=int, default=vocab)
+    parser.add_argument("--seq", type=int, default=seq)
+    parser.add_argument("--batch", type=int, default=batch)
+
+
 def build_model(args):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -176,12 +186,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--bug", default="none")
     parser.add_argument("--list-bugs", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--seq", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=2)
+    add_model_arguments(parser)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args(argv)
     if args.list_bugs:
