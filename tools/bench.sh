@@ -14,6 +14,9 @@ if [ -x "$B/bin/bench_recorder" ]; then
   echo "## Recorder: the C++ LoRA step on the CPU"
   "$B/bin/bench_recorder"
   echo
+  echo "## Recorder: the same step, a larger model (ops about 10x longer)"
+  "$B/bin/bench_recorder" --hidden 512 --seq 128 --rounds 5 --steps-per-round 3
+  echo
 fi
 if [ -f samples/python/bench_peft.py ]; then
   echo "## Recorder: the PEFT LoRA step on the CPU (Python)"

@@ -153,8 +153,10 @@ int main(int argc, char** argv) {
   long rss_end_kb = MaxRssKb();
 
   double plain = Median(configs[0].step_ms);
-  std::printf("C++ LoRA step on the CPU (%d intra-op thread(s)), %d rounds x %d steps, "
-              "medians:\n", threads, rounds, steps);
+  std::printf("C++ LoRA step on the CPU (hidden %lld, seq %lld, %d intra-op thread(s)), %d rounds "
+              "x %d steps, medians:\n",
+              static_cast<long long>(config.hidden_size),
+              static_cast<long long>(config.max_seq_len), threads, rounds, steps);
   std::printf("| configuration | step (ms) | ratio to plain | training thread CPU (ms) | "
               "trace bytes/op | close (ms) |\n");
   std::printf("|---|---|---|---|---|---|\n");
