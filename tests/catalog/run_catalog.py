@@ -15,7 +15,9 @@ Per category (from `catalog_case --list`):
   legal   the program exits 0; replay exits 0 with no violation.
   silent  the program exits 0 (PyTorch sees nothing); replay exits 1 and the first violation is
           of kind "silent", with the node, versions and lines as for a bug.
-Every trace must read whole (status "ok") with no data-loss record.
+Every trace must read whole (status "ok") with no data-loss record, and in SPEC.md's order: each
+string, frame, stack and tensor a record names defined before it, each node execution naming its
+node (but for a node that another node's backward runs, as CopySlices runs the one it wraps).
 
 Prints one line per case, `PASS name` or `FAIL name: reason; reason`, then `N passed, M failed`.
 Exit status: 0 when every case passed, 1 otherwise, 2 on bad usage or missing files.
@@ -139,6 +141,72 @@ def check_pytorch_message(errors, stderr, expected):
                       f"{match['node']!r}")
 
 
+def check_trace_order(errors, torchrr, trace):
+    """SPEC.md's order, on the records as written: every string, frame, stack and tensor a record
+    names is defined before it, and every node execution names its node (but for one that another
+    node's backward runs, as CopySlices runs the node it wraps)."""
+    try:
+        dump = subprocess.run([torchrr, "dump", "--json", trace], capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        errors.append(f"dump timed out after {RUN_TIMEOUT_S} s")
+        return
+    defined = {"string": {0}, "frame": set(), "stack": {0}, "tensor": {0}, "node": set()}
+    problems = []
+    ops = {}
+    unnamed = []  # Ops of executions that name no node.
+
+    def problem(text):
+        if len(problems) < 3:  # The first few say enough.
+            problems.append(text)
+
+    def need(kind, ident, what):
+        if ident not in defined[kind]:
+            problem(f"{what} names {kind} {ident} before its definition")
+
+    for line in dump.stdout.splitlines():
+        r = json.loads(line)
+        kind = r.get("kind")
+        if kind == "string":
+            defined["string"].add(r["id"])
+        elif kind == "frame":
+            for field in ("function", "file", "library"):
+                need("string", r.get(field, 0), f"frame {r['id']}")
+            defined["frame"].add(r["id"])
+        elif kind == "stack":
+            for frame in r.get("frames", []):
+                need("frame", frame, f"stack {r['id']}")
+            defined["stack"].add(r["id"])
+        elif kind == "tensor":
+            defined["tensor"].add(r["tensor"])
+        elif kind == "node":
+            need("string", r.get("name", 0), f"node {r['node']}")
+            for saved in r.get("saved", []):
+                need("string", saved.get("name", 0), f"node {r['node']}")
+            defined["node"].add(r["node"])
+        elif kind == "op":
+            ops[r["op"]] = r
+            what = f"op {r['op']}"
+            need("string", r.get("name", 0), what)
+            need("string", r.get("overload", 0), what)
+            need("stack", r.get("stack", 0), what)
+            for use in r.get("inputs", []) + r.get("outputs", []):
+                need("tensor", use.get("tensor", 0), what)
+        elif kind == "node_exec":
+            if not r.get("node"):
+                unnamed.append(r.get("op"))
+            else:
+                need("node", r["node"], f"the execution in op {r.get('op')}")
+        elif kind == "error":
+            need("string", r.get("type", 0), "an error record")
+    # Only a node run by another node's backward (CopySlices runs the node it wraps) has none.
+    for op in unnamed:
+        parent = ops.get((ops.get(op) or {}).get("parent"))
+        if not parent or parent.get("scope") != "backward_function":
+            problem(f"the execution in op {op} names no node")
+    errors.extend(problems)
+
+
 def run_case(args, case, category, markers, expected, trace_dir, source_name):
     """Returns the list of reasons the case failed (empty when it passed)."""
     errors = []
@@ -193,6 +261,7 @@ def run_case(args, case, category, markers, expected, trace_dir, source_name):
         errors.append(f"trace status {status!r}: {(report.get('trace') or {}).get('message')}")
     if report.get("data_loss_records"):
         errors.append(f"{report['data_loss_records']} data-loss record(s)")
+    check_trace_order(errors, args.torchrr, trace)
     violations = report.get("violations") or []
     if category == "legal":
         if violations:

@@ -64,5 +64,14 @@ def marker_line(path, marker):
     return lines[0]
 
 
+def trace_order_problems(trace):
+    """What breaks SPEC.md's order in `trace` (the catalog runner's check): [] when nothing."""
+    sys.path.insert(0, str(REPO / "tests" / "catalog"))
+    from run_catalog import check_trace_order  # noqa: E402 (standard library only)
+    problems = []
+    check_trace_order(problems, str(cli()), str(trace))
+    return problems
+
+
 def same_file(a, b):
     return a is not None and os.path.realpath(a) == os.path.realpath(b)

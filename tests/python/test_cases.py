@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import torchrr
-from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, record,
-                      same_file)
+from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, record, same_file,
+                      trace_order_problems)
 
 CASES = Path(__file__).parent / "cases"
 
@@ -33,6 +33,7 @@ def test_case(script, tmp_path):
     report = torchrr.replay(trace)
     assert report.trace.get("status") == "ok", report.trace
     assert report.ops > 0
+    assert trace_order_problems(trace) == []
 
     if "violations" in expect:
         assert len(report.violations) == int(expect["violations"]), report.violations

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import torchrr
-from conftest import PYTORCH_INPLACE, REPO, marker_line, needs_build, record, same_file
+from conftest import (PYTORCH_INPLACE, REPO, marker_line, needs_build, record, same_file,
+                      trace_order_problems)
 
 SAMPLE = REPO / "samples" / "python" / "peft_lora.py"
 
@@ -65,6 +66,7 @@ def test_no_bug_trains_cleanly(runs):
                                                                          ["step", "1"]]
     report = torchrr.replay(trace)
     assert report.violations == [] and report.ops > 1000
+    assert trace_order_problems(trace) == []
 
 
 @pytest.mark.parametrize("bug", [b for b in BUGS if b.startswith("silent_")])
