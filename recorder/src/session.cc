@@ -164,9 +164,8 @@ struct OpHandle : at::ObserverContext {
     using Owned = std::unique_ptr<at::ObserverContext>;
     if (ts.n_free_handles == 0) return Owned(new OpHandle(std::move(f)));
     void* memory = ts.free_handles[--ts.n_free_handles];
-    return Owned(::new (memory) OpHandle(std::move(f)));
+    return Owned(new (memory) OpHandle(std::move(f)));
   }
-  static void* operator new(size_t size) { return ::operator new(size); }
   static void operator delete(void* memory) {
     ThreadState& ts = t_state;
     if (ts.n_free_handles < ts.free_handles.size()) {
@@ -786,34 +785,21 @@ format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, NodeScratc
   return id;
 }
 
-// A node first seen after its creating op ended (found through another node's edges, or as an
-// input's grad_fn): the op that spanned its sequence number on its thread, innermost first (a
-// Python Function.apply is such an op). A C++ torch::autograd::Function's apply is not an op: its
-// node takes the number and its forward runs ops after it; the first op that started with the
-// next number stands for a custom node.
 format::ObjectId Session::CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const {
   const size_t n = std::min<uint64_t>(recent_ops_count_, kRecentOps);
-  format::ObjectId first_after = 0;
-  for (size_t i = 1; i <= n; ++i) {  // Latest first; nested ops end before theirs.
+  format::ObjectId spanning = 0;     // The innermost op that spanned the number.
+  format::ObjectId first_after = 0;  // The first op that started after the node was made.
+  for (size_t i = 1; i <= n; ++i) {  // Latest first: nested ops end before theirs.
     const RecentOp& r = recent_ops_[(recent_ops_count_ - i) % kRecentOps];
     if (r.thread != thread) continue;
-    if (sequence_nr >= r.sequence_at_start && sequence_nr < r.sequence_at_end) {
-      // The innermost such op ended first: keep looking for an earlier (inner) one.
-      format::ObjectId inner = r.op;
-      for (size_t j = i + 1; j <= n; ++j) {
-        const RecentOp& e = recent_ops_[(recent_ops_count_ - j) % kRecentOps];
-        if (e.thread == thread && sequence_nr >= e.sequence_at_start &&
-            sequence_nr < e.sequence_at_end) {
-          inner = e.op;
-        }
-        if (e.thread == thread && e.sequence_at_end <= sequence_nr) break;  // Before the node.
-      }
-      return inner;
+    if (r.sequence_at_end <= sequence_nr) break;  // This op, and all before it, ended before.
+    if (sequence_nr >= r.sequence_at_start) {
+      spanning = r.op;
+    } else if (custom && r.sequence_at_start == sequence_nr + 1) {
+      first_after = r.op;
     }
-    if (custom && r.sequence_at_start == sequence_nr + 1) first_after = r.op;
-    if (r.sequence_at_end <= sequence_nr && r.thread == thread) break;  // Ops before the node.
   }
-  return first_after;
+  return spanning != 0 ? spanning : first_after;
 }
 
 void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t list_index,
@@ -1162,10 +1148,11 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
       if (is_backward) {
         has_exec = true;
         exec.node = frame.exec_node;
-        auto it = exec.node != 0 ? node_keys_.end()
-                                 : node_keys_.find({op.forward_thread, op.sequence_nr});
-        if (it != node_keys_.end() && nodes_.Find(it->second.address) == it->second.id) {
-          exec.node = it->second.id;
+        if (exec.node == 0) {  // Not the engine's node: by the key the function carries.
+          auto it = node_keys_.find({op.forward_thread, op.sequence_nr});
+          if (it != node_keys_.end() && nodes_.Find(it->second.address) == it->second.id) {
+            exec.node = it->second.id;
+          }
         }
         exec.op = op.op;
         exec.thread = op.thread;

@@ -105,6 +105,12 @@ class Session {
   // running it.
   format::ObjectId ExecutingNode(const at::RecordFunction& fn, NodeScratch& scratch,
                                  EncodedRecords& out);
+  // A node first seen after its creating op ended (found through another node's edges, or as an
+  // input's grad_fn): the op that spanned its sequence number on its thread, innermost first (a
+  // Python Function.apply is such an op). A C++ torch::autograd::Function's apply is not an op:
+  // its node takes the number and its forward runs ops after it; for a custom node, the first op
+  // that started with the next number stands for it. 0 when no recent op (recent_ops_) fits.
+  format::ObjectId CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const;
   void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, const OpFrame* creator,
                        std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
                        NodeScratch& nodes);
@@ -213,7 +219,6 @@ class Session {
   static constexpr size_t kRecentOps = 1024;
   std::array<RecentOp, kRecentOps> recent_ops_{};
   uint64_t recent_ops_count_ = 0;  // Guarded by mu_.
-  format::ObjectId CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const;
   size_t prune_node_keys_at_ = 4096;  // Guarded by mu_.
 };
 

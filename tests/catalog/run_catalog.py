@@ -151,6 +151,10 @@ def check_trace_order(errors, torchrr, trace):
     except subprocess.TimeoutExpired:
         errors.append(f"dump timed out after {RUN_TIMEOUT_S} s")
         return
+    if dump.returncode != 0:
+        last = (dump.stderr.strip().splitlines() or ["<no stderr>"])[-1]
+        errors.append(f"dump exit {dump.returncode}: {last[:200]}")
+        return
     defined = {"string": {0}, "frame": set(), "stack": {0}, "tensor": {0}, "node": set()}
     problems = []
     ops = {}

@@ -13,8 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "recorder" / "python"))
+sys.path.insert(0, str(REPO / "tests" / "catalog"))
 
 import torchrr  # noqa: E402
+from run_catalog import check_trace_order  # noqa: E402 (standard library only)
 from torchrr import _native  # noqa: E402
 
 PYTORCH_INPLACE = "modified by an inplace operation"
@@ -66,8 +68,6 @@ def marker_line(path, marker):
 
 def trace_order_problems(trace):
     """What breaks SPEC.md's order in `trace` (the catalog runner's check): [] when nothing."""
-    sys.path.insert(0, str(REPO / "tests" / "catalog"))
-    from run_catalog import check_trace_order  # noqa: E402 (standard library only)
     problems = []
     check_trace_order(problems, str(cli()), str(trace))
     return problems
