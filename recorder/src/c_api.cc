@@ -83,3 +83,7 @@ extern "C" uint64_t torchrr_ops_recorded(void) {
   auto session = torchrr::recorder::Session::Active();
   return session ? session->ops_recorded() : 0;
 }
+
+extern "C" const char* torchrr_python_stack_walker(void) {
+  return torchrr::recorder::PythonStackWalkerName();
+}

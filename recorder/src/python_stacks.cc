@@ -2,11 +2,15 @@
 
 #include <dlfcn.h>
 
+#include <array>
 #include <atomic>
+#include <cstddef>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +47,7 @@ struct CPython {
   PyObject* (*PyObject_GetAttrString)(PyObject*, const char*) = nullptr;  // New reference.
   const char* (*PyUnicode_AsUTF8)(PyObject*) = nullptr;
   void (*PyErr_Clear)() = nullptr;
+  const unsigned long* Py_Version = nullptr;  // Optional (3.11+): PY_VERSION_HEX of the runtime.
   PyObject* (*PySys_GetObject)(const char*) = nullptr;  // Borrowed reference.
   PyObject* (*PyImport_GetModuleDict)() = nullptr;      // Borrowed reference.
   PyObject* (*PyDict_GetItemString)(PyObject*, const char*) = nullptr;  // Borrowed reference.
@@ -62,6 +67,7 @@ const CPython& Api() {
     // Without the interpreter's symbols (a C++ program) there is nothing more to look for.
     if (!ok) return a;
     if (!Resolve(a.IsFinalizing, "Py_IsFinalizing")) Resolve(a.IsFinalizing, "_Py_IsFinalizing");
+    Resolve(a.Py_Version, "Py_Version");
     if (!Resolve(a.PyFrame_GetLasti, "PyFrame_GetLasti") ||
         !Resolve(a.PyCode_Addr2Line, "PyCode_Addr2Line")) {
       a.PyFrame_GetLasti = nullptr;
@@ -216,15 +222,126 @@ CodeEntry& InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
 // The frame's current line, as PyFrame_GetLineNumber gives it. That is PyCode_Addr2Line of the
 // frame's last instruction (CPython sets a frame's own f_lineno only for the duration of a trace
 // call, to that same line), so it is cached per offset. Holds the GIL.
-int LineOf(const CPython& py, PyFrameObject* frame, PyCodeObject* code, CodeEntry& entry) {
+int LineOf(const CPython& py, PyFrameObject* frame, PyCodeObject* code, CodeEntry& entry,
+           int* lasti_out) {
   if (py.PyFrame_GetLasti == nullptr) return py.PyFrame_GetLineNumber(frame);
   int lasti = py.PyFrame_GetLasti(frame);
+  *lasti_out = lasti;
   auto [it, created] = entry.lines.try_emplace(lasti, 0);
   if (created) it->second = py.PyCode_Addr2Line(code, lasti);
   return it->second;
 }
 
+
+// The fast path, on CPython 3.11: the calling thread's frames read straight from the interpreter's
+// own frame structs, without the GIL and without the frame objects PyFrame_GetBack creates for
+// every frame it passes (an allocation, and a garbage-collector object, per frame). Each frame
+// gives its code object and instruction offset, and a per-thread cache maps those to the ids and
+// lines the API path found for them. The offsets are CPython 3.11's (cpython/pystate.h,
+// internal/pycore_frame.h, cpython/code.h): used only when the running interpreter says it is 3.11,
+// and only while the walk agrees with the API's, frame for frame, on the first kVerifyFirst
+// captures and on one in kVerifyEvery after them; one disagreement turns it off for the process.
+// Reading the frames without the GIL is safe for the calling thread's own stack: only this thread
+// links and unlinks its frames, and it is inside the op that is being recorded.
+namespace py311 {
+constexpr size_t kThreadCFrame = 56;        // PyThreadState.cframe
+constexpr size_t kCFrameCurrentFrame = 8;   // _PyCFrame.current_frame
+constexpr size_t kFrameCode = 32;           // _PyInterpreterFrame.f_code
+constexpr size_t kFramePrevious = 48;       // _PyInterpreterFrame.previous
+constexpr size_t kFramePrevInstr = 56;      // _PyInterpreterFrame.prev_instr
+constexpr size_t kFrameOwner = 69;          // _PyInterpreterFrame.owner
+constexpr char kOwnedByGenerator = 1;       // FRAME_OWNED_BY_GENERATOR
+constexpr size_t kCodeFirstTraceable = 168;  // PyCodeObject._co_firsttraceable
+constexpr size_t kCodeAdaptive = 184;       // PyCodeObject.co_code_adaptive: _PyCode_CODE()
+constexpr size_t kCodeUnit = 2;             // sizeof(_Py_CODEUNIT)
+}  // namespace py311
+
+constexpr uint64_t kVerifyFirst = 256;
+constexpr uint64_t kVerifyEvery = 4096;
+
+struct RawFrame {
+  const void* code = nullptr;
+  int lasti = 0;  // In bytes, as PyFrame_GetLasti gives it.
+};
+
+struct FastWalker {
+  std::atomic<bool> enabled{false};
+  std::atomic<uint64_t> captures{0};
+};
+
+FastWalker& Fast(const CPython& py) {
+  static FastWalker* fast = [&py] {
+    auto* f = new FastWalker();  // Leaked: used until exit, by any thread.
+    const char* choice = std::getenv("TORCHRR_PYTHON_WALKER");
+    bool api_only = choice != nullptr && std::string_view(choice) == "api";
+    bool is_311 = py.Py_Version != nullptr && (*py.Py_Version >> 16) == 0x030b;
+    f->enabled.store(!api_only && is_311 && py.PyFrame_GetLasti != nullptr);
+    return f;
+  }();
+  return *fast;
+}
+
+template <typename T>
+T Field(const void* base, size_t offset) {
+  T value;
+  std::memcpy(&value, static_cast<const char*>(base) + offset, sizeof(T));
+  return value;
+}
+
+// The frames PyThreadState_GetFrame and PyFrame_GetBack would give, innermost first: incomplete
+// frames (_PyFrame_IsIncomplete) are skipped as they skip them.
+size_t WalkFrames311(PyThreadState* thread, RawFrame* out, size_t max) {
+  using namespace py311;
+  const void* cframe = Field<const void*>(thread, kThreadCFrame);
+  if (cframe == nullptr) return 0;
+  const char* frame = Field<const char*>(cframe, kCFrameCurrentFrame);
+  size_t n = 0;
+  while (frame != nullptr && n < max) {
+    const char* code = Field<const char*>(frame, kFrameCode);
+    const char* prev_instr = Field<const char*>(frame, kFramePrevInstr);
+    const char* first = code + kCodeAdaptive;
+    bool incomplete =
+        Field<char>(frame, kFrameOwner) != kOwnedByGenerator &&
+        prev_instr < first + kCodeUnit * Field<int>(code, kCodeFirstTraceable);
+    if (!incomplete) {
+      auto units = static_cast<int>((prev_instr - first) / static_cast<ptrdiff_t>(kCodeUnit));
+      out[n].code = code;
+      out[n].lasti = units < 0 ? -1 : units * static_cast<int>(kCodeUnit);
+      ++n;
+    }
+    frame = Field<const char*>(frame, kFramePrevious);
+  }
+  return n;
+}
+
+// (code object, instruction offset) -> (code id, line), as the API path found them, per thread:
+// no lock. An entry counts only in the recording epoch it was filled in (each recording describes
+// its code objects again, on the API path). Code objects are never freed once interned, so an
+// address stands for one code object.
+struct LineCacheEntry {
+  const void* code = nullptr;
+  int lasti = 0;
+  int32_t line = 0;
+  uint32_t id = 0;
+  uint64_t epoch = 0;
+};
+constexpr size_t kLineCacheSize = 1024;  // A power of two.
+thread_local std::array<LineCacheEntry, kLineCacheSize> t_line_cache;
+
+LineCacheEntry& CacheSlot(std::array<LineCacheEntry, kLineCacheSize>& cache, const RawFrame& f) {
+  uint64_t key = reinterpret_cast<uintptr_t>(f.code) ^ (static_cast<uint64_t>(f.lasti) << 40);
+  key *= 0x9e3779b97f4a7c15ULL;
+  return cache[key >> (64 - 10)];
+}
+static_assert(kLineCacheSize == 1024);
+
 }  // namespace
+
+const char* PythonStackWalkerName() {
+  const CPython& py = Api();
+  if (!py.usable) return "api";
+  return Fast(py).enabled.load(std::memory_order_relaxed) ? "frames" : "api";
+}
 
 void ForgetPythonCodeDescriptions() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
@@ -237,14 +354,47 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
   if (thread == nullptr) return 0;  // A thread that never ran Python (autograd's, a C++ pool's).
   uint64_t epoch = g_epoch.load(std::memory_order_acquire);
 
+  FastWalker& fast = Fast(py);
+  constexpr size_t kMaxRaw = 64;
+  std::array<RawFrame, kMaxRaw> raw;
+  size_t n_raw = 0;
+  const bool use_fast = fast.enabled.load(std::memory_order_relaxed) && max <= kMaxRaw;
+  auto& cache = t_line_cache;
+  if (use_fast) {
+    n_raw = WalkFrames311(thread, raw.data(), max);
+    uint64_t capture = fast.captures.fetch_add(1, std::memory_order_relaxed);
+    bool verify = capture < kVerifyFirst || capture % kVerifyEvery == 0;
+    if (!verify) {
+      size_t i = 0;
+      for (; i < n_raw; ++i) {
+        const LineCacheEntry& entry = CacheSlot(cache, raw[i]);
+        if (entry.code != raw[i].code || entry.lasti != raw[i].lasti || entry.epoch != epoch) break;
+        out[i].code = entry.id;
+        out[i].line = entry.line;
+      }
+      if (i == n_raw) return n_raw;
+    }
+  }
+
+  // The API path: under the GIL, through frame objects. It also describes new code objects and
+  // fills the fast path's cache.
   PyGILStateState gil = py.PyGILState_Ensure();
   size_t n = 0;
+  bool agrees = true;
   PyFrameObject* frame = py.PyThreadState_GetFrame(thread);
   while (frame != nullptr && n < max) {
     PyCodeObject* code = py.PyFrame_GetCode(frame);
     CodeEntry& entry = InternCode(py, code, epoch, new_codes);
+    int lasti = 0;
     out[n].code = entry.id;
-    out[n].line = LineOf(py, frame, code, entry);
+    out[n].line = LineOf(py, frame, code, entry, &lasti);
+    if (use_fast) {
+      if (n < n_raw && raw[n].code == code && raw[n].lasti == lasti) {
+        CacheSlot(cache, raw[n]) = {code, lasti, out[n].line, out[n].code, epoch};
+      } else {
+        agrees = false;
+      }
+    }
     py.Py_DecRef(code);
     ++n;
     PyFrameObject* back = py.PyFrame_GetBack(frame);
@@ -253,6 +403,10 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
   }
   if (frame != nullptr) py.Py_DecRef(frame);
   py.PyGILState_Release(gil);
+  if (use_fast && (!agrees || n != n_raw)) {
+    // This interpreter's frames are not laid out as the fast path reads them.
+    fast.enabled.store(false, std::memory_order_relaxed);
+  }
   return n;
 }
 

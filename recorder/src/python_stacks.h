@@ -32,6 +32,11 @@ struct PythonCode {
 // Takes the GIL: the caller must hold no lock that a thread holding the GIL could wait for.
 size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes);
 
+// Which way stacks are read: "frames" (CPython 3.11's frame structs read directly, checked
+// against the API) or "api" (PyFrame_GetBack and friends, under the GIL). TORCHRR_PYTHON_WALKER=api
+// forces the latter. Thread-safe.
+const char* PythonStackWalkerName();
+
 // Makes the next captures describe every code object again (into `new_codes`), for a new
 // recording whose tables start empty. Code ids stay the same. Thread-safe; takes no lock.
 void ForgetPythonCodeDescriptions();

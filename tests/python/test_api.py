@@ -1,9 +1,11 @@
 """The in-process API: `with torchrr.record(...)`, start()/stop(), replay()'s errors."""
 import sys
+from pathlib import Path
 
 import pytest
 
 import torchrr
+from torchrr import _native
 from conftest import PYTORCH_INPLACE, needs_build
 
 THIS = __file__
@@ -82,6 +84,99 @@ def test_python_stacks_off(tmp_path):
     v = torchrr.replay(trace).violations[0]
     assert v.culprit.op == "aten::add_"
     assert v.culprit.stack == [] and v.culprit.user_frame is None
+
+
+WALKER_PROGRAM = """
+import sys, torch, torchrr
+from torchrr import _native
+
+x = torch.ones(3)
+
+def leaf(i):
+    return x.add(i)
+
+def gen(n):
+    for i in range(n):
+        yield x.mul(i)  # In a generator's frame.
+
+class Model:
+    def forward(self, i):
+        return [leaf(j) for j in range(2)]  # From a comprehension.
+
+def recurse(n):
+    if n == 0:
+        try:
+            raise ValueError
+        except ValueError:
+            return leaf(0)  # In an exception handler, at varying depth.
+    return recurse(n - 1)
+
+def main():
+    m = Model()
+    for i in range(120):  # More ops than the fast walker's first checked captures.
+        m.forward(i)
+        list(gen(2))
+        recurse(i % 7)
+        (lambda: x.sub(1))()
+
+with torchrr.record(sys.argv[1], native_stacks=False):
+    main()
+print(_native.library().torchrr_python_stack_walker().decode())
+"""
+
+
+def resolved_stacks(trace):
+    """Each op's name and Python frames (file, line, function), innermost first, from the dump."""
+    import json
+    import subprocess
+
+    out = subprocess.run([_native.cli_path(), "dump", "--json", str(trace)], check=True,
+                         capture_output=True, text=True).stdout
+    strings, frames, stacks, ops = {}, {}, {}, []
+    for line in out.splitlines():
+        r = json.loads(line)
+        if r["kind"] == "string":
+            strings[r["id"]] = r["text"]
+        elif r["kind"] == "frame":
+            frames[r["id"]] = r
+        elif r["kind"] == "stack":
+            stacks[r["id"]] = r["frames"]
+        elif r["kind"] == "op":
+            ops.append((strings.get(r["name"]), [
+                (strings.get(frames[f].get("file")), frames[f].get("line"),
+                 strings.get(frames[f].get("function")))
+                for f in stacks.get(r.get("stack", 0), [])]))
+    return ops
+
+
+@needs_build
+def test_python_stacks_read_from_frames_match_the_api(tmp_path):
+    # On CPython 3.11 the recorder reads the interpreter's frames directly; elsewhere, or with
+    # TORCHRR_PYTHON_WALKER=api, it goes through frame objects. Both must give the same stacks.
+    import os
+    import subprocess
+
+    program = tmp_path / "walk.py"
+    program.write_text(WALKER_PROGRAM)
+    env = dict(os.environ, PYTHONPATH=str(Path(torchrr.__path__[0]).parent))
+    env.pop("TORCHRR_PYTHON_WALKER", None)
+    runs = {}
+    for walker in ("default", "api"):
+        run_env = dict(env, TORCHRR_PYTHON_WALKER="api") if walker == "api" else env
+        trace = tmp_path / f"{walker}.trr"
+        out = subprocess.run([sys.executable, str(program), str(trace)], env=run_env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        runs[walker] = (out.stdout.strip().splitlines()[-1], resolved_stacks(trace))
+    fast = "frames" if sys.version_info[:2] == (3, 11) else "api"
+    assert runs["default"][0] == fast  # Still on after checking its walks against the API's.
+    assert runs["api"][0] == "api"
+    default_ops, api_ops = runs["default"][1], runs["api"][1]
+    with_stacks = [stack for _, stack in default_ops if stack]
+    assert len(with_stacks) >= 700
+    functions = {frame[2] for stack in with_stacks for frame in stack}
+    assert {"leaf", "gen", "Model.forward", "recurse", "main"} <= functions
+    assert default_ops == api_ops
 
 
 @needs_build

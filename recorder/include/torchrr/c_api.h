@@ -47,6 +47,11 @@ void torchrr_record_error(int kind, const char* type, const char* message);
 /* Ops recorded so far by the active recording. */
 uint64_t torchrr_ops_recorded(void);
 
+/* How Python stacks are read in this process: "frames" (the interpreter's frames read directly:
+ * CPython 3.11, while they agree with the API's) or "api" (through frame objects, under the GIL).
+ * A diagnostic: both give the same stacks. */
+const char* torchrr_python_stack_walker(void);
+
 #ifdef __cplusplus
 }
 #endif

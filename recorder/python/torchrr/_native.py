@@ -89,6 +89,8 @@ def library() -> ctypes.CDLL:
         lib.torchrr_record_error.restype = None
         lib.torchrr_ops_recorded.argtypes = []
         lib.torchrr_ops_recorded.restype = ctypes.c_uint64
+        lib.torchrr_python_stack_walker.argtypes = []
+        lib.torchrr_python_stack_walker.restype = ctypes.c_char_p
         _lib = lib
         return lib
 
