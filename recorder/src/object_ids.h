@@ -6,7 +6,10 @@
 // object's memory (not the object) from being released, so its address cannot be reused while the
 // entry exists; entries whose object died are swept when the table has doubled since the last
 // sweep, after which the address may come back with a new id. Memory stays proportional to the
-// live objects.
+// live objects. A table made with a recheck distance also looks again at each entry that many
+// insertions after it was made, and removes it if its object died: most tensors live for a few ops,
+// and their memory then goes back to the allocator while it is still in the cache, instead of
+// piling up until the next sweep.
 //
 // A flat (open-addressing) table: one lookup costs a hash and a probe or two in one array, and a new
 // entry no allocation of its own. An insertion may move entries: a reference Lookup() returns is
@@ -16,8 +19,10 @@
 #ifndef TORCHRR_RECORDER_OBJECT_IDS_H_
 #define TORCHRR_RECORDER_OBJECT_IDS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include <c10/util/flat_hash_map.h>
 
@@ -30,6 +35,11 @@ namespace torchrr::recorder {
 template <typename WeakRef, typename Extra = char>
 class ObjectIdTable {
  public:
+  // recheck: 0, or how many insertions after its own an entry is looked at again (see above).
+  // Entries removed that way do not count as sweeps(): a table whose ids are cached by sweeps()
+  // must not use it.
+  explicit ObjectIdTable(size_t recheck = 0) : recent_(recheck) {}
+
   struct Entry {
     WeakRef weak;
     format::ObjectId id = 0;
@@ -52,6 +62,7 @@ class ObjectIdTable {
       it->second = Entry{make_weak(), ++next_id, Extra{}};
       return it->second;
     }
+    if (!recent_.empty()) Recheck(address);
     MaybeSweep();
     return entries_.emplace(address, Entry{make_weak(), ++next_id, Extra{}}).first->second;
   }
@@ -78,6 +89,7 @@ class ObjectIdTable {
   size_t size() const { return entries_.size(); }
   void Clear() {
     entries_.clear();
+    std::fill(recent_.begin(), recent_.end(), nullptr);
     ++sweeps_;
   }
 
@@ -96,10 +108,23 @@ class ObjectIdTable {
     sweep_at_ = std::max<size_t>(kMinSweep, 2 * entries_.size());
   }
 
+  // Records `address` (about to be inserted) in the ring of recent insertions, and removes the
+  // entry it replaces there if that entry's object died.
+  void Recheck(const void* address) {
+    const void* old = recent_[next_recent_];
+    recent_[next_recent_] = address;
+    next_recent_ = next_recent_ + 1 == recent_.size() ? 0 : next_recent_ + 1;
+    if (old == nullptr) return;
+    auto it = entries_.find(old);
+    if (it != entries_.end() && it->second.weak.expired()) entries_.erase(it);
+  }
+
   static constexpr size_t kMinSweep = 1024;
   ska::flat_hash_map<const void*, Entry> entries_;
   size_t sweep_at_ = kMinSweep;
   uint64_t sweeps_ = 0;
+  std::vector<const void*> recent_;  // Ring of the last insertions' addresses (Recheck).
+  size_t next_recent_ = 0;
 };
 
 }  // namespace torchrr::recorder

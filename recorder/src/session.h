@@ -191,7 +191,10 @@ class Session {
     uint64_t storage_sweeps = 0;
     uint64_t counter_sweeps = 0;
   };
-  ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_;
+  // Most tensors die within a few ops: each entry is looked at again 128 insertions later
+  // (ObjectIdTable's recheck), so that a dead tensor's memory goes back to the allocator soon.
+  // Nothing caches tensor ids by sweeps().
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_{128};
   format::TensorInfo tensor_info_;  // Guarded by mu_: RefTensor's record, before it is encoded.
   ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_;
   ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_;

@@ -19,6 +19,7 @@
 #include "torchrr/format/reader.h"
 #include "torchrr/kernels/fingerprint.h"
 #include "torchrr/recorder.h"
+#include "object_ids.h"
 
 namespace torchrr {
 namespace {
@@ -238,8 +239,10 @@ TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
     options.path = path;
     options.native_stacks = false;
     Recorder recorder(options);
-    for (int i = 0; i < 200; ++i) {
-      auto t = torch::ones({16});  // Freed at once: its memory is reused by the next one.
+    // Freed at once: its memory is reused by the next one. More than the tensor table's
+    // recheck distance and its first sweep, so that dead entries are removed on both paths.
+    for (int i = 0; i < 3000; ++i) {
+      auto t = torch::ones({16});
       (void)t;
     }
   }
@@ -249,8 +252,28 @@ TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
     ids.insert(op.outputs.at(0).tensor);
     storages.insert(trace.tensors.at(op.outputs.at(0).tensor).storage);
   }
-  EXPECT_EQ(ids.size(), 200u);
-  EXPECT_EQ(storages.size(), 200u);
+  EXPECT_EQ(ids.size(), 3000u);
+  EXPECT_EQ(storages.size(), 3000u);
+}
+
+TEST(ObjectIdTable, RecheckRemovesDeadObjectsSoonAndKeepsLiveIds) {
+  using Weak = c10::weak_intrusive_ptr<c10::TensorImpl>;
+  recorder::ObjectIdTable<Weak> table(/*recheck=*/8);
+  format::ObjectId next_id = 0;
+  bool created = false;
+  auto weak = [](const torch::Tensor& t) { return [&t] { return Weak(t.getIntrusivePtr()); }; };
+  torch::Tensor kept = torch::ones({1});
+  format::ObjectId kept_id = table.Lookup(kept.unsafeGetTensorImpl(), weak(kept), next_id, created).id;
+  std::set<format::ObjectId> ids;
+  for (int i = 0; i < 100; ++i) {
+    torch::Tensor t = torch::ones({1});  // Dies before the next one: its address comes back.
+    ids.insert(table.Lookup(t.unsafeGetTensorImpl(), weak(t), next_id, created).id);
+    EXPECT_TRUE(created);
+  }
+  EXPECT_EQ(ids.size(), 100u);   // A reused address still gets a new id.
+  EXPECT_LE(table.size(), 10u);  // Dead entries went 8 insertions later, not at a sweep.
+  EXPECT_EQ(table.sweeps(), 0u);
+  EXPECT_EQ(table.Find(kept.unsafeGetTensorImpl()), kept_id);  // A live entry stays.
 }
 
 TEST(Recorder, BackwardExecutionsNameTheirNodes) {
