@@ -21,6 +21,9 @@ fi
 if [ -f samples/python/bench_peft.py ]; then
   echo "## Recorder: the PEFT LoRA step on the CPU (Python)"
   .venv/bin/python samples/python/bench_peft.py
+  echo
+  echo "## Recorder: short-lived tensors (a tight loop of x.add(1))"
+  .venv/bin/python samples/python/bench_churn.py
 fi
 if [ -x "$B/bin/bench_fingerprint" ]; then
   echo
