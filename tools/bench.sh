@@ -12,7 +12,7 @@ echo "## Replayer: analysis of a synthetic trace of 1 million ops"
 echo
 if [ -x "$B/bin/bench_recorder" ]; then
   echo "## Recorder: the C++ LoRA step on the CPU"
-  "$B/bin/bench_recorder"
+  "$B/bin/bench_recorder" --floor
   echo
   echo "## Recorder: the same step, a larger model (ops about 10x longer)"
   "$B/bin/bench_recorder" --hidden 512 --seq 128 --rounds 5 --steps-per-round 3

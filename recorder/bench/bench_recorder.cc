@@ -1,10 +1,12 @@
 // The recorder's overhead on the C++ LoRA sample's training step, on the CPU: step time without
 // the recorder, with it (C++ stacks on), and with it (stacks off), measured side by side in one
-// run (rounds interleave the three, so machine noise hits them alike), reported as ratios to
-// plain; plus trace bytes per op and the process's peak memory growth while recording.
+// run (rounds interleave them, so machine noise hits them alike), reported as ratios to plain;
+// plus trace bytes per op and the process's peak memory growth while recording. For scale, also
+// libtorch's own profiler recording every op with its input shapes (Kineto, CPU activity), and
+// with --floor an empty RecordFunction callback that asks for inputs and outputs.
 //
 // Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
-//                       [--hidden H] [--seq S] [--only-stacks-off]
+//                       [--hidden H] [--seq S] [--only-stacks-off] [--no-profiler]
 #include <sys/resource.h>
 #include <time.h>
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include "lora_model.h"
@@ -60,6 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir);
   size_t max_buffer_mb = 256;
   app.add_option("--max-buffer-mb", max_buffer_mb, "The recorder's queue bound");
+  bool no_profiler = false;
+  app.add_flag("--no-profiler", no_profiler, "Leave out libtorch's profiler");
   bool floor = false;
   app.add_flag("--floor", floor,
                "Also time an empty RecordFunction callback that asks for what the recorder asks "
@@ -98,6 +103,7 @@ int main(int argc, char** argv) {
     bool record;
     bool stacks;
     bool empty_callback = false;
+    bool profiler = false;
     std::vector<double> step_ms;
     std::vector<double> cpu_ms;
     std::vector<double> stop_ms;
@@ -107,7 +113,10 @@ int main(int argc, char** argv) {
   std::vector<Config> configs = {{"plain", false, false, {}}, {"recorder, stacks on", true, true, {}},
                                  {"recorder, stacks off", true, false, {}}};
   if (only_recorder) configs.erase(configs.begin() + 1);
-  if (floor) configs.push_back({"empty callback", false, false, true, {}});
+  if (!no_profiler && !only_recorder) {
+    configs.push_back({"torch profiler (shapes)", false, false, false, true, {}});
+  }
+  if (floor) configs.push_back({"empty callback", false, false, true, false, {}});
   for (int round = 0; round < rounds; ++round) {
     for (auto& c : configs) {
       std::string path = dir + "/round" + std::to_string(round) + (c.stacks ? "_s" : "_n") + ".trr";
@@ -132,6 +141,14 @@ int main(int argc, char** argv) {
                 .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                          at::RecordScope::USER_SCOPE}));
       }
+      namespace profiler = torch::autograd::profiler;
+      const profiler::ProfilerConfig profiler_config(profiler::ProfilerState::KINETO,
+                                                     /*report_input_shapes=*/true);
+      const std::set<profiler::ActivityType> cpu_only = {profiler::ActivityType::CPU};
+      if (c.profiler) {
+        profiler::prepareProfiler(profiler_config, cpu_only);
+        profiler::enableProfiler(profiler_config, cpu_only);
+      }
       step();  // The first recorded step interns what later steps repeat: not timed.
       auto start = Clock::now();
       double cpu_start = ThreadCpuMs();
@@ -140,6 +157,7 @@ int main(int argc, char** argv) {
       c.step_ms.push_back(ms / steps);
       c.cpu_ms.push_back((ThreadCpuMs() - cpu_start) / steps);
       if (empty_callback != 0) at::removeCallback(empty_callback);
+      if (c.profiler) profiler::disableProfiler();  // Its post-processing: not timed.
       if (recorder) {
         auto stop_start = Clock::now();
         recorder->Stop();  // Drains the queue, symbolizes new frames, closes the file.
