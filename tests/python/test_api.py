@@ -87,7 +87,7 @@ def test_python_stacks_off(tmp_path):
 
 
 WALKER_PROGRAM = """
-import sys, torch, torchrr
+import asyncio, sys, threading, torch, torchrr
 from torchrr import _native
 
 x = torch.ones(3)
@@ -111,6 +111,14 @@ def recurse(n):
             return leaf(0)  # In an exception handler, at varying depth.
     return recurse(n - 1)
 
+async def coroutine(i):
+    await asyncio.sleep(0)
+    return x.div(i + 1)  # In a coroutine's frame, resumed by the event loop.
+
+async def many():
+    for i in range(20):
+        await coroutine(i)
+
 def main():
     m = Model()
     for i in range(120):  # More ops than the fast walker's first checked captures.
@@ -118,6 +126,10 @@ def main():
         list(gen(2))
         recurse(i % 7)
         (lambda: x.sub(1))()
+    asyncio.run(many())
+    worker = threading.Thread(target=lambda: [leaf(i) for i in range(20)])  # Another thread.
+    worker.start()
+    worker.join()
 
 with torchrr.record(sys.argv[1], native_stacks=False):
     main()
@@ -175,7 +187,7 @@ def test_python_stacks_read_from_frames_match_the_api(tmp_path):
     with_stacks = [stack for _, stack in default_ops if stack]
     assert len(with_stacks) >= 700
     functions = {frame[2] for stack in with_stacks for frame in stack}
-    assert {"leaf", "gen", "Model.forward", "recurse", "main"} <= functions
+    assert {"leaf", "gen", "Model.forward", "recurse", "main", "coroutine", "many"} <= functions
     assert default_ops == api_ops
 
 
