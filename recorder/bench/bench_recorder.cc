@@ -3,7 +3,9 @@
 // run (rounds interleave them, so machine noise hits them alike), reported as ratios to plain;
 // plus trace bytes per op and the process's peak memory growth while recording. For scale, also
 // libtorch's own profiler recording every op with its input shapes (Kineto, CPU activity), and
-// with --floor an empty RecordFunction callback that asks for inputs and outputs.
+// with --floor an empty RecordFunction callback that asks for inputs and outputs. Page faults per
+// step are the training thread's minor faults: memory the C library handed back to the system
+// and took again (TORCHRR_BENCH_VERBOSE=1 prints them, and the step times, round by round).
 //
 // Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
 //                       [--hidden H] [--seq S] [--only-stacks-off] [--no-profiler]
@@ -11,6 +13,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -42,6 +45,13 @@ double ThreadCpuMs() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// Page faults taken by the calling thread so far (minor: a page mapped on first touch).
+double ThreadMinorFaults() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return static_cast<double>(usage.ru_minflt);
 }
 
 double Median(std::vector<double> v) {
@@ -106,6 +116,7 @@ int main(int argc, char** argv) {
     bool profiler = false;
     std::vector<double> step_ms;
     std::vector<double> cpu_ms;
+    std::vector<double> faults;
     std::vector<double> stop_ms;
     uint64_t ops = 0;
     uint64_t bytes = 0;
@@ -152,10 +163,12 @@ int main(int argc, char** argv) {
       step();  // The first recorded step interns what later steps repeat: not timed.
       auto start = Clock::now();
       double cpu_start = ThreadCpuMs();
+      double faults_start = ThreadMinorFaults();
       for (int i = 0; i < steps; ++i) step();
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
       c.step_ms.push_back(ms / steps);
       c.cpu_ms.push_back((ThreadCpuMs() - cpu_start) / steps);
+      c.faults.push_back((ThreadMinorFaults() - faults_start) / steps);
       if (empty_callback != 0) at::removeCallback(empty_callback);
       if (c.profiler) profiler::disableProfiler();  // Its post-processing: not timed.
       if (recorder) {
@@ -176,15 +189,24 @@ int main(int argc, char** argv) {
               static_cast<long long>(config.hidden_size),
               static_cast<long long>(config.max_seq_len), threads, rounds, steps);
   std::printf("| configuration | step (ms) | ratio to plain | training thread CPU (ms) | "
-              "trace bytes/op | close (ms) |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+              "page faults/step | trace bytes/op | close (ms) |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   for (const auto& c : configs) {
     double ms = Median(c.step_ms);
-    std::printf("| %s | %.2f | %.2fx | %.2f | %s | %s |\n", c.name, ms, ms / plain,
-                Median(c.cpu_ms),
+    std::printf("| %s | %.2f | %.2fx | %.2f | %.0f | %s | %s |\n", c.name, ms, ms / plain,
+                Median(c.cpu_ms), Median(c.faults),
                 c.ops ? std::to_string(static_cast<double>(c.bytes) / c.ops).substr(0, 5).c_str()
                       : "-",
                 c.stop_ms.empty() ? "-" : std::to_string(Median(c.stop_ms)).substr(0, 6).c_str());
+  }
+  if (std::getenv("TORCHRR_BENCH_VERBOSE") != nullptr) {
+    for (const auto& c : configs) {
+      std::printf("%s: faults per step by round:", c.name);
+      for (double f : c.faults) std::printf(" %.0f", f);
+      std::printf("; ms:");
+      for (double ms : c.step_ms) std::printf(" %.1f", ms);
+      std::printf("\n");
+    }
   }
   std::printf("ops per step: %.0f\n",
               static_cast<double>(configs[1].ops) / (static_cast<double>(rounds) * (steps + 1)));
