@@ -9,7 +9,8 @@
 // live objects. A table made with a recheck distance also looks again at each entry that many
 // insertions after it was made, and removes it if its object died: most tensors live for a few ops,
 // and their memory then goes back to the allocator while it is still in the cache, instead of
-// piling up until the next sweep.
+// piling up until the next sweep. Generation() tells a caller that caches an id by address
+// whether the entry there may have been removed since.
 //
 // A flat (open-addressing) table: one lookup costs a hash and a probe or two in one array, and a new
 // entry no allocation of its own. An insertion may move entries: a reference Lookup() returns is
@@ -20,6 +21,7 @@
 #define TORCHRR_RECORDER_OBJECT_IDS_H_
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -36,8 +38,6 @@ template <typename WeakRef, typename Extra = char>
 class ObjectIdTable {
  public:
   // recheck: 0, or how many insertions after its own an entry is looked at again (see above).
-  // Entries removed that way do not count as sweeps(): a table whose ids are cached by sweeps()
-  // must not use it.
   explicit ObjectIdTable(size_t recheck = 0) : recent_(recheck) {}
 
   struct Entry {
@@ -58,7 +58,8 @@ class ObjectIdTable {
       return it->second;
     }
     created = true;
-    if (it != entries_.end()) {
+    if (it != entries_.end()) {  // The old object died and its address went to a new one.
+      ++removals_[Slot(address)];
       it->second = Entry{make_weak(), ++next_id, Extra{}};
       return it->second;
     }
@@ -90,20 +91,29 @@ class ObjectIdTable {
   void Clear() {
     entries_.clear();
     std::fill(recent_.begin(), recent_.end(), nullptr);
-    ++sweeps_;
+    ++clears_;
   }
 
-  // How many times entries were removed. While it stays the same, an address that had an entry
-  // still has that entry, with the same id, for as long as the object there lives: the entry's weak
-  // reference keeps the address from going to another object. Callers use it to cache ids.
-  uint64_t sweeps() const { return sweeps_; }
+  // A number that changes whenever the entry at `address` may have been removed (a sweep, a
+  // recheck, Clear(); addresses share counters, so it also changes for others). While it stays the
+  // same, an address that had an entry still has that entry, with the same id, for as long as the
+  // object there lives: the entry's weak reference keeps the address from going to another
+  // object. Callers use it to cache ids: read it after the lookup whose id they keep.
+  uint64_t Generation(const void* address) const { return removals_[Slot(address)] + clears_; }
+
+  uint64_t sweeps() const { return sweeps_; }  // Full sweeps so far.
 
  private:
   void MaybeSweep() {
     if (entries_.size() < sweep_at_) return;
     ++sweeps_;
     for (auto it = entries_.begin(); it != entries_.end();) {
-      it = it->second.weak.expired() ? entries_.erase(it) : std::next(it);
+      if (it->second.weak.expired()) {
+        ++removals_[Slot(it->first)];
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
     }
     sweep_at_ = std::max<size_t>(kMinSweep, 2 * entries_.size());
   }
@@ -116,13 +126,25 @@ class ObjectIdTable {
     next_recent_ = next_recent_ + 1 == recent_.size() ? 0 : next_recent_ + 1;
     if (old == nullptr) return;
     auto it = entries_.find(old);
-    if (it != entries_.end() && it->second.weak.expired()) entries_.erase(it);
+    if (it != entries_.end() && it->second.weak.expired()) {
+      ++removals_[Slot(old)];
+      entries_.erase(it);
+    }
   }
+
+  static constexpr size_t kRemovalSlots = 1024;  // A power of two.
+  static size_t Slot(const void* address) {
+    uint64_t key = reinterpret_cast<uintptr_t>(address) * 0x9e3779b97f4a7c15ULL;
+    return static_cast<size_t>(key >> 54);  // The top 10 bits.
+  }
+  static_assert(kRemovalSlots == size_t{1} << 10);
 
   static constexpr size_t kMinSweep = 1024;
   ska::flat_hash_map<const void*, Entry> entries_;
   size_t sweep_at_ = kMinSweep;
   uint64_t sweeps_ = 0;
+  uint64_t clears_ = 0;
+  std::array<uint32_t, kRemovalSlots> removals_{};  // Removals per address slot (Generation).
   std::vector<const void*> recent_;  // Ring of the last insertions' addresses (Recheck).
   size_t next_recent_ = 0;
 };

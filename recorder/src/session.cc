@@ -575,21 +575,21 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
   const void* counter_impl = VersionCounterOf(*impl);
   const bool known = !created && state.written;
   const ObjectId storage = known && storage_impl == state.storage_impl &&
-                                   state.storage_sweeps == storages_.sweeps()
+                                   state.storage_generation == storages_.Generation(storage_impl)
                                ? state.storage
                                : StorageId(*impl);
   const ObjectId counter = known && counter_impl == state.counter_impl &&
-                                   state.counter_sweeps == counters_.sweeps()
+                                   state.counter_generation == counters_.Generation(counter_impl)
                                ? state.version_counter
                                : VersionCounterId(*impl);
   if (storage_id != nullptr) *storage_id = storage;
   if (counter_id != nullptr) *counter_id = counter;
   // The ids are those of the objects the tensor holds now: (re)start caching them, also after a
-  // sweep.
+  // removal. Read after the lookups above: a removal from here on changes them.
   state.storage_impl = storage_impl;
   state.counter_impl = counter_impl;
-  state.storage_sweeps = storages_.sweeps();
-  state.counter_sweeps = counters_.sweeps();
+  state.storage_generation = storages_.Generation(storage_impl);
+  state.counter_generation = counters_.Generation(counter_impl);
   const bool strided = impl->layout() == c10::kStrided;
   torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
   const ObjectId grad_fn_id = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;

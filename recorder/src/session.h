@@ -166,9 +166,10 @@ class Session {
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
   // What RefTensor keeps per tensor: the metadata last written, compared field by field with the
   // tensor's (sizes and strides inline up to 6 dimensions: no allocation per tensor), and the
-  // addresses of the StorageImpl and version counter it names with the sweep counts of their tables
-  // then. A tensor that still holds the same objects, with no sweep since, has the same storage and
-  // counter ids (see ObjectIdTable::sweeps): most uses skip those two lookups.
+  // addresses of the StorageImpl and version counter it names with their tables' generations for
+  // those addresses then. A tensor that still holds the same objects, with no removal there since,
+  // has the same storage and counter ids (see ObjectIdTable::Generation): most uses skip those two
+  // lookups.
   struct TensorState {
     bool written = false;  // False also after ForgetInterned(): the next use writes it again.
     format::ObjectId storage = 0;
@@ -188,16 +189,16 @@ class Session {
     c10::SmallVector<int64_t, 6> strides;
     const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
     const void* counter_impl = nullptr;
-    uint64_t storage_sweeps = 0;
-    uint64_t counter_sweeps = 0;
+    uint64_t storage_generation = 0;
+    uint64_t counter_generation = 0;
   };
-  // Most tensors die within a few ops: each entry is looked at again 128 insertions later
-  // (ObjectIdTable's recheck), so that a dead tensor's memory goes back to the allocator soon.
-  // Nothing caches tensor ids by sweeps().
+  // Most tensors (and their storages and version counters) die within a few ops: each entry is
+  // looked at again 128 insertions later (ObjectIdTable's recheck), so that a dead object's memory
+  // goes back to the allocator soon.
   ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_{128};
   format::TensorInfo tensor_info_;  // Guarded by mu_: RefTensor's record, before it is encoded.
-  ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_;
-  ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_;
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_{128};
+  ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_{128};
   ObjectIdTable<std::weak_ptr<torch::autograd::Node>> nodes_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.
   struct NodeKeyHash {

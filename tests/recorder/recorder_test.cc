@@ -256,6 +256,38 @@ TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
   EXPECT_EQ(storages.size(), 3000u);
 }
 
+TEST(Recorder, ATensorThatChangesStorageNamesEachOne) {
+  std::string path = TempTrace("set_storage");
+  {
+    RecorderOptions options;
+    options.path = path;
+    options.native_stacks = false;
+    Recorder recorder(options);
+    torch::Tensor t = torch::zeros({4});
+    // Each set_ frees the storage t held: its address comes back for a later one, also after the
+    // storage table removed the dead entry (more iterations than its recheck distance).
+    for (int i = 0; i < 300; ++i) {
+      t.set_(torch::full({4}, static_cast<double>(i)));
+      t.add_(1);
+    }
+  }
+  Indexed trace(path);
+  std::map<format::ObjectId, format::ObjectId> storage_of;  // Tensor -> storage, as last written.
+  std::set<format::ObjectId> tensors, storages;
+  int adds = 0;
+  for (const auto& record : trace.trace.records) {
+    if (auto* info = std::get_if<format::TensorInfo>(&record)) storage_of[info->tensor] = info->storage;
+    auto* op = std::get_if<OpRecord>(&record);
+    if (op == nullptr || op->parent != 0 || trace.Name(op->name) != "aten::add_") continue;
+    ++adds;
+    tensors.insert(op->inputs.at(0).tensor);
+    storages.insert(storage_of.at(op->inputs.at(0).tensor));
+  }
+  EXPECT_EQ(adds, 300);
+  EXPECT_EQ(tensors.size(), 1u);     // The same tensor throughout...
+  EXPECT_EQ(storages.size(), 300u);  // ...on a new storage each time.
+}
+
 TEST(ObjectIdTable, RecheckRemovesDeadObjectsSoonAndKeepsLiveIds) {
   using Weak = c10::weak_intrusive_ptr<c10::TensorImpl>;
   recorder::ObjectIdTable<Weak> table(/*recheck=*/8);
@@ -274,6 +306,21 @@ TEST(ObjectIdTable, RecheckRemovesDeadObjectsSoonAndKeepsLiveIds) {
   EXPECT_LE(table.size(), 10u);  // Dead entries went 8 insertions later, not at a sweep.
   EXPECT_EQ(table.sweeps(), 0u);
   EXPECT_EQ(table.Find(kept.unsafeGetTensorImpl()), kept_id);  // A live entry stays.
+
+  // The generation at an address changes when its entry is removed, so that an id cached by
+  // address is not trusted across the removal.
+  torch::Tensor dying = torch::ones({1});
+  const void* address = dying.unsafeGetTensorImpl();
+  table.Lookup(address, weak(dying), next_id, created);
+  uint64_t before = table.Generation(address);
+  dying.reset();
+  std::vector<torch::Tensor> live;
+  for (int i = 0; i < 8; ++i) {
+    live.push_back(torch::ones({1}));
+    table.Lookup(live.back().unsafeGetTensorImpl(), weak(live.back()), next_id, created);
+  }
+  EXPECT_EQ(table.Find(address), 0u);
+  EXPECT_NE(table.Generation(address), before);
 }
 
 TEST(Recorder, BackwardExecutionsNameTheirNodes) {
