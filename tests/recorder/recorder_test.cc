@@ -232,20 +232,27 @@ TEST(Recorder, VersionCountersFollowAutograd) {
   EXPECT_EQ(base._version(), 4);
 }
 
+// Records what `body` runs (without C++ stacks) into the trace `name` and returns its path.
+template <typename Body>
+std::string RecordWithoutStacks(const std::string& name, Body&& body) {
+  std::string path = TempTrace(name);
+  RecorderOptions options;
+  options.path = path;
+  options.native_stacks = false;
+  Recorder recorder(options);
+  body();
+  return path;
+}
+
 TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
-  std::string path = TempTrace("ids");
-  {
-    RecorderOptions options;
-    options.path = path;
-    options.native_stacks = false;
-    Recorder recorder(options);
+  std::string path = RecordWithoutStacks("ids", [] {
     // Freed at once: its memory is reused by the next one. More than the tensor table's
     // recheck distance and its first sweep, so that dead entries are removed on both paths.
     for (int i = 0; i < 3000; ++i) {
       auto t = torch::ones({16});
       (void)t;
     }
-  }
+  });
   Indexed trace(path);
   std::set<format::ObjectId> ids, storages;
   for (const auto& op : trace.OpsNamed("aten::ones")) {
@@ -257,12 +264,7 @@ TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
 }
 
 TEST(Recorder, ATensorThatChangesStorageNamesEachOne) {
-  std::string path = TempTrace("set_storage");
-  {
-    RecorderOptions options;
-    options.path = path;
-    options.native_stacks = false;
-    Recorder recorder(options);
+  std::string path = RecordWithoutStacks("set_storage", [] {
     torch::Tensor t = torch::zeros({4});
     // Each set_ frees the storage t held: its address comes back for a later one, also after the
     // storage table removed the dead entry (more iterations than its recheck distance).
@@ -270,7 +272,7 @@ TEST(Recorder, ATensorThatChangesStorageNamesEachOne) {
       t.set_(torch::full({4}, static_cast<double>(i)));
       t.add_(1);
     }
-  }
+  });
   Indexed trace(path);
   std::map<format::ObjectId, format::ObjectId> storage_of;  // Tensor -> storage, as last written.
   std::set<format::ObjectId> tensors, storages;
