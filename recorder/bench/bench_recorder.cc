@@ -8,7 +8,9 @@
 // and took again (TORCHRR_BENCH_VERBOSE=1 prints them, and the step times, round by round).
 //
 // Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
-//                       [--hidden H] [--seq S] [--only-stacks-off] [--no-profiler]
+//                       [--hidden H] [--seq S] [--only-stacks-off] [--no-profiler] [--warmup W]
+//                       [--trim-heap]
+#include <malloc.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -17,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -73,6 +76,16 @@ int main(int argc, char** argv) {
   app.add_option("--dir", dir);
   size_t max_buffer_mb = 256;
   app.add_option("--max-buffer-mb", max_buffer_mb, "The recorder's queue bound");
+  bool trim_heap = false;
+  app.add_flag("--trim-heap", trim_heap,
+               "Leave glibc's heap trimming on. Off by default: the configurations alternate in "
+               "one process, and the one after plain would pay for growing back the heap that "
+               "plain's steps gave back to the system (page faults), which a run that records "
+               "from start to end pays once");
+  int warmup = 1;
+  app.add_option("--warmup", warmup,
+                 "Untimed steps per configuration and round (the first records what later steps "
+                 "repeat; more let the heap settle after the previous configuration)");
   bool no_profiler = false;
   app.add_flag("--no-profiler", no_profiler, "Leave out libtorch's profiler");
   bool floor = false;
@@ -89,6 +102,12 @@ int main(int argc, char** argv) {
                "Time plain and the recorder with stacks off only (for a profiler's view of the "
                "recorder's own cost)");
   CLI11_PARSE(app, argc, argv);
+  if (!trim_heap) {
+    // Setting either turns off glibc's own adjustment of both: tensors up to 32 MiB stay on the
+    // heap, as that adjustment puts them after the first frees.
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  }
   std::filesystem::create_directories(dir);
   at::set_num_threads(threads);
 
@@ -160,7 +179,9 @@ int main(int argc, char** argv) {
         profiler::prepareProfiler(profiler_config, cpu_only);
         profiler::enableProfiler(profiler_config, cpu_only);
       }
-      step();  // The first recorded step interns what later steps repeat: not timed.
+      // Not timed: the first recorded step interns what later steps repeat, and the C library's
+      // heap, trimmed by the previous configuration, grows back (more with --warmup).
+      for (int i = 0; i < warmup; ++i) step();
       auto start = Clock::now();
       double cpu_start = ThreadCpuMs();
       double faults_start = ThreadMinorFaults();
@@ -188,6 +209,8 @@ int main(int argc, char** argv) {
               "x %d steps, medians:\n",
               static_cast<long long>(config.hidden_size),
               static_cast<long long>(config.max_seq_len), threads, rounds, steps);
+  std::printf("(glibc heap trimming %s; %d untimed step(s) per configuration and round)\n",
+              trim_heap ? "on" : "off", warmup);
   std::printf("| configuration | step (ms) | ratio to plain | training thread CPU (ms) | "
               "page faults/step | trace bytes/op | close (ms) |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -209,7 +232,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("ops per step: %.0f\n",
-              static_cast<double>(configs[1].ops) / (static_cast<double>(rounds) * (steps + 1)));
+              static_cast<double>(configs[1].ops) / (static_cast<double>(rounds) * (steps + warmup)));
   std::printf("peak memory growth while recording: %.1f MiB (maxrss %ld -> %ld KiB)\n",
               (rss_end_kb - rss_plain_kb) / 1024.0, rss_plain_kb, rss_end_kb);
   return 0;
