@@ -172,10 +172,10 @@ int main(int argc, char** argv) {
                          at::RecordScope::USER_SCOPE}));
       }
       namespace profiler = torch::autograd::profiler;
-      const profiler::ProfilerConfig profiler_config(profiler::ProfilerState::KINETO,
-                                                     /*report_input_shapes=*/true);
-      const std::set<profiler::ActivityType> cpu_only = {profiler::ActivityType::CPU};
       if (c.profiler) {
+        const profiler::ProfilerConfig profiler_config(profiler::ProfilerState::KINETO,
+                                                       /*report_input_shapes=*/true);
+        const std::set<profiler::ActivityType> cpu_only = {profiler::ActivityType::CPU};
         profiler::prepareProfiler(profiler_config, cpu_only);
         profiler::enableProfiler(profiler_config, cpu_only);
       }

@@ -15,6 +15,7 @@
 #include <boost/core/demangle.hpp>
 #include <boost/stacktrace.hpp>
 
+#include "checked_fast_path.h"
 #include "libunwind_backtrace.h"
 
 namespace torchrr::recorder {
@@ -29,19 +30,19 @@ constexpr uint64_t kVerifyFirst = 64;
 constexpr uint64_t kVerifyEvery = 1024;
 
 struct FastUnwinder {
-  UnwBacktraceFn unw = nullptr;
-  std::atomic<bool> enabled{false};
+  explicit FastUnwinder(UnwBacktraceFn unw)
+      : unw(unw), path(unw != nullptr, kVerifyFirst, kVerifyEvery) {}
+  const UnwBacktraceFn unw;
+  CheckedFastPath path;
   std::atomic<int> lead{-1};  // Frames of unw_backtrace's result before Boost's first; -1: unknown.
-  std::atomic<uint64_t> captures{0};
 };
 
 FastUnwinder& Fast() {
   static FastUnwinder* fast = [] {
-    auto* f = new FastUnwinder();  // Leaked: used until exit, by any thread.
     const char* choice = std::getenv("TORCHRR_NATIVE_UNWINDER");
-    if (choice == nullptr || std::string_view(choice) != "boost") f->unw = LibunwindBacktrace();
-    f->enabled.store(f->unw != nullptr);
-    return f;
+    bool boost_only = choice != nullptr && std::string_view(choice) == "boost";
+    // Leaked: used until exit, by any thread.
+    return new FastUnwinder(boost_only ? nullptr : LibunwindBacktrace());
   }();
   return *fast;
 }
@@ -59,7 +60,7 @@ bool SameFrames(void* const* unw, size_t n_unw, size_t lead, void* const* boost,
 }  // namespace
 
 const char* NativeUnwinderName() {
-  return Fast().enabled.load(std::memory_order_relaxed) ? "libunwind" : "boost";
+  return Fast().path.enabled() ? "libunwind" : "boost";
 }
 
 size_t CaptureNativeStack(uintptr_t* out, size_t max, size_t skip) {
@@ -69,10 +70,9 @@ size_t CaptureNativeStack(uintptr_t* out, size_t max, size_t skip) {
   size_t n_unw = 0;
   int lead = -1;
   bool verify = true;
-  if (fast.enabled.load(std::memory_order_relaxed)) {
+  if (fast.path.enabled()) {
     lead = fast.lead.load(std::memory_order_relaxed);
-    uint64_t capture = fast.captures.fetch_add(1, std::memory_order_relaxed);
-    verify = lead < 0 || capture < kVerifyFirst || capture % kVerifyEvery == 0;
+    verify = fast.path.NextCaptureIsChecked() || lead < 0;
     size_t want = max + (lead < 0 ? skip + 1 + kMaxLeadingFrames : static_cast<size_t>(lead));
     int n = fast.unw(unw_frames.data(), static_cast<int>(std::min(want, unw_frames.size())));
     n_unw = n > 0 ? static_cast<size_t>(n) : 0;
@@ -103,7 +103,7 @@ size_t CaptureNativeStack(uintptr_t* out, size_t max, size_t skip) {
         }
       }
     }
-    if (!agrees) fast.enabled.store(false, std::memory_order_relaxed);  // For good.
+    if (!agrees) fast.path.Disable();
   }
   for (size_t i = 0; i < n_boost; ++i) out[i] = reinterpret_cast<uintptr_t>(buffer[i]);
   return n_boost;

@@ -132,19 +132,19 @@ class ObjectIdTable {
     }
   }
 
-  static constexpr size_t kRemovalSlots = 1024;  // A power of two.
+  static constexpr int kRemovalSlotBits = 10;
   static size_t Slot(const void* address) {
     uint64_t key = reinterpret_cast<uintptr_t>(address) * 0x9e3779b97f4a7c15ULL;
-    return static_cast<size_t>(key >> 54);  // The top 10 bits.
+    return static_cast<size_t>(key >> (64 - kRemovalSlotBits));
   }
-  static_assert(kRemovalSlots == size_t{1} << 10);
 
   static constexpr size_t kMinSweep = 1024;
   ska::flat_hash_map<const void*, Entry> entries_;
   size_t sweep_at_ = kMinSweep;
   uint64_t sweeps_ = 0;
   uint64_t clears_ = 0;
-  std::array<uint32_t, kRemovalSlots> removals_{};  // Removals per address slot (Generation).
+  // Removals per address slot (Generation).
+  std::array<uint32_t, size_t{1} << kRemovalSlotBits> removals_{};
   std::vector<const void*> recent_;  // Ring of the last insertions' addresses (Recheck).
   size_t next_recent_ = 0;
 };

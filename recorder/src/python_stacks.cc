@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "checked_fast_path.h"
+
 // No Python headers: every CPython function is declared here with an opaque PyObject and resolved
 // with dlsym(RTLD_DEFAULT) the first time a stack is captured. The functions used are all in the
 // stable ABI of CPython 3.9+ (PyFrame_GetCode, PyFrame_GetBack, PyThreadState_GetFrame), except
@@ -232,7 +234,6 @@ int LineOf(const CPython& py, PyFrameObject* frame, PyCodeObject* code, CodeEntr
   return it->second;
 }
 
-
 // The fast path, on CPython 3.11: the calling thread's frames read straight from the interpreter's
 // own frame structs, without the GIL and without the frame objects PyFrame_GetBack creates for
 // every frame it passes (an allocation, and a garbage-collector object, per frame). Each frame
@@ -264,19 +265,14 @@ struct RawFrame {
   int lasti = 0;  // In bytes, as PyFrame_GetLasti gives it.
 };
 
-struct FastWalker {
-  std::atomic<bool> enabled{false};
-  std::atomic<uint64_t> captures{0};
-};
-
-FastWalker& Fast(const CPython& py) {
-  static FastWalker* fast = [&py] {
-    auto* f = new FastWalker();  // Leaked: used until exit, by any thread.
+CheckedFastPath& Fast(const CPython& py) {
+  static CheckedFastPath* fast = [&py] {
     const char* choice = std::getenv("TORCHRR_PYTHON_WALKER");
     bool api_only = choice != nullptr && std::string_view(choice) == "api";
     bool is_311 = py.Py_Version != nullptr && (*py.Py_Version >> 16) == 0x030b;
-    f->enabled.store(!api_only && is_311 && py.PyFrame_GetLasti != nullptr);
-    return f;
+    // Leaked: used until exit, by any thread.
+    return new CheckedFastPath(!api_only && is_311 && py.PyFrame_GetLasti != nullptr,
+                               kVerifyFirst, kVerifyEvery);
   }();
   return *fast;
 }
@@ -325,22 +321,22 @@ struct LineCacheEntry {
   uint32_t id = 0;
   uint64_t epoch = 0;
 };
-constexpr size_t kLineCacheSize = 1024;  // A power of two.
-thread_local std::array<LineCacheEntry, kLineCacheSize> t_line_cache;
+constexpr int kLineCacheBits = 10;
+using LineCache = std::array<LineCacheEntry, size_t{1} << kLineCacheBits>;
+thread_local LineCache t_line_cache;
 
-LineCacheEntry& CacheSlot(std::array<LineCacheEntry, kLineCacheSize>& cache, const RawFrame& f) {
+LineCacheEntry& CacheSlot(LineCache& cache, const RawFrame& f) {
   uint64_t key = reinterpret_cast<uintptr_t>(f.code) ^ (static_cast<uint64_t>(f.lasti) << 40);
   key *= 0x9e3779b97f4a7c15ULL;
-  return cache[key >> (64 - 10)];
+  return cache[key >> (64 - kLineCacheBits)];
 }
-static_assert(kLineCacheSize == 1024);
 
 }  // namespace
 
 const char* PythonStackWalkerName() {
   const CPython& py = Api();
   if (!py.usable) return "api";
-  return Fast(py).enabled.load(std::memory_order_relaxed) ? "frames" : "api";
+  return Fast(py).enabled() ? "frames" : "api";
 }
 
 void ForgetPythonCodeDescriptions() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
@@ -354,17 +350,15 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
   if (thread == nullptr) return 0;  // A thread that never ran Python (autograd's, a C++ pool's).
   uint64_t epoch = g_epoch.load(std::memory_order_acquire);
 
-  FastWalker& fast = Fast(py);
+  CheckedFastPath& fast = Fast(py);
   constexpr size_t kMaxRaw = 64;
   std::array<RawFrame, kMaxRaw> raw;
   size_t n_raw = 0;
-  const bool use_fast = fast.enabled.load(std::memory_order_relaxed) && max <= kMaxRaw;
+  const bool use_fast = fast.enabled() && max <= kMaxRaw;
   auto& cache = t_line_cache;
   if (use_fast) {
     n_raw = WalkFrames311(thread, raw.data(), max);
-    uint64_t capture = fast.captures.fetch_add(1, std::memory_order_relaxed);
-    bool verify = capture < kVerifyFirst || capture % kVerifyEvery == 0;
-    if (!verify) {
+    if (!fast.NextCaptureIsChecked()) {
       size_t i = 0;
       for (; i < n_raw; ++i) {
         const LineCacheEntry& entry = CacheSlot(cache, raw[i]);
@@ -404,8 +398,7 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
   if (frame != nullptr) py.Py_DecRef(frame);
   py.PyGILState_Release(gil);
   if (use_fast && (!agrees || n != n_raw)) {
-    // This interpreter's frames are not laid out as the fast path reads them.
-    fast.enabled.store(false, std::memory_order_relaxed);
+    fast.Disable();  // This interpreter's frames are not laid out as the fast path reads them.
   }
   return n;
 }

@@ -6,17 +6,16 @@ within one process; medians of microseconds per iteration and the recorder's add
 Usage: bench_churn.py [--rounds R] [--iterations N]
 """
 import argparse
+import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
-                                "recorder", "python"))
-import torchrr  # noqa: E402
+import torchrr
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -35,9 +34,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="torchrr_bench_churn_")
     trace = os.path.join(tmp, "churn.trr")
     configs = {
-        "plain": None,
-        "recorded, no stacks": dict(native_stacks=False, python_stacks=False),
-        "recorded, Python stacks": dict(native_stacks=False),
+        "plain": contextlib.nullcontext,
+        "recorded, no stacks": lambda: torchrr.record(trace, native_stacks=False,
+                                                      python_stacks=False),
+        "recorded, Python stacks": lambda: torchrr.record(trace, native_stacks=False),
     }
     times = {name: [] for name in configs}
     loop()
@@ -45,11 +45,8 @@ def main():
         loop()  # aten::add and the ops that wrap the scalar 1 into a tensor.
         ops_per_iteration = torchrr.ops_recorded() / args.iterations
     for _ in range(args.rounds):
-        for name, options in configs.items():
-            if options is None:
-                times[name].append(loop())
-                continue
-            with torchrr.record(trace, **options):
+        for name, make in configs.items():
+            with make():
                 times[name].append(loop())
     plain = statistics.median(times["plain"])
     print(f"x.add(1) on 4 floats ({ops_per_iteration:.0f} ops per iteration), {args.rounds} rounds "

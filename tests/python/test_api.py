@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 
 import torchrr
-from torchrr import _native
-from conftest import PYTORCH_INPLACE, needs_build
+from conftest import PYTORCH_INPLACE, cli, needs_build
 
 THIS = __file__
 
@@ -142,7 +141,7 @@ def resolved_stacks(trace):
     import json
     import subprocess
 
-    out = subprocess.run([_native.cli_path(), "dump", "--json", str(trace)], check=True,
+    out = subprocess.run([cli(), "dump", "--json", str(trace)], check=True,
                          capture_output=True, text=True).stdout
     strings, frames, stacks, ops = {}, {}, {}, []
     for line in out.splitlines():
