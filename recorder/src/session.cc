@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <ATen/SequenceNumber.h>
 #include <c10/util/MaybeOwned.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
@@ -114,6 +116,7 @@ struct PendingFingerprint {
 
 struct ThreadState {
   std::vector<ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
+  std::vector<format::OpScope> op_scopes;  // Their scopes, parallel to op_stack.
   int backward_depth = 0;          // Backward functions running on this thread.
   size_t user_scopes = 0;          // record_function() ranges among op_stack.
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
@@ -195,9 +198,21 @@ std::unique_ptr<OpFrame> TakeFrame(ThreadState& ts) {
   return frame;
 }
 
+// An op that a kernel runs inside a recorded op, below autograd: the enclosing kernel (or autograd's
+// own, for an in-place op) excluded ADInplaceOrView and the autograd keys, so the op creates no
+// node and bumps no version counter. Inference mode excludes them too, but there the op a program
+// calls has no recorded op around it (or a record_function() range).
+bool BelowAutogradInsideAnOp(const at::RecordFunction& fn, const ThreadState& ts) {
+  return fn.scope() == at::RecordScope::FUNCTION && !ts.op_scopes.empty() &&
+         ts.op_scopes.back() == format::OpScope::kFunction &&
+         c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+}
+
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
-  if (session == nullptr || t_state.busy || !session->recording()) return nullptr;
+  ThreadState& ts = t_state;
+  if (session == nullptr || ts.busy || !session->recording()) return nullptr;
+  if (!session->records_ops_below_autograd() && BelowAutogradInsideAnOp(fn, ts)) return nullptr;
   return session->OnStart(fn);
 }
 
@@ -303,7 +318,9 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
   EncodedRecords group_;  // CUPTI delivery only.
 };
 
-Session::Session(const RecorderOptions& options) : options_(options) {}
+Session::Session(const RecorderOptions& options)
+    : options_(options),
+      ops_below_autograd_(options.ops_below_autograd || options.verify_saved) {}
 
 void Session::StartCudaTracer() {
   if (!options_.cuda_kernels || !c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||
@@ -356,6 +373,12 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
   sink_options.max_buffered_bytes = options.max_buffered_bytes;
   sink_options.when_full = options.when_full;
   sink_options.zstd_level = options.zstd_level;
+  // The writer thread takes pending groups each time it looks at the queue: the session outlives
+  // the sink's thread (Stop closes the sink).
+  Session* raw = session.get();
+  sink_options.pull = [raw] { raw->PullPending(); };
+  // A batch is small beside the queue's bound, so that kWait and kDrop still act per few ops.
+  session->pending_bytes_ = std::clamp<size_t>(options.max_buffered_bytes / 16, 1, 64u << 10);
   session->sink_ = TraceSink::Open(sink_options, MakeFileInfo(options), error);
   if (!session->sink_) return nullptr;
 
@@ -393,7 +416,13 @@ void Session::Stop() {
       cuda_tracer_->Stop();  // Delivers the rest through cuda_sink_, which pushes to sink_.
       cuda_tracer_.reset();
     }
-    if (sink_) sink_->Close();
+    if (sink_) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        FlushPendingLocked(/*may_wait=*/true);
+      }
+      sink_->Close();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       tensors_.Clear();
@@ -418,9 +447,16 @@ void Session::Degrade(const std::string& why) {
                why.c_str());
 }
 
-TraceSink::PushResult Session::PushGroupLocked(EncodedRecords& group) {
-  TraceSink::PushResult result = sink_->Push(group);
+void Session::PushGroupLocked(EncodedRecords& group) {
+  pending_.AddAll(group);
   group.clear();
+  if (pending_.bytes().size() >= pending_bytes_) FlushPendingLocked(/*may_wait=*/true);
+}
+
+void Session::FlushPendingLocked(bool may_wait) {
+  if (pending_.empty()) return;
+  TraceSink::PushResult result = sink_->Push(pending_, may_wait);
+  pending_.clear();
   switch (result) {
     case TraceSink::PushResult::kQueued:
       break;
@@ -431,7 +467,11 @@ TraceSink::PushResult Session::PushGroupLocked(EncodedRecords& group) {
       recording_.store(false, std::memory_order_release);  // The sink already warned.
       break;
   }
-  return result;
+}
+
+void Session::PullPending() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (lock.owns_lock()) FlushPendingLocked(/*may_wait=*/false);
 }
 
 void Session::ForgetInterned() {
@@ -1020,6 +1060,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     // as they changed.
     if (!frame->before.empty()) PushGroupLocked(frame->before);
     ts.op_stack.push_back(op.op);
+    ts.op_scopes.push_back(op.scope);
     if (op.scope == format::OpScope::kUserScope) ++ts.user_scopes;
     if (is_backward) ++ts.backward_depth;
     frame->active = true;
@@ -1046,6 +1087,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
   bool is_backward = op.scope == format::OpScope::kBackwardFunction;
   if (!ts.op_stack.empty() && ts.op_stack.back() == op.op) {
     ts.op_stack.pop_back();
+    ts.op_scopes.pop_back();
     if (op.scope == format::OpScope::kUserScope && ts.user_scopes > 0) --ts.user_scopes;
   }
   if (is_backward && ts.backward_depth > 0) --ts.backward_depth;

@@ -57,6 +57,9 @@ class Session {
   // Unregisters the callbacks, waits for callbacks in flight, closes the trace. Idempotent.
   void Stop();
   bool recording() const { return recording_.load(std::memory_order_acquire); }
+  // RecorderOptions::ops_below_autograd, or verify_saved (a write that no counter sees may come
+  // from such an op).
+  bool records_ops_below_autograd() const { return ops_below_autograd_; }
 
   void RecordError(format::ErrorKind kind, const std::string& type, const std::string& message);
 
@@ -79,9 +82,14 @@ class Session {
   explicit Session(const RecorderOptions& options);
   // Stops with one warning; for failures inside callbacks.
   void Degrade(const std::string& why);
-  // Hands `group` to the sink and clears it. Called with mu_ held, so that groups reach the
-  // trace in the order their definitions were made, on every thread.
-  TraceSink::PushResult PushGroupLocked(EncodedRecords& group);
+  // Hands `group` over and clears it. Called with mu_ held, so that groups reach the trace in the
+  // order their definitions were made, on every thread. Groups gather in pending_ and go to the
+  // sink kPendingBytes at a time (one sink lock per batch, not per op); the writer thread takes
+  // what is pending each time it looks at the queue (PullPending), so a batch waits no longer than
+  // the queue's own poll.
+  void PushGroupLocked(EncodedRecords& group);
+  void FlushPendingLocked(bool may_wait);
+  void PullPending();  // The writer thread's: skips when mu_ is busy.
 
   // All of the following run with mu_ held.
   format::InternId InternString(std::string_view text, EncodedRecords& out);
@@ -133,6 +141,7 @@ class Session {
                         EncodedRecords& out);
 
   const RecorderOptions options_;
+  const bool ops_below_autograd_;
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
   std::atomic<bool> verify_saved_{false};
@@ -147,6 +156,8 @@ class Session {
 
   std::mutex mu_;
   format::ObjectId next_id_ = 0;  // Guarded by mu_.
+  EncodedRecords pending_;        // Guarded by mu_: groups not yet handed to the sink.
+  size_t pending_bytes_ = 0;      // When pending_ goes to the sink (set at start).
   // Looked up by string_view: a name the callbacks get as a char* is not copied to be looked up.
   struct StringHash {
     using is_transparent = void;

@@ -49,12 +49,13 @@ TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter
 
 TraceSink::~TraceSink() { Close(); }
 
-TraceSink::PushResult TraceSink::Push(const EncodedRecords& records) {
+TraceSink::PushResult TraceSink::Push(const EncodedRecords& records, bool may_wait) {
   if (failed()) return PushResult::kFailed;
   const size_t n_records = records.count();
   const size_t bytes = records.bytes().size();
   std::unique_lock<std::mutex> lock(mu_);
-  if (queue_.size() + bytes > options_.max_buffered_bytes && !queue_.empty()) {
+  if (queue_.size() + bytes > options_.max_buffered_bytes && !queue_.empty() &&
+      (may_wait || options_.when_full == WhenFull::kDrop)) {
     if (options_.when_full == WhenFull::kDrop) {
       int64_t now = NowNs();
       if (dropped_records_ == 0) dropped_first_ns_ = now;
@@ -106,6 +107,10 @@ void TraceSink::WriterLoop() {
       std::unique_lock<std::mutex> lock(mu_);
       has_work_.wait_for(lock, kPollInterval,
                          [&] { return queue_.size() >= wake_bytes_ || closing_; });
+    }
+    if (options_.pull) options_.pull();  // Without mu_: it pushes.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       batch.swap(queue_);
       closing = closing_;
     }

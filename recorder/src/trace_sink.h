@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,9 @@ class TraceSink {
     size_t max_buffered_bytes = 256u << 20;
     WhenFull when_full = WhenFull::kWait;
     int zstd_level = 3;
+    // Called by the writer thread before each look at the queue, without the sink's lock: the
+    // producer pushes what it holds back (Push with may_wait false). Must not block.
+    std::function<void()> pull;
   };
 
   // Opens the trace file and starts the writer thread. On failure returns nullptr and sets *error.
@@ -43,10 +47,12 @@ class TraceSink {
   ~TraceSink();  // Close().
 
   enum class PushResult { kQueued, kDropped, kFailed };
-  // Appends `records` (one group: they are written together) to the queue. Thread-safe.
-  // kDropped: the queue was full in kDrop mode and the group was counted as lost (the caller must
-  // forget what it interned in it). kFailed: the sink has failed; stop recording.
-  PushResult Push(const EncodedRecords& records);
+  // Appends `records` (groups: each is written whole) to the queue. Thread-safe.
+  // kDropped: the queue was full in kDrop mode and the records were counted as lost (the caller
+  // must forget what it interned in them). kFailed: the sink has failed; stop recording.
+  // may_wait false (the writer thread's pull): never waits for room in kWait mode, the records
+  // go over the bound instead.
+  PushResult Push(const EncodedRecords& records, bool may_wait = true);
 
   // Drains the queue, closes the trace (index and trailer) and joins the writer thread.
   // Idempotent. Returns false if the trace could not be written whole.

@@ -72,6 +72,50 @@ def test_second_recording_names_the_same_code_again(tmp_path):
         assert v.culprit.user_frame.function == "sigmoid_bug", name
 
 
+def ops_inside(trace, parent_name):
+    """How many ops of `trace` ran inside an op named `parent_name`, from the dump."""
+    import json
+    import subprocess
+
+    out = subprocess.run([cli(), "dump", "--json", str(trace)], check=True,
+                         capture_output=True, text=True).stdout
+    strings, names, parents = {}, {}, []
+    for line in out.splitlines():
+        r = json.loads(line)
+        if r["kind"] == "string":
+            strings[r["id"]] = r["text"]
+        elif r["kind"] == "op":
+            names[r["op"]] = strings.get(r["name"])
+            parents.append(r.get("parent", 0))
+    return sum(1 for p in parents if names.get(p) == parent_name)
+
+
+@needs_build
+def test_ops_below_autograd_are_folded_unless_asked_for(tmp_path):
+    import torch
+
+    def program():
+        x = torch.randn(6, requires_grad=True)
+        y = torch.sigmoid(x.to(torch.float64))
+        y.add_(1)
+        y.sum().backward()
+
+    found = {}
+    for below in (False, True):
+        trace = tmp_path / f"below_{below}.trr"
+        with torchrr.record(trace, native_stacks=False, ops_below_autograd=below):
+            try:
+                program()
+            except RuntimeError:
+                pass
+        (v,) = torchrr.replay(trace).violations
+        found[below] = (ops_inside(trace, "aten::_to_copy"), v.culprit.op, v.victim.op,
+                        v.backward_node.name, v.culprit.user_frame.line)
+    assert found[False][0] == 0 and found[True][0] > 0, found
+    assert found[False][1:] == found[True][1:] == (
+        "aten::add_", "aten::sigmoid", "SigmoidBackward0", found[False][4]), found
+
+
 @needs_build
 def test_python_stacks_off(tmp_path):
     trace = tmp_path / "nostacks.trr"

@@ -411,13 +411,17 @@ TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
 // TensorInfo is its metadata now, also around nested ops: a composite op (linear, matmul, to)
 // interns names and sees inputs at its start, then the ops nested in it end, and are written,
 // before it; an in-place op nested in a composite one changes its input's grad_fn.
+// With the ops that kernels run below autograd and without.
 TEST(Recorder, DefinitionsComeBeforeUseAndTheLatestMetadataIsCurrent) {
-  std::string path = TempTrace("order");
+  for (bool below : {false, true}) {
+  SCOPED_TRACE(below ? "with the ops below autograd" : "without the ops below autograd");
+  std::string path = TempTrace(below ? "order_below" : "order");
   auto w = torch::randn({8, 8}, torch::requires_grad());
   torch::Tensor y;
   {
     RecorderOptions options;
     options.path = path;
+    options.ops_below_autograd = below;
     Recorder recorder(options);
     auto x = torch::randn({4, 8}, torch::kDouble).to(torch::kFloat);
     auto h = torch::nn::functional::linear(x, w);
@@ -443,6 +447,63 @@ TEST(Recorder, DefinitionsComeBeforeUseAndTheLatestMetadataIsCurrent) {
   ASSERT_NE(latest_grad_fn[y_id], 0u);
   EXPECT_EQ(indexed.Name(indexed.nodes.at(latest_grad_fn[y_id]).name),
             y.grad_fn()->name());
+  }
+}
+
+// An op that a kernel runs below autograd inside another (the CPU `_to_copy` kernel's allocation
+// and copy) creates no node and bumps no version: it is folded into the op that ran it unless
+// asked for (or verify_saved is on). The ops a composite op runs at autograd's level (matmul's
+// mm, which creates a node) are recorded either way, and so is every node.
+TEST(Recorder, OpsBelowAutogradAreFoldedIntoTheOpThatRanThem) {
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto w = torch::randn({3, 8}, torch::requires_grad());
+  struct Counts {
+    size_t ops = 0, nodes = 0, inside_to_copy = 0, inside_matmul = 0;
+    uint32_t x_version_after_add = 0;
+  };
+  auto record = [&](const std::string& name, bool below, bool verify_saved) {
+    std::string path = TempTrace(name);
+    {
+      RecorderOptions options;
+      options.path = path;
+      options.native_stacks = false;
+      options.ops_below_autograd = below;
+      options.verify_saved = verify_saved;
+      Recorder recorder(options);
+      auto h = x.to(torch::kDouble).to(torch::kFloat) * 1.0;
+      h.add_(1.0);  // In place, at autograd's level: bumps h's version once.
+      torch::matmul(h, w.t()).sum().backward();
+    }
+    Indexed trace(path);
+    std::map<format::ObjectId, std::string> op_names;
+    for (const auto& op : trace.ops) op_names[op.op] = trace.Name(op.name);
+    Counts counts;
+    counts.ops = trace.ops.size();
+    counts.nodes = trace.nodes.size();
+    for (const auto& op : trace.ops) {
+      auto parent = op_names.find(op.parent);
+      if (parent == op_names.end()) continue;
+      if (parent->second == "aten::_to_copy") ++counts.inside_to_copy;
+      if (parent->second == "aten::matmul") ++counts.inside_matmul;
+    }
+    std::vector<OpRecord> adds = trace.OpsNamed("aten::add_");
+    EXPECT_EQ(adds.size(), 1u) << name;
+    if (adds.size() == 1 && adds[0].inputs.size() >= 1) {
+      EXPECT_EQ(adds[0].inputs[0].version_after, adds[0].inputs[0].version_before + 1) << name;
+    }
+    EXPECT_EQ(OrderProblems(trace.trace), std::vector<std::string>()) << name;
+    return counts;
+  };
+  Counts folded = record("below_folded", false, false);
+  Counts all = record("below_all", true, false);
+  Counts verified = record("below_verify_saved", false, true);
+  EXPECT_EQ(folded.inside_to_copy, 0u);
+  EXPECT_GT(all.inside_to_copy, 0u);
+  EXPECT_GT(verified.inside_to_copy, 0u);
+  EXPECT_GT(folded.inside_matmul, 0u);
+  EXPECT_EQ(folded.inside_matmul, all.inside_matmul);
+  EXPECT_EQ(folded.nodes, all.nodes);
+  EXPECT_LT(folded.ops, all.ops);
 }
 
 TEST(Recorder, AFailingBackwardIsMarked) {
