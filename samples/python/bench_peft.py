@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Step time of the PEFT LoRA sample: plain, under torchrr (Python stacks on), under
+"""Step time of the PEFT LoRA sample: plain, under torchrr (Python stacks on; also with the ops
+that kernels run below autograd, which it leaves out by default), under
 torch.autograd.set_detect_anomaly(True), and under torch.profiler.profile(record_shapes=True,
 with_stack=True). The configurations run interleaved in rounds within one process, so the
-machine's noise hits them alike; the table gives medians and ratios to plain.
+machine's noise hits them alike; the table gives medians and ratios to plain. Each round starts
+with plain and rotates the order of the others: whichever ran right after plain was measured
+5-15% slower than in another place, so no configuration always takes that place.
 
 On the CPU by default (float32). ``--device cuda --dtype bfloat16`` with a larger model is the
 GPU benchmark (tests/gpu/run.sh); a CUDA step is timed to its end (synchronized).
 
 Usage: bench_peft.py [--rounds R] [--steps K] [--threads T] [--hidden H] [--layers L] [--seq S]
                      [--batch B] [--vocab V] [--device cpu|cuda] [--dtype float32|bfloat16]
-                     [--configs plain,torchrr,anomaly,profiler] [--verify-saved]
+                     [--configs plain,torchrr,torchrr-all,anomaly,profiler] [--verify-saved]
 """
 import argparse
 import contextlib
@@ -29,13 +32,13 @@ import torchrr  # noqa: E402
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     peft_lora.add_model_arguments(parser, hidden=128, vocab=512, seq=64, batch=4)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--configs", default="plain,torchrr,anomaly,profiler")
+    parser.add_argument("--configs", default="plain,torchrr,torchrr-all,anomaly,profiler")
     parser.add_argument("--verify-saved", action="store_true",
                         help="also time torchrr with --verify-saved")
     args = parser.parse_args()
@@ -63,6 +66,10 @@ def main():
         "plain": ("plain", contextlib.nullcontext),
         "torchrr": ("torchrr (Python stacks)",
                     lambda: torchrr.record(os.path.join(tmp, "run.trr"), native_stacks=False)),
+        # Also the ops kernels run below autograd (RecorderOptions::ops_below_autograd).
+        "torchrr-all": ("torchrr, ops below autograd too",
+                        lambda: torchrr.record(os.path.join(tmp, "all.trr"), native_stacks=False,
+                                               ops_below_autograd=True)),
         "anomaly": ("anomaly mode", lambda: torch.autograd.set_detect_anomaly(True)),
         "profiler": ("profiler (shapes, stacks)",
                      lambda: torch.profiler.profile(record_shapes=True, with_stack=True)),
@@ -78,8 +85,11 @@ def main():
     for _ in range(2):
         step()
     sync()
-    for _ in range(args.rounds):
-        for name, make in configs.items():
+    others = [name for name in configs if name != "plain"]
+    for round_index in range(args.rounds):
+        shift = round_index % max(len(others), 1)
+        for name in ["plain"] + others[shift:] + others[:shift]:
+            make = configs[name]
             with make():
                 step()  # Warm: the recorder interns, the profiler sets up.
                 sync()
