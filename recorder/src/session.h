@@ -84,7 +84,7 @@ class Session {
   void Degrade(const std::string& why);
   // Hands `group` over and clears it. Called with mu_ held, so that groups reach the trace in the
   // order their definitions were made, on every thread. Groups gather in pending_ and go to the
-  // sink kPendingBytes at a time (one sink lock per batch, not per op); the writer thread takes
+  // sink pending_bytes_ at a time (one sink lock per batch, not per op); the writer thread takes
   // what is pending each time it looks at the queue (PullPending), so a batch waits no longer than
   // the queue's own poll.
   void PushGroupLocked(EncodedRecords& group);
