@@ -198,10 +198,11 @@ std::unique_ptr<OpFrame> TakeFrame(ThreadState& ts) {
   return frame;
 }
 
-// An op that a kernel runs inside a recorded op, below autograd: the enclosing kernel (or autograd's
-// own, for an in-place op) excluded ADInplaceOrView and the autograd keys, so the op creates no
-// node and bumps no version counter. Inference mode excludes them too, but there the op a program
-// calls has no recorded op around it (or a record_function() range).
+// An op that a kernel runs inside a recorded op, below autograd: the enclosing kernel (autograd's,
+// or the ADInplaceOrView kernel of an in-place or view op) excluded ADInplaceOrView and the
+// autograd keys, so the op creates no node and bumps no version counter. Inference mode and
+// _AutoDispatchBelowAutograd (custom ops' autograd) exclude only the autograd keys: their ops can
+// still bump versions, and are recorded.
 bool BelowAutogradInsideAnOp(const at::RecordFunction& fn, const ThreadState& ts) {
   return fn.scope() == at::RecordScope::FUNCTION && !ts.op_scopes.empty() &&
          ts.op_scopes.back() == format::OpScope::kFunction &&
