@@ -319,9 +319,7 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
   EncodedRecords group_;  // CUPTI delivery only.
 };
 
-Session::Session(const RecorderOptions& options)
-    : options_(options),
-      ops_below_autograd_(options.ops_below_autograd || options.verify_saved) {}
+Session::Session(const RecorderOptions& options) : options_(options) {}
 
 void Session::StartCudaTracer() {
   if (!options_.cuda_kernels || !c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||

@@ -59,7 +59,9 @@ class Session {
   bool recording() const { return recording_.load(std::memory_order_acquire); }
   // RecorderOptions::ops_below_autograd, or verify_saved (a write that no counter sees may come
   // from such an op).
-  bool records_ops_below_autograd() const { return ops_below_autograd_; }
+  bool records_ops_below_autograd() const {
+    return options_.ops_below_autograd || options_.verify_saved;
+  }
 
   void RecordError(format::ErrorKind kind, const std::string& type, const std::string& message);
 
@@ -141,7 +143,6 @@ class Session {
                         EncodedRecords& out);
 
   const RecorderOptions options_;
-  const bool ops_below_autograd_;
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
   std::atomic<bool> verify_saved_{false};

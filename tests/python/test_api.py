@@ -72,16 +72,20 @@ def test_second_recording_names_the_same_code_again(tmp_path):
         assert v.culprit.user_frame.function == "sigmoid_bug", name
 
 
-def ops_inside(trace, parent_name):
-    """How many ops of `trace` ran inside an op named `parent_name`, from the dump."""
+def dumped_records(trace):
+    """Every record of `trace`, as `torchrr dump --json` gives them (dicts, in order)."""
     import json
     import subprocess
 
     out = subprocess.run([cli(), "dump", "--json", str(trace)], check=True,
                          capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def ops_inside(trace, parent_name):
+    """How many ops of `trace` ran inside an op named `parent_name`, from the dump."""
     strings, names, parents = {}, {}, []
-    for line in out.splitlines():
-        r = json.loads(line)
+    for r in dumped_records(trace):
         if r["kind"] == "string":
             strings[r["id"]] = r["text"]
         elif r["kind"] == "op":
@@ -182,14 +186,8 @@ print(_native.library().torchrr_python_stack_walker().decode())
 
 def resolved_stacks(trace):
     """Each op's name and Python frames (file, line, function), innermost first, from the dump."""
-    import json
-    import subprocess
-
-    out = subprocess.run([cli(), "dump", "--json", str(trace)], check=True,
-                         capture_output=True, text=True).stdout
     strings, frames, stacks, ops = {}, {}, {}, []
-    for line in out.splitlines():
-        r = json.loads(line)
+    for r in dumped_records(trace):
         if r["kind"] == "string":
             strings[r["id"]] = r["text"]
         elif r["kind"] == "frame":

@@ -1,10 +1,11 @@
 // torchrr's recorder: the whole public C++ API.
 //
 // A Recorder records every tensor op autograd sees in the process (forward, backward, optimizer, on
-// every thread; see RecorderOptions::ops_below_autograd for the others) into a torchrr trace, from its construction to its destruction (or Stop()). It attaches through
-// libtorch's RecordFunction callbacks and never breaks or changes the run it records: every failure
-// inside it (an unwritable path, a full disk, an internal error) prints one warning on stderr and
-// stops the recording, and the training goes on with identical results.
+// every thread; see RecorderOptions::ops_below_autograd for the others) into a torchrr trace, from
+// its construction to its destruction (or Stop()). It attaches through libtorch's RecordFunction
+// callbacks and never breaks or changes the run it records: every failure inside it (an
+// unwritable path, a full disk, an internal error) prints one warning on stderr and stops the
+// recording, and the training goes on with identical results.
 //
 // At most one Recorder records at a time in a process; constructing a second one while the first
 // records prints a warning and the second records nothing.
