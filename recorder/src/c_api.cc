@@ -43,7 +43,7 @@ extern "C" int torchrr_start3(const char* path, int native_stacks, int python_st
   options.rank = rank;
   options.verify_saved = (flags & TORCHRR_VERIFY_SAVED) != 0;
   options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
-  options.ops_below_autograd = (flags & TORCHRR_OPS_BELOW_AUTOGRAD) != 0;
+  options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
   std::string error;
   auto session = torchrr::recorder::Session::Start(options, &error);
   if (!session) {

@@ -69,7 +69,7 @@ __attribute__((constructor)) void StartFromEnvironment() {
   options.native_stacks = ParseBool(std::getenv("TORCHRR_NATIVE_STACKS"), true);
   options.verify_saved = ParseBool(std::getenv("TORCHRR_VERIFY_SAVED"), false);
   options.cuda_kernels = ParseBool(std::getenv("TORCHRR_CUDA_KERNELS"), true);
-  options.ops_below_autograd = ParseBool(std::getenv("TORCHRR_OPS_BELOW_AUTOGRAD"), false);
+  options.all_ops = ParseBool(std::getenv("TORCHRR_ALL_OPS"), false);
   if (const char* bytes = std::getenv("TORCHRR_MAX_BUFFERED_BYTES")) {
     options.max_buffered_bytes = std::strtoull(bytes, nullptr, 10);
   }

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/core/function_schema.h>
 #include <c10/util/MaybeOwned.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -142,6 +143,12 @@ struct ThreadState {
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under mu_, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;
+  // WritesArguments' answers, by op name pointer (and the text it pointed to then).
+  struct WritesArguments {
+    std::string text;
+    bool writes = true;
+  };
+  ska::flat_hash_map<const char*, WritesArguments> writes_arguments;
   // The memory of deleted OpHandles, for the next ones (OpHandle::operator delete).
   std::array<void*, 64> free_handles{};
   size_t n_free_handles = 0;
@@ -198,22 +205,54 @@ std::unique_ptr<OpFrame> TakeFrame(ThreadState& ts) {
   return frame;
 }
 
-// An op that a kernel runs inside a recorded op, below autograd: the enclosing kernel (autograd's,
-// or the ADInplaceOrView kernel of an in-place or view op) excluded ADInplaceOrView and the
-// autograd keys, so the op creates no node and bumps no version counter. Inference mode and
-// _AutoDispatchBelowAutograd (custom ops' autograd) exclude only the autograd keys: their ops can
-// still bump versions, and are recorded.
-bool BelowAutogradInsideAnOp(const at::RecordFunction& fn, const ThreadState& ts) {
-  return fn.scope() == at::RecordScope::FUNCTION && !ts.op_scopes.empty() &&
-         ts.op_scopes.back() == format::OpScope::kFunction &&
-         c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
+// Whether an ATen op writes any of its arguments (its schema's alias annotations: in-place ops,
+// out= overloads), by the name pointer the RecordFunction hands out, which points into the op's
+// registered schema. Looked up once per op and thread; anything without a schema counts as writing.
+bool WritesArguments(const at::RecordFunction& fn, ThreadState& ts) {
+  const char* name = fn.name();
+  auto it = ts.writes_arguments.find(name);
+  if (it != ts.writes_arguments.end() && it->second.text == name) return it->second.writes;
+  bool writes = true;
+  try {
+    std::optional<c10::FunctionSchema> schema = fn.operator_schema();
+    if (schema) writes = schema->is_mutable();
+  } catch (const std::exception&) {
+    // No schema to read: counted as writing (the op is recorded).
+  }
+  try {
+    ThreadState::WritesArguments& entry = ts.writes_arguments[name];
+    entry.text = name;
+    entry.writes = writes;
+  } catch (const std::bad_alloc&) {
+    // Not cached: looked up again next time.
+  }
+  return writes;
+}
+
+// An ATen op that creates no autograd node and bumps no version counter, run inside a recorded ATen
+// op or backward function, is folded into it (not recorded; SPEC.md, Which ops):
+// - ops a kernel runs below autograd: the enclosing kernel (autograd's, or the ADInplaceOrView
+//   kernel of an in-place or view op) excluded ADInplaceOrView and the autograd keys. Inference
+//   mode and _AutoDispatchBelowAutograd (custom ops' autograd) exclude only the autograd keys: their
+//   ops can still bump versions, and are recorded;
+// - the ops of a backward formula (inside a backward function, grad mode off: no create_graph)
+//   that write none of their arguments. Those that write (a gradient accumulated in place, a hook's
+//   or a custom backward's in-place op) are recorded.
+bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts) {
+  if (fn.scope() != at::RecordScope::FUNCTION || ts.op_scopes.empty()) return false;
+  const format::OpScope around = ts.op_scopes.back();
+  if (around != format::OpScope::kFunction && around != format::OpScope::kBackwardFunction) {
+    return false;
+  }
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
+  return ts.backward_depth > 0 && !at::GradMode::is_enabled() && !WritesArguments(fn, ts);
 }
 
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
   ThreadState& ts = t_state;
   if (session == nullptr || ts.busy || !session->recording()) return nullptr;
-  if (!session->records_ops_below_autograd() && BelowAutogradInsideAnOp(fn, ts)) return nullptr;
+  if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, ts)) return nullptr;
   return session->OnStart(fn);
 }
 

@@ -57,10 +57,10 @@ class Session {
   // Unregisters the callbacks, waits for callbacks in flight, closes the trace. Idempotent.
   void Stop();
   bool recording() const { return recording_.load(std::memory_order_acquire); }
-  // RecorderOptions::ops_below_autograd, or verify_saved (a write that no counter sees may come
+  // RecorderOptions::all_ops, or verify_saved (a write that no counter sees may come
   // from such an op).
-  bool records_ops_below_autograd() const {
-    return options_.ops_below_autograd || options_.verify_saved;
+  bool records_all_ops() const {
+    return options_.all_ops || options_.verify_saved;
   }
 
   void RecordError(format::ErrorKind kind, const std::string& type, const std::string& message);

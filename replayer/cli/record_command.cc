@@ -33,7 +33,7 @@ struct RecordArgs {
   bool drop_when_full = false;
   bool verify_saved = false;
   bool no_cuda_kernels = false;
-  bool ops_below_autograd = false;
+  bool all_ops = false;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -96,7 +96,7 @@ int RunRecord(const RecordArgs& args) {
     if (args.drop_when_full) setenv("TORCHRR_WHEN_FULL", "drop", 1);
     setenv("TORCHRR_VERIFY_SAVED", args.verify_saved ? "1" : "0", 1);
     setenv("TORCHRR_CUDA_KERNELS", args.no_cuda_kernels ? "0" : "1", 1);
-    setenv("TORCHRR_OPS_BELOW_AUTOGRAD", args.ops_below_autograd ? "1" : "0", 1);
+    setenv("TORCHRR_ALL_OPS", args.all_ops ? "1" : "0", 1);
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');
     } else {
@@ -147,9 +147,10 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                 "counter sees (raw kernels, numpy, extensions); costs a pass over saved bytes");
   cmd->add_flag("--no-cuda-kernels", args->no_cuda_kernels,
                 "Do not record CUDA kernels, copies and memsets (CUPTI)");
-  cmd->add_flag("--ops-below-autograd", args->ops_below_autograd,
-                "Also record the ops that run below autograd inside another op's kernel (they "
-                "create no node and bump no version; on with --verify-saved)");
+  cmd->add_flag("--all-ops", args->all_ops,
+                "Also record the ops folded into the op around them: those a kernel runs below "
+                "autograd and a backward formula's that write nothing (they create no node and "
+                "bump no version; on with --verify-saved)");
   cmd->add_flag("--drop-when-full", args->drop_when_full,
                 "When the writer cannot keep up, drop records (and say so) instead of waiting");
   cmd->add_flag("--python", args->force_python, "The command is a Python program");

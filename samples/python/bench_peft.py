@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Step time of the PEFT LoRA sample: plain, under torchrr (Python stacks on; also with the ops
-that kernels run below autograd, which it leaves out by default), under
+it folds by default into the op around them: --all-ops), under
 torch.autograd.set_detect_anomaly(True), and under torch.profiler.profile(record_shapes=True,
 with_stack=True). The configurations run interleaved in rounds within one process, so the
 machine's noise hits them alike; the table gives medians and ratios to plain. Each round starts
@@ -66,10 +66,10 @@ def main():
         "plain": ("plain", contextlib.nullcontext),
         "torchrr": ("torchrr (Python stacks)",
                     lambda: torchrr.record(os.path.join(tmp, "run.trr"), native_stacks=False)),
-        # Also the ops kernels run below autograd (RecorderOptions::ops_below_autograd).
-        "torchrr-all": ("torchrr, ops below autograd too",
+        # Also the ops folded into the op around them (RecorderOptions::all_ops).
+        "torchrr-all": ("torchrr, all ops",
                         lambda: torchrr.record(os.path.join(tmp, "all.trr"), native_stacks=False,
-                                               ops_below_autograd=True)),
+                                               all_ops=True)),
         "anomaly": ("anomaly mode", lambda: torch.autograd.set_detect_anomaly(True)),
         "profiler": ("profiler (shapes, stacks)",
                      lambda: torch.profiler.profile(record_shapes=True, with_stack=True)),

@@ -20,15 +20,15 @@ def expectations(script):
 
 
 @needs_build
-@pytest.mark.parametrize("below", [False, True], ids=["", "ops_below_autograd"])
+@pytest.mark.parametrize("all_ops", [False, True], ids=["", "all_ops"])
 @pytest.mark.parametrize("script", sorted(CASES.glob("*.py")), ids=lambda p: p.stem)
-def test_case(script, below, tmp_path):
-    # The same findings whether or not the ops kernels run below autograd are recorded.
+def test_case(script, all_ops, tmp_path):
+    # The same findings whether or not the ops folded into the op around them are recorded.
     expect = expectations(script)
     trace = tmp_path / "run.trr"
     flags = ["--verify-saved"] if expect.get("verify_saved") == "1" else []
-    if below:
-        flags.append("--ops-below-autograd")
+    if all_ops:
+        flags.append("--all-ops")
     proc = record(trace, [sys.executable, script], flags=flags)
     want_exit = int(expect.get("exit", "1"))
     assert proc.returncode == want_exit, proc.stderr[-2000:]

@@ -27,7 +27,7 @@ int torchrr_start2(const char* path, int native_stacks, int python_stacks,
 /* Option flags for torchrr_start3. */
 #define TORCHRR_VERIFY_SAVED 1u     /* RecorderOptions::verify_saved: fingerprint saved tensors. */
 #define TORCHRR_NO_CUDA_KERNELS 2u  /* RecorderOptions::cuda_kernels off: no CUPTI. */
-#define TORCHRR_OPS_BELOW_AUTOGRAD 4u  /* RecorderOptions::ops_below_autograd. */
+#define TORCHRR_ALL_OPS 4u          /* RecorderOptions::all_ops: no op folded into another. */
 
 /* torchrr_start2 with option flags (an OR of TORCHRR_* flags above; unknown bits are ignored).
  * Same return values as torchrr_start. */

@@ -1,7 +1,7 @@
 // torchrr's recorder: the whole public C++ API.
 //
 // A Recorder records every tensor op autograd sees in the process (forward, backward, optimizer, on
-// every thread; see RecorderOptions::ops_below_autograd for the others) into a torchrr trace, from
+// every thread; see RecorderOptions::all_ops for the others) into a torchrr trace, from
 // its construction to its destruction (or Stop()). It attaches through libtorch's RecordFunction
 // callbacks and never breaks or changes the run it records: every failure inside it (an
 // unwritable path, a full disk, an internal error) prints one warning on stderr and stops the
@@ -47,13 +47,15 @@ struct RecorderOptions {
   // only when a CUDA device is present. When CUPTI is missing or refuses: one warning, and the
   // recording goes on without them.
   bool cuda_kernels = true;
-  // Also the ops that run below autograd inside another op's kernel (an `aten::_to_copy` kernel's
-  // `aten::empty_strided` and `aten::copy_`, a backward formula's internals). Autograd does not
-  // see them: they create no node and bump no version counter (the version of an in-place op's
-  // self is bumped once, by the op the program called), so the enclosing op stands for them, and
-  // for their CUDA kernels. Off by default: they are about half of a training step's ops. On with
+  // Also the ops folded by default into the op they run in (SPEC.md, Which ops): ops that create
+  // no autograd node and bump no version counter, run inside a recorded op or backward function.
+  // Those are the ops a kernel runs below autograd (an `aten::_to_copy` kernel's
+  // `aten::empty_strided` and `aten::copy_`: the version of an in-place op's self is bumped once,
+  // by the op the program called) and the ops of a backward formula (grad mode off) that write
+  // none of their arguments (`MmBackward0`'s `aten::mm`s). The enclosing op stands for them, and
+  // for their CUDA kernels. Off by default: they are about 60% of a training step's ops. On with
   // verify_saved, whose writes that no counter sees may come from such an op.
-  bool ops_below_autograd = false;
+  bool all_ops = false;
 };
 
 class Recorder {

@@ -9,7 +9,7 @@ from . import _native
 # torchrr_start3's flags (c_api.h).
 _VERIFY_SAVED = 1
 _NO_CUDA_KERNELS = 2
-_OPS_BELOW_AUTOGRAD = 4
+_ALL_OPS = 4
 
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
@@ -21,7 +21,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True
           python_stacks: bool = True, max_buffered_bytes: int = 0,
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
-          ops_below_autograd: bool = False) -> bool:
+          all_ops: bool = False) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes; costly and
@@ -33,9 +33,10 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True
     version counter sees (numpy, raw CUDA kernels, extensions) are reported as ``silent``; costs a
     pass over the saved bytes at save and at use. cuda_kernels: record CUDA kernels, copies and
     memsets through CUPTI, each with the op that launched it (only when a GPU is present).
-    ops_below_autograd: also the ops that run below autograd inside another op's kernel (they
-    create no autograd node and bump no version counter; the op the program called stands for
-    them); about half of a training step's ops. On with verify_saved.
+    all_ops: also the ops folded by default into the op they run in: those a kernel runs below
+    autograd, and those of a backward formula that write none of their arguments (they create no
+    autograd node and bump no version counter; the op around them stands for them); about 60% of
+    a training step's ops. On with verify_saved.
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
@@ -46,7 +47,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True
                             int(bool(drop_when_full)), -1 if rank is None else int(rank),
                             (_VERIFY_SAVED if verify_saved else 0) |
                             (0 if cuda_kernels else _NO_CUDA_KERNELS) |
-                            (_OPS_BELOW_AUTOGRAD if ops_below_autograd else 0))
+                            (_ALL_OPS if all_ops else 0))
     return rc == 0
 
 

@@ -3,7 +3,7 @@
 ``torchrr record -o FILE -- python ...`` puts this directory first on PYTHONPATH and sets
 TORCHRR_OUTPUT (absolute), TORCHRR_NATIVE_STACKS (0/1), TORCHRR_MAX_BUFFERED_BYTES,
 TORCHRR_WHEN_FULL (``drop``), TORCHRR_VERIFY_SAVED, TORCHRR_CUDA_KERNELS and
-TORCHRR_OPS_BELOW_AUTOGRAD (0/1). TORCHRR_PYTHON_STACKS (0/1) defaults
+TORCHRR_ALL_OPS (0/1). TORCHRR_PYTHON_STACKS (0/1) defaults
 to TORCHRR_NATIVE_STACKS, so ``--no-stacks`` turns off every stack. Here:
 
 - Any sitecustomize found later on sys.path (the user's, the distribution's) runs first, as if
@@ -107,7 +107,7 @@ def _start_recording():
             drop_when_full=os.environ.get("TORCHRR_WHEN_FULL") == "drop",
             verify_saved=_flag("TORCHRR_VERIFY_SAVED", False),
             cuda_kernels=_flag("TORCHRR_CUDA_KERNELS", True),
-            ops_below_autograd=_flag("TORCHRR_OPS_BELOW_AUTOGRAD", False),
+            all_ops=_flag("TORCHRR_ALL_OPS", False),
             rank=int(rank) if rank is not None and rank.isdigit() else None)
     except Exception as error:
         _warn(f"not recording: {error}")
