@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <fstream>
 
@@ -67,6 +68,7 @@ struct OpFrame {
   // A backward function: the node autograd's engine is running (its id, taken at the start).
   ObjectId exec_node = 0;
   bool active = false;
+  bool transparent = false;  // A record_function range or an engine wrapper (transparent_scopes).
 
   // Back to a fresh frame's state, keeping the capacity of what it holds.
   void Reset() {
@@ -81,6 +83,7 @@ struct OpFrame {
     sequence_at_start = sequence_at_end = thread = 0;
     exec_node = 0;
     active = false;
+    transparent = false;
   }
 };
 
@@ -119,7 +122,9 @@ struct ThreadState {
   std::vector<ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
   std::vector<format::OpScope> op_scopes;  // Their scopes, parallel to op_stack.
   int backward_depth = 0;          // Backward functions running on this thread.
-  size_t user_scopes = 0;          // record_function() ranges among op_stack.
+  // record_function() ranges and engine wrappers among op_stack: the ops directly inside them
+  // are the user's (OnStart's `outermost`).
+  size_t transparent_scopes = 0;
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
   // Frames of ended ops, for the next ones (OpHandle).
   std::vector<std::unique_ptr<OpFrame>> free_frames;
@@ -263,6 +268,15 @@ void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
   if (session == nullptr || t_state.busy) return;
   session->OnEnd(fn, frame);
+}
+
+// The wrapper autograd's engine runs each node in ("autograd::engine::evaluate_function: MmBackward0",
+// a C++ RECORD_FUNCTION with no sequence number): around the node's backward function and its
+// hooks.
+bool IsEngineWrapper(const at::RecordFunction& fn, format::OpScope scope, int64_t sequence_nr) {
+  static constexpr std::string_view kPrefix = "autograd::engine::evaluate_function: ";
+  return scope == format::OpScope::kFunction && sequence_nr < 0 &&
+         std::strncmp(fn.name(), kPrefix.data(), kPrefix.size()) == 0;
 }
 
 format::OpScope ScopeOf(at::RecordScope scope) {
@@ -965,17 +979,20 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     size_t n_pcs = 0;
     bool is_backward = op.scope == format::OpScope::kBackwardFunction;
     // An op inside record_function() ranges only (torch.optim's step, a user's profiler range)
-    // is one the user called: it gets a stack too.
-    bool outermost = ts.op_stack.size() == ts.user_scopes;
-    if (options_.native_stacks && outermost && ts.backward_depth == 0 &&
-        !is_backward) {
+    // is one the user called: it gets a stack too. So is an op directly inside the engine's
+    // wrapper around a node (a tensor or node hook's), while the wrapper, autograd's own, has none.
+    bool outermost = ts.op_stack.size() == ts.transparent_scopes;
+    const bool engine_wrapper = outermost && IsEngineWrapper(fn, op.scope, op.sequence_nr);
+    frame->transparent = op.scope == format::OpScope::kUserScope || engine_wrapper;
+    const bool wants_stack = outermost && !is_backward && !engine_wrapper;
+    if (options_.native_stacks && wants_stack && ts.backward_depth == 0) {
       n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
     }
 
     PythonFrame* py_frames = ts.python_frames.data();  // Not cleared per op: n_py says how many.
     size_t n_py = 0;
     std::vector<PythonCode> new_codes;
-    if (options_.python_stacks && outermost && !is_backward) {
+    if (options_.python_stacks && wants_stack) {
       n_py = CapturePythonStack(py_frames, kMaxPythonFrames, &new_codes);  // No lock held.
     }
 
@@ -1099,7 +1116,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     if (!frame->before.empty()) PushGroupLocked(frame->before);
     ts.op_stack.push_back(op.op);
     ts.op_scopes.push_back(op.scope);
-    if (op.scope == format::OpScope::kUserScope) ++ts.user_scopes;
+    if (frame->transparent) ++ts.transparent_scopes;
     if (is_backward) ++ts.backward_depth;
     frame->active = true;
   } catch (const std::exception& e) {
@@ -1126,7 +1143,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
   if (!ts.op_stack.empty() && ts.op_stack.back() == op.op) {
     ts.op_stack.pop_back();
     ts.op_scopes.pop_back();
-    if (op.scope == format::OpScope::kUserScope && ts.user_scopes > 0) --ts.user_scopes;
+    if (frame.transparent && ts.transparent_scopes > 0) --ts.transparent_scopes;
   }
   if (is_backward && ts.backward_depth > 0) --ts.backward_depth;
   frame.active = false;
