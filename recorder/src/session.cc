@@ -106,12 +106,6 @@ struct NodeScratch {
   format::NodeRecord* end() { return records.data() + size; }
 };
 
-namespace {
-
-std::mutex g_active_mu;
-std::shared_ptr<Session> g_active;          // Guarded by g_active_mu.
-std::atomic<Session*> g_active_raw{nullptr};  // The callbacks' fast path.
-
 // verify_saved: a saved tensor to fingerprint once mu_ is released (QueueFingerprint).
 struct PendingFingerprint {
   format::FingerprintRecord record;  // All but the hash, the byte range and the time.
@@ -165,7 +159,40 @@ struct ThreadState {
     for (size_t i = 0; i < n_free_handles; ++i) ::operator delete(free_handles[i]);
   }
 };
-thread_local ThreadState t_state;
+namespace {
+
+std::mutex g_active_mu;
+std::shared_ptr<Session> g_active;          // Guarded by g_active_mu.
+std::atomic<Session*> g_active_raw{nullptr};  // The callbacks' fast path.
+
+
+// The calling thread's state, made on its first op and deleted when it exits. A pointer, trivially
+// initialized: in a shared library each access to a thread_local is a call (__tls_get_addr), and
+// one with a constructor adds a second (its initialization check); the callbacks pass the state
+// on instead of reading it again.
+thread_local ThreadState* t_state = nullptr;
+thread_local bool t_state_gone = false;  // The thread's state was deleted: it is exiting.
+
+struct ThreadStateOwner {
+  ~ThreadStateOwner() {
+    t_state_gone = true;
+    delete std::exchange(t_state, nullptr);
+  }
+};
+
+[[gnu::noinline]] ThreadState* NewThreadState() {
+  if (t_state_gone) return nullptr;
+  static thread_local ThreadStateOwner owner;  // Deletes it at the thread's exit.
+  (void)owner;
+  t_state = new (std::nothrow) ThreadState();
+  return t_state;
+}
+
+// The calling thread's state, made if need be; nullptr while the thread exits (or out of memory).
+ThreadState* ThisThread() {
+  ThreadState* ts = t_state;
+  return ts != nullptr ? ts : NewThreadState();
+}
 
 // What torch holds between an op's start and end callbacks: the op's frame, which goes back to the
 // pool of the thread that ends the op (the thread that started it, but for ops whose end runs
@@ -182,9 +209,9 @@ struct OpHandle : at::ObserverContext {
     return Owned(new (memory) OpHandle(std::move(f)));
   }
   static void operator delete(void* memory) {
-    ThreadState& ts = t_state;
-    if (ts.n_free_handles < ts.free_handles.size()) {
-      ts.free_handles[ts.n_free_handles++] = memory;
+    ThreadState* ts = t_state;
+    if (ts != nullptr && ts->n_free_handles < ts->free_handles.size()) {
+      ts->free_handles[ts->n_free_handles++] = memory;
     } else {
       ::operator delete(memory);
     }
@@ -193,9 +220,10 @@ struct OpHandle : at::ObserverContext {
   explicit OpHandle(std::unique_ptr<OpFrame> f) : frame(std::move(f)) {}
   ~OpHandle() override {
     // 64: deeper than ops nest in practice; a pool never holds more.
-    std::vector<std::unique_ptr<OpFrame>>& pool = t_state.free_frames;
+    ThreadState* ts = t_state;
+    if (ts == nullptr) return;  // The thread is exiting: the frame is freed.
     try {
-      if (pool.size() < 64) pool.push_back(std::move(frame));
+      if (ts->free_frames.size() < 64) ts->free_frames.push_back(std::move(frame));
     } catch (const std::bad_alloc&) {
       // The frame is freed instead.
     }
@@ -255,10 +283,11 @@ bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts) {
 
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
-  ThreadState& ts = t_state;
-  if (session == nullptr || ts.busy || !session->recording()) return nullptr;
-  if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, ts)) return nullptr;
-  return session->OnStart(fn);
+  if (session == nullptr || !session->recording()) return nullptr;
+  ThreadState* ts = ThisThread();
+  if (ts == nullptr || ts->busy) return nullptr;
+  if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, *ts)) return nullptr;
+  return session->OnStart(fn, *ts);
 }
 
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
@@ -266,8 +295,9 @@ void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   OpFrame& frame = *static_cast<OpHandle&>(*ctx).frame;
   if (!frame.active) return;
   Session* session = g_active_raw.load(std::memory_order_acquire);
-  if (session == nullptr || t_state.busy) return;
-  session->OnEnd(fn, frame);
+  ThreadState* ts = t_state;
+  if (session == nullptr || ts == nullptr || ts->busy) return;
+  session->OnEnd(fn, frame, *ts);
 }
 
 // The wrapper autograd's engine runs each node in ("autograd::engine::evaluate_function: MmBackward0",
@@ -403,7 +433,8 @@ void Session::MaybeFlushCuda() {
 Session::~Session() { Stop(); }
 
 bool Session::ThreadInsideRecordedOp() {
-  return !t_state.busy && !t_state.op_stack.empty() &&
+  const ThreadState* ts = t_state;
+  return ts != nullptr && !ts->busy && !ts->op_stack.empty() &&
          g_active_raw.load(std::memory_order_acquire) != nullptr;
 }
 
@@ -538,15 +569,16 @@ void Session::ForgetInterned() {
 
 void Session::RecordError(format::ErrorKind kind, const std::string& type,
                           const std::string& message) {
-  if (!recording()) return;
+  ThreadState* ts = ThisThread();
+  if (!recording() || ts == nullptr) return;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  BusyGuard busy(t_state);
+  BusyGuard busy(*ts);
   EncodedRecords group;
   {
     std::lock_guard<std::mutex> lock(mu_);
     format::ErrorRecord error;
     error.kind = kind;
-    error.op = t_state.op_stack.empty() ? 0 : t_state.op_stack.back();
+    error.op = ts->op_stack.empty() ? 0 : ts->op_stack.back();
     error.thread = static_cast<uint32_t>(at::RecordFunction::currentThreadId());
     error.time_ns = NowNs();
     error.type = InternString(type, group);
@@ -586,7 +618,7 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
                                       const PythonFrame* py, size_t n_py,
                                       EncodedRecords& out) {
   if (n_pcs == 0 && n_py == 0) return 0;
-  static thread_local std::string key;  // Reused: a repeated stack costs no allocation.
+  std::string& key = stack_key_;
   key.assign(reinterpret_cast<const char*>(pcs), n_pcs * sizeof(uintptr_t));
   key.append(reinterpret_cast<const char*>(py), n_py * sizeof(PythonFrame));
   auto it = stacks_.find(key);
@@ -905,12 +937,12 @@ void Session::QueueFingerprint(ObjectId node, format::InternId name, uint32_t li
   pending.record.tensor = tensor;
   pending.record.when = when;
   pending.data = data;
-  t_state.fingerprints.push_back(std::move(pending));
+  t_state->fingerprints.push_back(std::move(pending));  // Inside OnStart or OnEnd: it exists.
 }
 
 void Session::TakeFingerprints(EncodedRecords& out) {
   std::vector<PendingFingerprint> pending;
-  pending.swap(t_state.fingerprints);
+  pending.swap(t_state->fingerprints);  // Inside OnStart or OnEnd: it exists.
   for (PendingFingerprint& p : pending) {
     if (!verify_saved_.load(std::memory_order_relaxed)) return;
     std::string error;
@@ -952,11 +984,9 @@ void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
       });
 }
 
-std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn) {
+std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn,
+                                                      ThreadState& ts) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  // One access to the thread_local: in a shared library each one is a call (__tls_get_addr and
-  // the initialization check), and they added up to several hundred instructions per op.
-  ThreadState& ts = t_state;
   BusyGuard busy(ts);
   std::unique_ptr<OpFrame> frame;
   try {
@@ -1133,10 +1163,9 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   return OpHandle::Make(ts, std::move(frame));
 }
 
-void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame) {
+void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   if (cuda_tracer_) cuda_tracer_->PopOp();
-  ThreadState& ts = t_state;  // One access: see OnStart.
   BusyGuard busy(ts);
   format::OpRecord& op = frame.op;
   bool is_backward = op.scope == format::OpScope::kBackwardFunction;

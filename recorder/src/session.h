@@ -42,6 +42,7 @@ namespace torchrr::recorder {
 
 struct OpFrame;
 struct NodeScratch;
+struct ThreadState;  // A thread's op stack, pools and scratch (session.cc).
 
 inline constexpr size_t kMaxPythonFrames = 48;
 // The CUPTI external correlation id of torchrr's own CUDA work (fingerprints): dropped.
@@ -77,8 +78,8 @@ class Session {
   static std::shared_ptr<Session> Active();
 
   // Callback bodies (public for the static trampolines).
-  std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn);
-  void OnEnd(const at::RecordFunction& fn, OpFrame& frame);
+  std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn, ThreadState& ts);
+  void OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts);
 
  private:
   explicit Session(const RecorderOptions& options);
@@ -175,6 +176,7 @@ class Session {
   ska::flat_hash_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
   std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.
   std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
+  std::string stack_key_;  // Guarded by mu_: InternStack's key, reused (no allocation per op).
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
   // What RefTensor keeps per tensor: the metadata last written, compared field by field with the
   // tensor's (sizes and strides inline up to 6 dimensions: no allocation per tensor), and the
