@@ -69,6 +69,11 @@ struct OpFrame {
   ObjectId exec_node = 0;
   bool active = false;
   bool transparent = false;  // A record_function range or an engine wrapper (transparent_scopes).
+  // An engine wrapper not recorded unless an op other than its node's backward function runs in
+  // it (a hook's, the engine's gradient accumulation): ThreadState::deferred_wrappers. Its id is 0
+  // until then. `name` is the RecordFunction's, valid until the wrapper ends.
+  bool deferred = false;
+  const char* deferred_name = nullptr;
 
   // Back to a fresh frame's state, keeping the capacity of what it holds.
   void Reset() {
@@ -84,6 +89,8 @@ struct OpFrame {
     exec_node = 0;
     active = false;
     transparent = false;
+    deferred = false;
+    deferred_name = nullptr;
   }
 };
 
@@ -119,6 +126,9 @@ struct ThreadState {
   // record_function() ranges and engine wrappers among op_stack: the ops directly inside them
   // are the user's (OnStart's `outermost`).
   size_t transparent_scopes = 0;
+  // The frames of the deferred engine wrappers running on this thread (OpFrame::deferred),
+  // innermost last; each is on op_stack with id 0 until an op inside it records it.
+  std::vector<OpFrame*> deferred_wrappers;
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
   // Frames of ended ops, for the next ones (OpHandle).
   std::vector<std::unique_ptr<OpFrame>> free_frames;
@@ -222,6 +232,10 @@ struct OpHandle : at::ObserverContext {
     // 64: deeper than ops nest in practice; a pool never holds more.
     ThreadState* ts = t_state;
     if (ts == nullptr) return;  // The thread is exiting: the frame is freed.
+    // A deferred wrapper whose end the recorder did not see (the recording stopped in between).
+    if (!ts->deferred_wrappers.empty() && ts->deferred_wrappers.back() == frame.get()) {
+      ts->deferred_wrappers.pop_back();
+    }
     try {
       if (ts->free_frames.size() < 64) ts->free_frames.push_back(std::move(frame));
     } catch (const std::bad_alloc&) {
@@ -984,6 +998,18 @@ void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
       });
 }
 
+format::ObjectId Session::RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out) {
+  if (ts.deferred_wrappers.empty()) return 0;
+  OpFrame& wrapper = *ts.deferred_wrappers.back();
+  if (wrapper.op.op != 0) return wrapper.op.op;
+  wrapper.op.op = ++next_id_;
+  wrapper.op.name = InternString(wrapper.deferred_name, out);
+  // Its parent: the op below it on the thread's stack (0 for the engine's outermost wrapper).
+  wrapper.op.parent = ts.op_stack.size() >= 2 ? ts.op_stack[ts.op_stack.size() - 2] : 0;
+  ts.op_stack.back() = wrapper.op.op;
+  return wrapper.op.op;
+}
+
 std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn,
                                                       ThreadState& ts) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
@@ -1015,6 +1041,19 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     const bool engine_wrapper = outermost && IsEngineWrapper(fn, op.scope, op.sequence_nr);
     frame->transparent = op.scope == format::OpScope::kUserScope || engine_wrapper;
     const bool wants_stack = outermost && !is_backward && !engine_wrapper;
+    // An engine wrapper around only its node's backward function says nothing that function's
+    // record does not: it is recorded when another op runs in it (RecordDeferredWrapper).
+    if (engine_wrapper && !records_all_ops()) {
+      frame->deferred = true;
+      frame->deferred_name = fn.name();
+      ts.deferred_wrappers.push_back(frame.get());
+      ts.op_stack.push_back(0);
+      ts.op_scopes.push_back(op.scope);
+      ++ts.transparent_scopes;
+      frame->active = true;
+      in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+      return OpHandle::Make(ts, std::move(frame));
+    }
     if (options_.native_stacks && wants_stack && ts.backward_depth == 0) {
       n_pcs = CaptureNativeStack(pcs, kMaxNativeFrames, 3);
     }
@@ -1029,6 +1068,9 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     c10::ArrayRef<const c10::IValue> inputs = InputsOf(fn);
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& code : new_codes) python_codes_[code.code] = std::move(code);
+    if (!is_backward && op.parent == 0 && !ts.op_stack.empty() && ts.op_stack.back() == 0) {
+      op.parent = RecordDeferredWrapper(ts, frame->before);
+    }
     op.op = ++next_id_;
     if (op.scope == format::OpScope::kFunction) {
       // An ATen op's name and overload point into its registered schema: stable pointers.
@@ -1165,7 +1207,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
 
 void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
-  if (cuda_tracer_) cuda_tracer_->PopOp();
+  if (cuda_tracer_ && !frame.deferred) cuda_tracer_->PopOp();  // A deferred wrapper pushed none.
   BusyGuard busy(ts);
   format::OpRecord& op = frame.op;
   bool is_backward = op.scope == format::OpScope::kBackwardFunction;
@@ -1176,6 +1218,15 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& t
   }
   if (is_backward && ts.backward_depth > 0) --ts.backward_depth;
   frame.active = false;
+  if (frame.deferred) {
+    if (!ts.deferred_wrappers.empty() && ts.deferred_wrappers.back() == &frame) {
+      ts.deferred_wrappers.pop_back();
+    }
+    if (op.op == 0) {  // Nothing but its node's backward function ran in it: not recorded.
+      in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+      return;
+    }
+  }
   if (!recording()) {
     in_flight_.fetch_sub(1, std::memory_order_acq_rel);
     return;

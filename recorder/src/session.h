@@ -95,6 +95,9 @@ class Session {
   void PullPending();  // The writer thread's: skips when mu_ is busy.
 
   // All of the following run with mu_ held.
+  // Records the innermost deferred engine wrapper on the thread (its id, name and parent, for the
+  // record its end writes), whose id is on the top of the op stack; returns its id.
+  format::ObjectId RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out);
   format::InternId InternString(std::string_view text, EncodedRecords& out);
   format::InternId InternOpName(const char* name, EncodedRecords& out);
   format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,

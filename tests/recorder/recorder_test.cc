@@ -370,7 +370,9 @@ TEST(Recorder, BackwardExecutionsNameTheirNodes) {
 
 // Ops named by a string, not a schema, hand the recorder a name whose memory the next such op
 // reuses: autograd's "evaluate_function: <node>" around each node it runs, C++ RECORD_FUNCTION.
-// Each must keep its own name (the node inside an evaluate_function says which it is).
+// Each must keep its own name (the node inside an evaluate_function says which it is). A tensor
+// hook on every tensor runs an op inside each evaluate_function, before its node's backward
+// function: each is recorded, as the backward function's parent.
 TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
   std::string path = TempTrace("string_names");
   auto x = torch::randn({8}, torch::requires_grad());
@@ -379,8 +381,13 @@ TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
     RecorderOptions options;
     options.path = path;
     Recorder recorder(options);
-    auto loss = ((x * 2).sigmoid() + x.exp()).tanh().mean();
-    loss.backward();
+    auto hooked = [](at::Tensor t) {
+      t.register_hook([](const at::Tensor& grad) { return grad * 1.0; });
+      return t;
+    };
+    hooked(x);
+    auto loss = hooked(hooked(hooked(hooked(x * 2).sigmoid()) + hooked(x.exp())).tanh()).mean();
+    hooked(loss).backward();
     for (int i = 0; i < 6; ++i) {
       ranges.push_back("torchrr_test::a_range_named_by_a_long_string_" + std::to_string(i));
       RECORD_FUNCTION(ranges.back(), c10::ArrayRef<const c10::IValue>{});
@@ -452,8 +459,8 @@ TEST(Recorder, DefinitionsComeBeforeUseAndTheLatestMetadataIsCurrent) {
 
 // Folded by default into the op around them (SPEC.md, Which ops), since they create no node and
 // bump no version: the ops a kernel runs below autograd (the CPU `_to_copy` kernel's allocation and
-// copy), and the ops of a backward formula that write no argument. Recorded with all_ops and
-// verify_saved. Recorded either way: the ops a composite op runs at autograd's level (matmul's mm,
+// copy), the ops of a backward formula that write no argument, and the engine's wrapper around a
+// node in which nothing else ran. Recorded with all_ops and verify_saved. Recorded either way: the ops a composite op runs at autograd's level (matmul's mm,
 // which creates a node), every node, and the writes (add_ at autograd's level, a gradient
 // accumulated in place).
 TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
@@ -465,6 +472,7 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
     // the "detach" around aten::detach, has no schema to tell: it is recorded).
     size_t inside_backward_reading = 0;
     size_t accumulations = 0;            // In-place adds inside AccumulateGrad.
+    size_t engine_wrappers = 0;          // autograd::engine::evaluate_function: X
   };
   auto record = [&](const std::string& name, bool all_ops, bool verify_saved) {
     x.mutable_grad() = at::Tensor();
@@ -490,6 +498,9 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
     counts.ops = trace.ops.size();
     counts.nodes = trace.nodes.size();
     for (const auto& op : trace.ops) {
+      if (trace.Name(op.name).starts_with("autograd::engine::evaluate_function: ")) {
+        ++counts.engine_wrappers;
+      }
       auto parent = by_id.find(op.parent);
       if (parent == by_id.end()) continue;
       const std::string parent_name = trace.Name(parent->second->name);
@@ -526,6 +537,10 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
   EXPECT_GT(folded.inside_matmul, 0u);
   EXPECT_EQ(folded.inside_matmul, all.inside_matmul);
   EXPECT_EQ(folded.inside_backward_reading, 0u);
+  // No hook, no gradient to accumulate between nodes: nothing but each node's backward function
+  // runs in the engine's wrappers, which are left out but with all_ops.
+  EXPECT_EQ(folded.engine_wrappers, 0u);
+  EXPECT_GT(all.engine_wrappers, 0u);
   EXPECT_GT(all.inside_backward_reading, 0u);
   EXPECT_GT(verified.inside_backward_reading, 0u);
   EXPECT_EQ(folded.nodes, all.nodes);
