@@ -574,6 +574,7 @@ void Session::PullPending() {
 void Session::ForgetInterned() {
   strings_.clear();
   op_names_.clear();
+  node_type_names_.clear();
   frames_.clear();
   python_frames_.clear();
   stacks_.clear();
@@ -625,6 +626,26 @@ format::InternId Session::InternOpName(const char* name, EncodedRecords& out) {
   OpName& entry = op_names_[name];
   entry.id = id;
   entry.text = name;
+  return id;
+}
+
+format::InternId Session::InternNodeName(const torch::autograd::Node& node, EncodedRecords& out,
+                                         const std::string** text) {
+  const std::type_info* type = &typeid(node);
+  auto it = node_type_names_.find(type);
+  if (it != node_type_names_.end() && !it->second.per_instance) {
+    if (text != nullptr) *text = &it->second.text;
+    return it->second.id;
+  }
+  node_name_ = node.name();
+  const format::InternId id = InternString(node_name_, out);
+  if (text != nullptr) *text = &node_name_;
+  if (it == node_type_names_.end()) {
+    NodeTypeName& entry = node_type_names_[type];
+    entry.id = id;
+    entry.text = node_name_;
+    entry.per_instance = std::string_view(type->name()).find("PyNode") != std::string_view::npos;
+  }
   return id;
 }
 
@@ -819,7 +840,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
                               EncodedRecords& defs, NodeScratch& nodes) {
   format::NodeRecord& record = nodes.Next();
   record.node = id;
-  record.name = InternString(node->name(), defs);
+  record.name = InternNodeName(*node, defs);
   record.forward_thread = node->thread_id();
   uint64_t sequence_nr = node->sequence_nr();
   record.sequence_nr = static_cast<int64_t>(sequence_nr);
@@ -836,7 +857,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
       *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
         SavedVariableFacts facts = ReadSavedVariable(sv);
         format::SavedTensor saved;
-        saved.name = InternString(name, defs);
+        saved.name = InternOpName(name, defs);  // The generated table's literals: stable.
         saved.list_index = list_index;
         saved.defined = facts.defined;
         saved.has_hooks = facts.has_hooks;
@@ -901,8 +922,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
   }
 }
 
-format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, NodeScratch& scratch,
-                                        EncodedRecords& out) {
+format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
+                                        NodeScratch& scratch, EncodedRecords& out) {
   // The engine names the node it runs (NodeGuard, around the node's whole evaluation). The node
   // must be this function's: a node called directly (a user calling grad_fn, a hook calling a
   // node) runs outside that guard, or inside another node's.
@@ -912,7 +933,10 @@ format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, NodeScratc
     return 0;
   }
   // Nodes without a sequence number (AccumulateGrad, GraphRoot) share the key: the name too.
-  if (fn.seqNr() < 0 && node->name() != fn.name()) return 0;
+  const std::string* text = nullptr;
+  const format::InternId name_id = InternNodeName(*node, out, &text);
+  if (fn.seqNr() < 0 && *text != fn.name()) return 0;
+  *name = name_id;  // The function's name: the engine's RecordFunction is named node->name().
   ObjectId id = nodes_.Find(node.get());
   if (id != 0) return id;
   // Never seen: a GraphRoot, or a node made before the recording started. Its record is written
@@ -1077,12 +1101,13 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       op.name = InternOpName(fn.name(), frame->before);
       op.overload = InternOpName(fn.overload_name(), frame->before);
     } else {
-      // Node names and user scopes are strings the RecordFunction owns: intern by content.
-      op.name = InternString(fn.name(), frame->before);
+      // OnEnd's node scratch is free between ops.
+      if (is_backward) frame->exec_node = ExecutingNode(fn, &op.name, ts.nodes, frame->before);
+      // Node names and user scopes are strings the RecordFunction owns: intern by content (a
+      // backward function the engine runs has its node's, found above).
+      if (op.name == 0) op.name = InternString(fn.name(), frame->before);
     }
     op.stack = InternStack(pcs, n_pcs, py_frames, n_py, frame->before);
-    // OnEnd's node scratch is free between ops.
-    if (is_backward) frame->exec_node = ExecutingNode(fn, ts.nodes, frame->before);
     // Before the node's apply() unpacks (and maybe releases) what it saved.
     if (is_backward && verify_saved_.load(std::memory_order_relaxed)) {
       FingerprintAtUse(op.forward_thread, op.sequence_nr, frame->before);

@@ -100,6 +100,11 @@ class Session {
   format::ObjectId RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out);
   format::InternId InternString(std::string_view text, EncodedRecords& out);
   format::InternId InternOpName(const char* name, EncodedRecords& out);
+  // The node's name() interned, looked up by the node's C++ type (name() builds a string, often on
+  // the heap); the names of Python functions' nodes (PyNode), which differ per class, are built
+  // each time. `text`, when given, receives the name.
+  format::InternId InternNodeName(const torch::autograd::Node& node, EncodedRecords& out,
+                                  const std::string** text = nullptr);
   format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,
                                size_t n_py, EncodedRecords& out);
   // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed. Also its
@@ -117,7 +122,8 @@ class Session {
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is not
   // running it.
-  format::ObjectId ExecutingNode(const at::RecordFunction& fn, NodeScratch& scratch,
+  format::ObjectId ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
+                                 NodeScratch& scratch,
                                  EncodedRecords& out);
   // A node first seen after its creating op ended (found through another node's edges, or as an
   // input's grad_fn): the op that spanned its sequence number on its thread, innermost first (a
@@ -175,6 +181,13 @@ class Session {
     std::string text;  // What the pointer pointed to then (InternOpName).
   };
   ska::flat_hash_map<const char*, OpName> op_names_;               // Guarded by mu_.
+  struct NodeTypeName {
+    format::InternId id = 0;
+    std::string text;
+    bool per_instance = false;  // PyNode: name() is the Python class's.
+  };
+  ska::flat_hash_map<const std::type_info*, NodeTypeName> node_type_names_;  // Guarded by mu_.
+  std::string node_name_;  // Guarded by mu_: InternNodeName's, for names built each time.
   ska::flat_hash_map<uintptr_t, format::InternId> frames_;         // Guarded by mu_.
   ska::flat_hash_map<uint64_t, format::InternId> python_frames_;   // Guarded by mu_: code, line.
   std::unordered_map<uint32_t, PythonCode> python_codes_;          // Guarded by mu_; never cleared.
