@@ -20,6 +20,9 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#define XXH_INLINE_ALL  // XXH3 on a few words: inlined.
+#include <xxhash.h>
+
 #include "autograd_internals.h"
 #include "native_stacks.h"
 #include "python_stacks.h"
@@ -769,31 +772,36 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
   const int64_t storage_offset = strided ? impl->storage_offset() : 0;
   c10::IntArrayRef sizes = strided ? impl->sizes() : c10::IntArrayRef();
   c10::IntArrayRef strides = strided ? impl->strides() : c10::IntArrayRef();
-  if (known && state.storage == storage && state.version_counter == counter &&
-      state.grad_fn == grad_fn_id && state.output_nr == output_nr && state.dtype == dtype &&
-      state.device_type == device_type && state.device_index == device_index &&
-      state.requires_grad == requires_grad && state.is_leaf == is_leaf &&
-      state.storage_nbytes == nbytes && state.storage_address == data_address &&
-      state.strided == strided && state.storage_offset == storage_offset &&
-      c10::IntArrayRef(state.sizes) == sizes && c10::IntArrayRef(state.strides) == strides) {
+  // The metadata besides the ids, hashed (sizes and strides as far as kMaxHashedDims go, and
+  // their count: a tensor of more dimensions, rare, is written at every use).
+  constexpr size_t kMaxHashedDims = 12;
+  const bool hashable = sizes.size() <= kMaxHashedDims && strides.size() <= kMaxHashedDims;
+  uint64_t metadata_hash = 0;
+  if (hashable) {
+    std::array<int64_t, 6 + 2 * kMaxHashedDims> words;
+    size_t n = 0;
+    words[n++] = static_cast<int64_t>(output_nr) | (int64_t{static_cast<uint8_t>(dtype)} << 32) |
+                 (int64_t{static_cast<uint8_t>(device_type)} << 40) |
+                 (int64_t{static_cast<uint8_t>(device_index)} << 48) |
+                 (int64_t{requires_grad} << 56) | (int64_t{is_leaf} << 57) |
+                 (int64_t{strided} << 58);
+    words[n++] = static_cast<int64_t>(nbytes);
+    words[n++] = static_cast<int64_t>(data_address);
+    words[n++] = storage_offset;
+    words[n++] = static_cast<int64_t>(sizes.size() | (strides.size() << 16));
+    for (int64_t v : sizes) words[n++] = v;
+    for (int64_t v : strides) words[n++] = v;
+    metadata_hash = XXH3_64bits(words.data(), n * sizeof(int64_t));
+  }
+  if (known && hashable && state.storage == storage && state.version_counter == counter &&
+      state.grad_fn == grad_fn_id && state.metadata_hash == metadata_hash) {
     return entry.id;
   }
   state.written = true;
   state.storage = storage;
   state.version_counter = counter;
   state.grad_fn = grad_fn_id;
-  state.output_nr = output_nr;
-  state.dtype = dtype;
-  state.device_type = device_type;
-  state.device_index = device_index;
-  state.requires_grad = requires_grad;
-  state.is_leaf = is_leaf;
-  state.strided = strided;
-  state.storage_nbytes = nbytes;
-  state.storage_address = data_address;
-  state.storage_offset = storage_offset;
-  state.sizes.assign(sizes.begin(), sizes.end());
-  state.strides.assign(strides.begin(), strides.end());
+  state.metadata_hash = metadata_hash;
 
   format::TensorInfo& info = tensor_info_;  // Its vectors keep their capacity.
   info.tensor = entry.id;

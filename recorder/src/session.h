@@ -194,33 +194,24 @@ class Session {
   std::unordered_map<std::string, format::InternId> stacks_;       // Guarded by mu_ (key: pcs).
   std::string stack_key_;  // Guarded by mu_: InternStack's key, reused (no allocation per op).
   format::InternId next_stack_id_ = 0;                             // Guarded by mu_.
-  // What RefTensor keeps per tensor: the metadata last written, compared field by field with the
-  // tensor's (sizes and strides inline up to 6 dimensions: no allocation per tensor), and the
-  // addresses of the StorageImpl and version counter it names with their tables' generations for
-  // those addresses then. A tensor that still holds the same objects, with no removal there since,
-  // has the same storage and counter ids (see ObjectIdTable::Generation): most uses skip those two
-  // lookups.
+  // What RefTensor keeps per tensor: the ids it last wrote, a 64-bit hash of the rest of the
+  // metadata it last wrote (compared with the tensor's: a TensorInfo is written when they differ),
+  // and the addresses of the StorageImpl and version counter it names with their tables'
+  // generations for those addresses then. A tensor that still holds the same objects, with no
+  // removal there since, has the same storage and counter ids (see ObjectIdTable::Generation):
+  // most uses skip those two lookups. Small (every lookup reads it, and the table holds one per
+  // live tensor): it was 4 cache lines with the shapes and strides kept field by field, and the
+  // table's traffic pushed the kernels' data out of the cache.
   struct TensorState {
-    bool written = false;  // False also after ForgetInterned(): the next use writes it again.
+    uint64_t metadata_hash = 0;
     format::ObjectId storage = 0;
     format::ObjectId version_counter = 0;
     format::ObjectId grad_fn = 0;
-    uint32_t output_nr = 0;
-    format::DType dtype{};
-    int8_t device_type = 0;
-    int8_t device_index = -1;
-    bool requires_grad = false;
-    bool is_leaf = false;
-    bool strided = false;
-    uint64_t storage_nbytes = 0;
-    uint64_t storage_address = 0;
-    int64_t storage_offset = 0;
-    c10::SmallVector<int64_t, 6> sizes;
-    c10::SmallVector<int64_t, 6> strides;
     const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
     const void* counter_impl = nullptr;
     uint64_t storage_generation = 0;
     uint64_t counter_generation = 0;
+    bool written = false;  // False also after ForgetInterned(): the next use writes it again.
   };
   // Most tensors (and their storages and version counters) die within a few ops: each entry is
   // looked at again 128 insertions later (ObjectIdTable's recheck), so that a dead object's memory
