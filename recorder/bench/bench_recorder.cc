@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
     bool stacks;
     bool empty_callback = false;
     bool profiler = false;
+    bool callback_outputs = true;  // The empty callback asks for the outputs too.
     std::vector<double> step_ms;
     std::vector<double> cpu_ms;
     std::vector<double> faults;
@@ -146,7 +147,10 @@ int main(int argc, char** argv) {
   if (!no_profiler && !only_recorder) {
     configs.push_back({"torch profiler (shapes)", false, false, false, true, {}});
   }
-  if (floor) configs.push_back({"empty callback", false, false, true, false, {}});
+  if (floor) {
+    configs.push_back({"empty callback", false, false, true, false, true, {}});
+    configs.push_back({"empty callback, inputs only", false, false, true, false, false, {}});
+  }
   for (int round = 0; round < rounds; ++round) {
     for (auto& c : configs) {
       std::string path = dir + "/round" + std::to_string(round) + (c.stacks ? "_s" : "_n") + ".trr";
@@ -167,7 +171,7 @@ int main(int argc, char** argv) {
                 },
                 [](const at::RecordFunction&, at::ObserverContext*) {})
                 .needsInputs(true)
-                .needsOutputs(true)
+                .needsOutputs(c.callback_outputs)
                 .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
                          at::RecordScope::USER_SCOPE}));
       }

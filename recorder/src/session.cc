@@ -298,12 +298,37 @@ bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts) {
   return ts.backward_depth > 0 && !at::GradMode::is_enabled() && !WritesArguments(fn, ts);
 }
 
+// RecordFunction's step_callbacks_ is private; the start callback is the one place that can say the
+// op's outputs are not wanted, so this reaches it through the explicit-instantiation access idiom
+// (access is not checked in an explicit instantiation's template arguments). A torch that renames
+// the member fails to compile here rather than misbehave.
+struct StepCallbacksMember {
+  using type = at::StepCallbacks at::RecordFunction::*;
+};
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type MemberOf(Tag) { return Member; }
+};
+StepCallbacksMember::type MemberOf(StepCallbacksMember);
+template struct PrivateMember<StepCallbacksMember, &at::RecordFunction::step_callbacks_>;
+
+// An op the recorder does not record: its outputs need not be collected. The dispatcher reads the
+// flag after the start callbacks, before it calls the kernel; without it the outputs are not
+// boxed into a vector of IValues (an allocation and a reference count per tensor, on every op).
+// Only when torchrr's is the op's one callback: another may want them.
+std::unique_ptr<at::ObserverContext> Unrecorded(const at::RecordFunction& fn) {
+  // The guards the dispatcher and autograd start callbacks on are never const objects.
+  at::StepCallbacks& callbacks = const_cast<at::RecordFunction&>(fn).*MemberOf(StepCallbacksMember{});
+  if (callbacks.callbacks_.size() == 1) callbacks.needs_outputs_ = false;
+  return nullptr;
+}
+
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
-  if (session == nullptr || !session->recording()) return nullptr;
+  if (session == nullptr || !session->recording()) return Unrecorded(fn);
   ThreadState* ts = ThisThread();
-  if (ts == nullptr || ts->busy) return nullptr;
-  if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, *ts)) return nullptr;
+  if (ts == nullptr || ts->busy) return Unrecorded(fn);
+  if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, *ts)) return Unrecorded(fn);
   return session->OnStart(fn, *ts);
 }
 
