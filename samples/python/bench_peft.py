@@ -5,7 +5,9 @@ torch.autograd.set_detect_anomaly(True), and under torch.profiler.profile(record
 with_stack=True). The configurations run interleaved in rounds within one process, so the
 machine's noise hits them alike; the table gives medians and ratios to plain. Each round starts
 with plain and rotates the order of the others: whichever ran right after plain was measured
-5-15% slower than in another place, so no configuration always takes that place.
+5-15% slower than in another place, so no configuration always takes that place. The paired
+ratio is the median over rounds of each round's time over that round's plain time: the machine's
+load drifts over seconds, and a round's configurations run within a fraction of one.
 
 On the CPU by default (float32). ``--device cuda --dtype bfloat16`` with a larger model is the
 GPU benchmark (tests/gpu/run.sh); a CUDA step is timed to its end (synchronized).
@@ -32,8 +34,8 @@ import torchrr  # noqa: E402
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
     peft_lora.add_model_arguments(parser, hidden=128, vocab=512, seq=64, batch=4)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -104,11 +106,14 @@ def main():
     print(f"PEFT LoRA step {where}, {args.dtype}, hidden {args.hidden}, {args.layers} layers, "
           f"seq {args.seq}, batch {args.batch}, {args.rounds} rounds x {args.steps} steps, "
           f"medians:")
-    print("| configuration | step (ms) | ratio to plain |")
-    print("|---|---|---|")
+    # Paired: each round's time over the same round's plain time, then the median over rounds. The
+    # machine's load drifts over seconds; a round's configurations run within a fraction of one.
+    print("| configuration | step (ms) | ratio to plain | paired ratio |")
+    print("|---|---|---|---|")
     for name in configs:
         ms = statistics.median(times[name])
-        print(f"| {name} | {ms:.1f} | {ms / plain:.2f}x |")
+        paired = statistics.median(t / p for t, p in zip(times[name], times["plain"]))
+        print(f"| {name} | {ms:.1f} | {ms / plain:.2f}x | {paired:.2f}x |")
 
 
 if __name__ == "__main__":
