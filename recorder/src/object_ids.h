@@ -124,6 +124,9 @@ class ObjectIdTable {
     const void* old = recent_[next_recent_];
     recent_[next_recent_] = address;
     next_recent_ = next_recent_ + 1 == recent_.size() ? 0 : next_recent_ + 1;
+    // The next insertion's recheck reads that object's reference count (expired()): fetched now,
+    // it is in the cache by then.
+    if (const void* next = recent_[next_recent_]) __builtin_prefetch(next);
     if (old == nullptr) return;
     auto it = entries_.find(old);
     if (it != entries_.end() && it->second.weak.expired()) {

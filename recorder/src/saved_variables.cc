@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include <c10/util/flat_hash_map.h>
+
 namespace torchrr::recorder {
 
 namespace {
@@ -38,10 +40,18 @@ VisitPyNodeFn PythonNodeVisitor() {
 
 format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
                                          const SavedVariableVisitor& visit) {
-  const auto& table = GeneratedNodes();
-  auto it = table.find(std::type_index(typeid(node)));
-  if (it != table.end()) {
-    it->second(node, visit);
+  // The generated table's entry for the node's type, looked up once per type_info and thread: a
+  // std::type_index lookup hashes the type's mangled name on every call.
+  thread_local ska::flat_hash_map<const std::type_info*, SavedVariableVisitFn> by_type;
+  const std::type_info* type = &typeid(node);
+  auto cached = by_type.find(type);
+  if (cached == by_type.end()) {
+    const auto& table = GeneratedNodes();
+    auto it = table.find(std::type_index(*type));
+    cached = by_type.emplace(type, it != table.end() ? it->second : nullptr).first;
+  }
+  if (cached->second != nullptr) {
+    cached->second(node, visit);
     return format::SavedSetKind::kExact;
   }
   // An in-place op on a view: autograd wraps the op's node in CopySlices, which runs it in

@@ -658,21 +658,26 @@ format::InternId Session::InternOpName(const char* name, EncodedRecords& out) {
 }
 
 format::InternId Session::InternNodeName(const torch::autograd::Node& node, EncodedRecords& out,
-                                         const std::string** text) {
+                                         const std::string** text, bool* accumulate_grad) {
   const std::type_info* type = &typeid(node);
   auto it = node_type_names_.find(type);
   if (it != node_type_names_.end() && !it->second.per_instance) {
     if (text != nullptr) *text = &it->second.text;
+    if (accumulate_grad != nullptr) *accumulate_grad = it->second.accumulate_grad;
     return it->second.id;
   }
   node_name_ = node.name();
   const format::InternId id = InternString(node_name_, out);
   if (text != nullptr) *text = &node_name_;
+  const bool is_accumulate_grad =
+      dynamic_cast<const torch::autograd::AccumulateGrad*>(&node) != nullptr;
+  if (accumulate_grad != nullptr) *accumulate_grad = is_accumulate_grad;
   if (it == node_type_names_.end()) {
     NodeTypeName& entry = node_type_names_[type];
     entry.id = id;
     entry.text = node_name_;
     entry.per_instance = std::string_view(type->name()).find("PyNode") != std::string_view::npos;
+    entry.accumulate_grad = is_accumulate_grad;
   }
   return id;
 }
@@ -779,7 +784,15 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
   state.counter_generation = counters_.Generation(counter_impl);
   const bool strided = impl->layout() == c10::kStrided;
   torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
-  const ObjectId grad_fn_id = grad_fn != nullptr ? nodes_.Find(grad_fn) : 0;
+  ObjectId grad_fn_id = 0;
+  if (grad_fn != nullptr) {
+    grad_fn_id = known && state.grad_fn != 0 && grad_fn == state.grad_fn_node &&
+                         state.grad_fn_generation == nodes_.Generation(grad_fn)
+                     ? state.grad_fn
+                     : nodes_.Find(grad_fn);
+  }
+  state.grad_fn_node = grad_fn;
+  state.grad_fn_generation = nodes_.Generation(grad_fn);
   const uint32_t output_nr = impl->autograd_meta() != nullptr ? tensor.output_nr() : 0;
   const c10::Device device = impl->device();
   const auto device_type = static_cast<int8_t>(device.type());
@@ -873,7 +886,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
                               EncodedRecords& defs, NodeScratch& nodes) {
   format::NodeRecord& record = nodes.Next();
   record.node = id;
-  record.name = InternNodeName(*node, defs);
+  bool accumulate_grad = false;
+  record.name = InternNodeName(*node, defs, nullptr, &accumulate_grad);
   record.forward_thread = node->thread_id();
   uint64_t sequence_nr = node->sequence_nr();
   record.sequence_nr = static_cast<int64_t>(sequence_nr);
@@ -881,8 +895,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
       sequence_nr >= creator->sequence_at_start && sequence_nr < creator->sequence_at_end) {
     record.created_by = creator->op.op;
   }
-  if (auto* accumulate = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
-    record.variable = RefTensor(accumulate->variable, defs);
+  if (accumulate_grad) {
+    record.variable = RefTensor(static_cast<torch::autograd::AccumulateGrad*>(node)->variable, defs);
   }
 
   const bool verify = verify_saved_.load(std::memory_order_relaxed);

@@ -104,7 +104,8 @@ class Session {
   // the heap); the names of Python functions' nodes (PyNode), which differ per class, are built
   // each time. `text`, when given, receives the name.
   format::InternId InternNodeName(const torch::autograd::Node& node, EncodedRecords& out,
-                                  const std::string** text = nullptr);
+                                  const std::string** text = nullptr,
+                                  bool* accumulate_grad = nullptr);
   format::InternId InternStack(const uintptr_t* pcs, size_t n_pcs, const PythonFrame* py,
                                size_t n_py, EncodedRecords& out);
   // The tensor's id; writes a TensorInfo when the tensor is new or its metadata changed. Also its
@@ -185,6 +186,7 @@ class Session {
     format::InternId id = 0;
     std::string text;
     bool per_instance = false;  // PyNode: name() is the Python class's.
+    bool accumulate_grad = false;
   };
   ska::flat_hash_map<const std::type_info*, NodeTypeName> node_type_names_;  // Guarded by mu_.
   std::string node_name_;  // Guarded by mu_: InternNodeName's, for names built each time.
@@ -197,9 +199,9 @@ class Session {
   // What RefTensor keeps per tensor: the ids it last wrote, a 64-bit hash of the rest of the
   // metadata it last wrote (compared with the tensor's: a TensorInfo is written when they differ),
   // and the addresses of the StorageImpl and version counter it names with their tables'
-  // generations for those addresses then. A tensor that still holds the same objects, with no
-  // removal there since, has the same storage and counter ids (see ObjectIdTable::Generation):
-  // most uses skip those two lookups. Small (every lookup reads it, and the table holds one per
+  // generations for those addresses then (and of its grad_fn). A tensor that still holds the same
+  // objects, with no removal there since, has the same ids (see ObjectIdTable::Generation): most
+  // uses skip those three lookups. Small (every lookup reads it, and the table holds one per
   // live tensor): it was 4 cache lines with the shapes and strides kept field by field, and the
   // table's traffic pushed the kernels' data out of the cache.
   struct TensorState {
@@ -209,8 +211,10 @@ class Session {
     format::ObjectId grad_fn = 0;
     const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
     const void* counter_impl = nullptr;
+    const void* grad_fn_node = nullptr;  // The Node, held alive by the tensor while it is its grad_fn.
     uint64_t storage_generation = 0;
     uint64_t counter_generation = 0;
+    uint64_t grad_fn_generation = 0;
     bool written = false;  // False also after ForgetInterned(): the next use writes it again.
   };
   // Most tensors (and their storages and version counters) die within a few ops: each entry is
