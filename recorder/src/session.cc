@@ -1070,15 +1070,23 @@ void Session::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
 }
 
 format::ObjectId Session::RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out) {
-  if (ts.deferred_wrappers.empty()) return 0;
-  OpFrame& wrapper = *ts.deferred_wrappers.back();
-  if (wrapper.op.op != 0) return wrapper.op.op;
-  wrapper.op.op = ++next_id_;
-  wrapper.op.name = InternString(wrapper.deferred_name, out);
-  // Its parent: the op below it on the thread's stack (0 for the engine's outermost wrapper).
-  wrapper.op.parent = ts.op_stack.size() >= 2 ? ts.op_stack[ts.op_stack.size() - 2] : 0;
-  ts.op_stack.back() = wrapper.op.op;
-  return wrapper.op.op;
+  // Every deferred wrapper on the stack not yet recorded, outermost first (a backward run inside
+  // a hook nests one in another): each is an op 0 on the stack, in the order of deferred_wrappers.
+  ObjectId parent = 0;
+  size_t next = 0;
+  for (ObjectId& id : ts.op_stack) {
+    if (id == 0) {
+      while (next < ts.deferred_wrappers.size() && ts.deferred_wrappers[next]->op.op != 0) ++next;
+      if (next == ts.deferred_wrappers.size()) return 0;  // Not a deferred wrapper's: unknown.
+      OpFrame& wrapper = *ts.deferred_wrappers[next++];
+      wrapper.op.op = ++next_id_;
+      wrapper.op.name = InternString(wrapper.deferred_name, out);
+      wrapper.op.parent = parent;
+      id = wrapper.op.op;
+    }
+    parent = id;
+  }
+  return parent;
 }
 
 std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn,

@@ -95,8 +95,8 @@ class Session {
   void PullPending();  // The writer thread's: skips when mu_ is busy.
 
   // All of the following run with mu_ held.
-  // Records the innermost deferred engine wrapper on the thread (its id, name and parent, for the
-  // record its end writes), whose id is on the top of the op stack; returns its id.
+  // Records the deferred engine wrappers on the thread's op stack (their ids, names and parents,
+  // for the records their ends write), the innermost on top of it; returns the top's id.
   format::ObjectId RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out);
   format::InternId InternString(std::string_view text, EncodedRecords& out);
   format::InternId InternOpName(const char* name, EncodedRecords& out);

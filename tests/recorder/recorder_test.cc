@@ -414,6 +414,47 @@ TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
   EXPECT_GE(checked, 6u);  // Mean, Tanh, Add, Sigmoid, Mul, Exp and the accumulators.
 }
 
+// A hook that runs a backward of its own: the engine's wrappers nest, and each one an op runs in is
+// recorded with the wrapper around it as its parent.
+TEST(Recorder, NestedEngineWrappersAreRecordedWithTheirParents) {
+  std::string path = TempTrace("nested_wrappers");
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto y = torch::randn({4}, torch::requires_grad());
+  {
+    RecorderOptions options;
+    options.path = path;
+    Recorder recorder(options);
+    auto a = x * 2;
+    a.register_hook([&y](const at::Tensor& grad) {
+      torch::AutoGradMode grad_mode(true);  // Hooks run with grad mode off.
+      auto b = y * 3;
+      b.register_hook([](const at::Tensor& inner) { return inner * 5.0; });
+      torch::autograd::grad({b.sum()}, {y});
+      return grad;
+    });
+    a.sum().backward();
+  }
+  Indexed trace(path);
+  std::map<format::ObjectId, const OpRecord*> by_id;
+  for (const auto& op : trace.ops) by_id[op.op] = &op;
+  auto is_wrapper = [&](format::ObjectId id) {
+    auto it = by_id.find(id);
+    return it != by_id.end() &&
+           trace.Name(it->second->name).starts_with("autograd::engine::evaluate_function: ");
+  };
+  size_t checked = 0;
+  for (const auto& op : trace.ops) {
+    // The inner hook's multiplication by 5: inside the inner wrapper, inside the outer one.
+    if (trace.Name(op.name) != "aten::mul" || op.values.empty() || op.values[0].d != 5.0) continue;
+    ASSERT_TRUE(is_wrapper(op.parent));
+    const OpRecord& inner = *by_id.at(op.parent);
+    ASSERT_TRUE(is_wrapper(inner.parent));
+    EXPECT_EQ(by_id.at(inner.parent)->parent, 0u);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 1u);
+}
+
 // SPEC.md's order: a definition comes before every record that names it, and a tensor's latest
 // TensorInfo is its metadata now, also around nested ops: a composite op (linear, matmul, to)
 // interns names and sees inputs at its start, then the ops nested in it end, and are written,
