@@ -260,9 +260,10 @@ constexpr size_t kCodeUnit = 2;             // sizeof(_Py_CODEUNIT)
 constexpr uint64_t kVerifyFirst = 256;
 constexpr uint64_t kVerifyEvery = 4096;
 
+// Trivial (no member initializers): CapturePythonStack's array of them is not zeroed on every call.
 struct RawFrame {
-  const void* code = nullptr;
-  int lasti = 0;  // In bytes, as PyFrame_GetLasti gives it.
+  const void* code;
+  int lasti;  // In bytes, as PyFrame_GetLasti gives it.
 };
 
 CheckedFastPath& Fast(const CPython& py) {
@@ -314,14 +315,16 @@ size_t WalkFrames311(PyThreadState* thread, RawFrame* out, size_t max) {
 // no lock. An entry counts only in the recording epoch it was filled in (each recording describes
 // its code objects again, on the API path). Code objects are never freed once interned, so an
 // address stands for one code object.
+// Trivial, so that the thread_local needs no initialization check on each access (it is zeroed as
+// any thread_local is; epoch 0 matches no recording).
 struct LineCacheEntry {
-  const void* code = nullptr;
-  int lasti = 0;
-  int32_t line = 0;
-  uint32_t id = 0;
-  uint64_t epoch = 0;
+  const void* code;
+  int lasti;
+  int32_t line;
+  uint32_t id;
+  uint64_t epoch;
 };
-constexpr int kLineCacheBits = 10;
+constexpr int kLineCacheBits = 12;  // 128 KiB per thread: a step's call sites collide less.
 using LineCache = std::array<LineCacheEntry, size_t{1} << kLineCacheBits>;
 thread_local LineCache t_line_cache;
 
