@@ -38,6 +38,10 @@ VisitPyNodeFn PythonNodeVisitor() {
 
 }  // namespace
 
+bool IsPythonNode(const std::type_info& type) {
+  return std::strcmp(type.name(), "N5torch8autograd6PyNodeE") == 0;
+}
+
 format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
                                          const SavedVariableVisitor& visit) {
   // The generated table's entry for the node's type, looked up once per type_info and thread: a
@@ -61,9 +65,8 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
     return format::SavedSetKind::kNone;
   }
   // A Python torch.autograd.Function: what ctx.save_for_backward was given, kept by its
-  // THPFunction. Compared by the mangled type name: PyNode's type information lives in
-  // libtorch_python, which a C++ program does not load.
-  if (std::strcmp(typeid(node).name(), "N5torch8autograd6PyNodeE") == 0) {
+  // THPFunction.
+  if (IsPythonNode(*type)) {
     if (VisitPyNodeFn visit_py_node = PythonNodeVisitor()) visit_py_node(node, visit);
     return format::SavedSetKind::kCustom;
   }

@@ -32,6 +32,11 @@ using GeneratedSavedTable = std::unordered_map<std::type_index, SavedVariableVis
 const GeneratedSavedTable& GeneratedNodes();
 size_t GeneratedNodeTypeCount();
 
+// Whether `type` is a Python torch.autograd.Function's node (torch::autograd::PyNode). Compared by
+// the mangled type name: PyNode's type information lives in libtorch_python, which a C++ program
+// does not load.
+bool IsPythonNode(const std::type_info& type);
+
 // Visits every SavedVariable of `node` and says how exact that list is: kExact for generated
 // nodes (an empty list means the node saved nothing), kNone for node types known to save nothing,
 // kUnknown for types the recorder cannot look inside. CopySlices is looked through to the node it

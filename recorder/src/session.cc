@@ -132,6 +132,13 @@ struct ThreadState {
   // The frames of the deferred engine wrappers running on this thread (OpFrame::deferred),
   // innermost last; each is on op_stack with id 0 until an op inside it records it.
   std::vector<OpFrame*> deferred_wrappers;
+  // Takes `frame` off deferred_wrappers when it is the innermost there: at its end, or when its
+  // handle is deleted without an end the recorder saw (the recording stopped in between).
+  void EndDeferredWrapper(const OpFrame* frame) {
+    if (!deferred_wrappers.empty() && deferred_wrappers.back() == frame) {
+      deferred_wrappers.pop_back();
+    }
+  }
   bool busy = false;               // Inside torchrr's own code: ignore ops it dispatches.
   // Frames of ended ops, for the next ones (OpHandle).
   std::vector<std::unique_ptr<OpFrame>> free_frames;
@@ -235,10 +242,7 @@ struct OpHandle : at::ObserverContext {
     // 64: deeper than ops nest in practice; a pool never holds more.
     ThreadState* ts = t_state;
     if (ts == nullptr) return;  // The thread is exiting: the frame is freed.
-    // A deferred wrapper whose end the recorder did not see (the recording stopped in between).
-    if (!ts->deferred_wrappers.empty() && ts->deferred_wrappers.back() == frame.get()) {
-      ts->deferred_wrappers.pop_back();
-    }
+    ts->EndDeferredWrapper(frame.get());
     try {
       if (ts->free_frames.size() < 64) ts->free_frames.push_back(std::move(frame));
     } catch (const std::bad_alloc&) {
@@ -283,8 +287,8 @@ bool WritesArguments(const at::RecordFunction& fn, ThreadState& ts) {
 // op or backward function, is folded into it (not recorded; SPEC.md, Which ops):
 // - ops a kernel runs below autograd: the enclosing kernel (autograd's, or the ADInplaceOrView
 //   kernel of an in-place or view op) excluded ADInplaceOrView and the autograd keys. Inference
-//   mode and _AutoDispatchBelowAutograd (custom ops' autograd) exclude only the autograd keys: their
-//   ops can still bump versions, and are recorded;
+//   mode and _AutoDispatchBelowAutograd (custom ops' autograd) exclude only the autograd keys:
+//   their ops can still bump versions, and are recorded;
 // - the ops of a backward formula (inside a backward function, grad mode off: no create_graph)
 //   that write none of their arguments. Those that write (a gradient accumulated in place, a hook's
 //   or a custom backward's in-place op) are recorded.
@@ -318,7 +322,8 @@ template struct PrivateMember<StepCallbacksMember, &at::RecordFunction::step_cal
 // Only when torchrr's is the op's one callback: another may want them.
 std::unique_ptr<at::ObserverContext> Unrecorded(const at::RecordFunction& fn) {
   // The guards the dispatcher and autograd start callbacks on are never const objects.
-  at::StepCallbacks& callbacks = const_cast<at::RecordFunction&>(fn).*MemberOf(StepCallbacksMember{});
+  at::StepCallbacks& callbacks =
+      const_cast<at::RecordFunction&>(fn).*MemberOf(StepCallbacksMember{});
   if (callbacks.callbacks_.size() == 1) callbacks.needs_outputs_ = false;
   return nullptr;
 }
@@ -342,9 +347,9 @@ void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   session->OnEnd(fn, frame, *ts);
 }
 
-// The wrapper autograd's engine runs each node in ("autograd::engine::evaluate_function: MmBackward0",
-// a C++ RECORD_FUNCTION with no sequence number): around the node's backward function and its
-// hooks.
+// The wrapper autograd's engine runs each node in ("autograd::engine::evaluate_function:
+// MmBackward0", a C++ RECORD_FUNCTION with no sequence number): around the node's backward
+// function and its hooks.
 bool IsEngineWrapper(const at::RecordFunction& fn, format::OpScope scope, int64_t sequence_nr) {
   static constexpr std::string_view kPrefix = "autograd::engine::evaluate_function: ";
   return scope == format::OpScope::kFunction && sequence_nr < 0 &&
@@ -676,7 +681,7 @@ format::InternId Session::InternNodeName(const torch::autograd::Node& node, Enco
     NodeTypeName& entry = node_type_names_[type];
     entry.id = id;
     entry.text = node_name_;
-    entry.per_instance = std::string_view(type->name()).find("PyNode") != std::string_view::npos;
+    entry.per_instance = IsPythonNode(*type);
     entry.accumulate_grad = is_accumulate_grad;
   }
   return id;
@@ -784,15 +789,16 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
   state.counter_generation = counters_.Generation(counter_impl);
   const bool strided = impl->layout() == c10::kStrided;
   torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);
+  const uint64_t grad_fn_generation = nodes_.Generation(grad_fn);  // Find removes nothing.
   ObjectId grad_fn_id = 0;
   if (grad_fn != nullptr) {
     grad_fn_id = known && state.grad_fn != 0 && grad_fn == state.grad_fn_node &&
-                         state.grad_fn_generation == nodes_.Generation(grad_fn)
+                         state.grad_fn_generation == grad_fn_generation
                      ? state.grad_fn
                      : nodes_.Find(grad_fn);
   }
   state.grad_fn_node = grad_fn;
-  state.grad_fn_generation = nodes_.Generation(grad_fn);
+  state.grad_fn_generation = grad_fn_generation;
   const uint32_t output_nr = impl->autograd_meta() != nullptr ? tensor.output_nr() : 0;
   const c10::Device device = impl->device();
   const auto device_type = static_cast<int8_t>(device.type());
@@ -896,7 +902,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
     record.created_by = creator->op.op;
   }
   if (accumulate_grad) {
-    record.variable = RefTensor(static_cast<torch::autograd::AccumulateGrad*>(node)->variable, defs);
+    auto* accumulate = static_cast<torch::autograd::AccumulateGrad*>(node);
+    record.variable = RefTensor(accumulate->variable, defs);
   }
 
   const bool verify = verify_saved_.load(std::memory_order_relaxed);
@@ -1299,9 +1306,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& t
   if (is_backward && ts.backward_depth > 0) --ts.backward_depth;
   frame.active = false;
   if (frame.deferred) {
-    if (!ts.deferred_wrappers.empty() && ts.deferred_wrappers.back() == &frame) {
-      ts.deferred_wrappers.pop_back();
-    }
+    ts.EndDeferredWrapper(&frame);
     if (op.op == 0) {  // Nothing but its node's backward function ran in it: not recorded.
       in_flight_.fetch_sub(1, std::memory_order_acq_rel);
       return;

@@ -211,7 +211,7 @@ class Session {
     format::ObjectId grad_fn = 0;
     const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
     const void* counter_impl = nullptr;
-    const void* grad_fn_node = nullptr;  // The Node, held alive by the tensor while it is its grad_fn.
+    const void* grad_fn_node = nullptr;  // The Node: the tensor holds it while it is its grad_fn.
     uint64_t storage_generation = 0;
     uint64_t counter_generation = 0;
     uint64_t grad_fn_generation = 0;

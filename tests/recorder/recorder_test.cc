@@ -501,9 +501,9 @@ TEST(Recorder, DefinitionsComeBeforeUseAndTheLatestMetadataIsCurrent) {
 // Folded by default into the op around them (SPEC.md, Which ops), since they create no node and
 // bump no version: the ops a kernel runs below autograd (the CPU `_to_copy` kernel's allocation and
 // copy), the ops of a backward formula that write no argument, and the engine's wrapper around a
-// node in which nothing else ran. Recorded with all_ops and verify_saved. Recorded either way: the ops a composite op runs at autograd's level (matmul's mm,
-// which creates a node), every node, and the writes (add_ at autograd's level, a gradient
-// accumulated in place).
+// node in which nothing else ran. Recorded with all_ops and verify_saved. Recorded either way: the
+// ops a composite op runs at autograd's level (matmul's mm, which creates a node), every node, and
+// the writes (add_ at autograd's level, a gradient accumulated in place).
 TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
   auto x = torch::randn({4, 8}, torch::requires_grad());
   auto w = torch::randn({3, 8}, torch::requires_grad());
