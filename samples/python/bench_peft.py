@@ -9,6 +9,11 @@ with plain and rotates the order of the others: whichever ran right after plain 
 ratio is the median over rounds of each round's time over that round's plain time: the machine's
 load drifts over seconds, and a round's configurations run within a fraction of one.
 
+The step columns time the steps inside the context only. The window columns time what a user waits
+for to get the recording: entering the context, the warm step, the steps, and leaving it, per step
+(K+1 steps). Leaving is where the profiler builds its events (and their stacks), which torchrr
+does on its writer thread while the steps run; torchrr's trace is complete on disk when it leaves.
+
 On the CPU by default (float32). ``--device cuda --dtype bfloat16`` with a larger model is the
 GPU benchmark (tests/gpu/run.sh); a CUDA step is timed to its end (synchronized).
 
@@ -84,6 +89,7 @@ def main():
         configs["torchrr --verify-saved"] = lambda: torchrr.record(
             os.path.join(tmp, "verify.trr"), native_stacks=False, verify_saved=True)
     times = {name: [] for name in configs}
+    windows = {name: [] for name in configs}
     for _ in range(2):
         step()
     sync()
@@ -92,6 +98,7 @@ def main():
         shift = round_index % max(len(others), 1)
         for name in ["plain"] + others[shift:] + others[:shift]:
             make = configs[name]
+            window_start = time.perf_counter()
             with make():
                 step()  # Warm: the recorder interns, the profiler sets up.
                 sync()
@@ -100,6 +107,8 @@ def main():
                     step()
                 sync()
                 times[name].append((time.perf_counter() - start) / args.steps * 1e3)
+            sync()
+            windows[name].append((time.perf_counter() - window_start) / (args.steps + 1) * 1e3)
     plain = statistics.median(times["plain"])
     where = (f"on {torch.cuda.get_device_name()}" if cuda
              else f"on the CPU ({args.threads} thread(s))")
@@ -108,12 +117,16 @@ def main():
           f"medians:")
     # Paired: each round's time over the same round's plain time, then the median over rounds. The
     # machine's load drifts over seconds; a round's configurations run within a fraction of one.
-    print("| configuration | step (ms) | ratio to plain | paired ratio |")
-    print("|---|---|---|---|")
+    print("| configuration | step (ms) | ratio to plain | paired ratio "
+          "| window, per step (ms) | window paired ratio |")
+    print("|---|---|---|---|---|---|")
     for name in configs:
         ms = statistics.median(times[name])
         paired = statistics.median(t / p for t, p in zip(times[name], times["plain"]))
-        print(f"| {name} | {ms:.1f} | {ms / plain:.2f}x | {paired:.2f}x |")
+        window = statistics.median(windows[name])
+        window_paired = statistics.median(w / p for w, p in zip(windows[name], windows["plain"]))
+        print(f"| {name} | {ms:.1f} | {ms / plain:.2f}x | {paired:.2f}x | {window:.1f} "
+              f"| {window_paired:.2f}x |")
 
 
 if __name__ == "__main__":
