@@ -162,12 +162,14 @@ struct ThreadState {
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under mu_, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;
-  // WritesArguments' answers, by op name pointer (and the text it pointed to then).
-  struct WritesArguments {
+  // What an ATen op's schema says (SchemaFactsOf), by op name pointer (and the text it pointed to
+  // then).
+  struct SchemaFacts {
     std::string text;
-    bool writes = true;
+    bool writes = true;           // Writes one of its arguments.
+    bool returns_tensor = true;   // One of its returns is (or may hold) a tensor.
   };
-  ska::flat_hash_map<const char*, WritesArguments> writes_arguments;
+  ska::flat_hash_map<const char*, SchemaFacts> schema_facts;
   // The memory of deleted OpHandles, for the next ones (OpHandle::operator delete).
   std::array<void*, 64> free_handles{};
   size_t n_free_handles = 0;
@@ -259,28 +261,66 @@ std::unique_ptr<OpFrame> TakeFrame(ThreadState& ts) {
   return frame;
 }
 
-// Whether an ATen op writes any of its arguments (its schema's alias annotations: in-place ops,
-// out= overloads), by the name pointer the RecordFunction hands out, which points into the op's
-// registered schema. Looked up once per op and thread; anything without a schema counts as writing.
-bool WritesArguments(const at::RecordFunction& fn, ThreadState& ts) {
-  const char* name = fn.name();
-  auto it = ts.writes_arguments.find(name);
-  if (it != ts.writes_arguments.end() && it->second.text == name) return it->second.writes;
-  bool writes = true;
-  try {
-    std::optional<c10::FunctionSchema> schema = fn.operator_schema();
-    if (schema) writes = schema->is_mutable();
-  } catch (const std::exception&) {
-    // No schema to read: counted as writing (the op is recorded).
+// RecordFunction's step_callbacks_ and fn_ are private. The start callback is the one place that
+// can say the op's outputs are not wanted (step_callbacks_), and fn_ tells an op named by its schema
+// from one named by a string without copying the schema (operator_schema() returns a copy). Both
+// are reached through the explicit-instantiation access idiom (access is not checked in an explicit
+// instantiation's template arguments). A torch that renames or retypes them fails to compile here
+// rather than misbehave.
+struct StepCallbacksMember {
+  using type = at::StepCallbacks at::RecordFunction::*;
+};
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type MemberOf(Tag) { return Member; }
+};
+StepCallbacksMember::type MemberOf(StepCallbacksMember);
+template struct PrivateMember<StepCallbacksMember, &at::RecordFunction::step_callbacks_>;
+struct FnMember {
+  using type = std::variant<std::string, std::reference_wrapper<const c10::FunctionSchema>>
+      at::RecordFunction::*;
+};
+FnMember::type MemberOf(FnMember);
+template struct PrivateMember<FnMember, &at::RecordFunction::fn_>;
+
+// Whether a type may hold a tensor (Tensor, Tensor?, Tensor[], a tuple of them, Any).
+bool MayHoldTensor(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType || type->kind() == c10::TypeKind::AnyType) {
+    return true;
+  }
+  for (const c10::TypePtr& inner : type->containedTypes()) {
+    if (MayHoldTensor(inner)) return true;
+  }
+  return false;
+}
+
+// What an ATen op's schema says: whether the op writes any of its arguments (its alias
+// annotations: in-place ops, out= overloads) and whether it returns a tensor. Cached per thread by
+// the name pointer, which points into the op's registered schema: looked up once per op. An op
+// named by a string (C++'s RECORD_FUNCTION), whose name is a copy that can sit anywhere, has no
+// schema: it counts as writing and returning tensors, and is not cached.
+const ThreadState::SchemaFacts& SchemaFactsOf(const at::RecordFunction& fn, ThreadState& ts) {
+  static const ThreadState::SchemaFacts kUnknown;
+  const auto* schema =
+      std::get_if<std::reference_wrapper<const c10::FunctionSchema>>(&(fn.*MemberOf(FnMember{})));
+  if (schema == nullptr) return kUnknown;
+  const char* name = schema->get().name().c_str();
+  auto it = ts.schema_facts.find(name);
+  if (it != ts.schema_facts.end() && it->second.text == name) return it->second;
+  ThreadState::SchemaFacts facts;
+  facts.writes = schema->get().is_mutable();
+  facts.returns_tensor = false;
+  for (const c10::Argument& ret : schema->get().returns()) {
+    facts.returns_tensor |= MayHoldTensor(ret.type());
   }
   try {
-    ThreadState::WritesArguments& entry = ts.writes_arguments[name];
+    ThreadState::SchemaFacts& entry = ts.schema_facts[name];
+    entry = std::move(facts);
     entry.text = name;
-    entry.writes = writes;
+    return entry;
   } catch (const std::bad_alloc&) {
-    // Not cached: looked up again next time.
+    return kUnknown;  // Not cached (looked up again next time), and the op is recorded.
   }
-  return writes;
 }
 
 // An ATen op that creates no autograd node and bumps no version counter, run inside a recorded ATen
@@ -291,7 +331,9 @@ bool WritesArguments(const at::RecordFunction& fn, ThreadState& ts) {
 //   their ops can still bump versions, and are recorded;
 // - the ops of a backward formula (inside a backward function, grad mode off: no create_graph)
 //   that write none of their arguments. Those that write (a gradient accumulated in place, a hook's
-//   or a custom backward's in-place op) are recorded.
+//   or a custom backward's in-place op) are recorded;
+// - ops that write none of their arguments and return no tensor (item's _local_scalar_dense): with
+//   no tensor out, they create no node either.
 bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts) {
   if (fn.scope() != at::RecordScope::FUNCTION || ts.op_scopes.empty()) return false;
   const format::OpScope around = ts.op_scopes.back();
@@ -299,22 +341,10 @@ bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts) {
     return false;
   }
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) return true;
-  return ts.backward_depth > 0 && !at::GradMode::is_enabled() && !WritesArguments(fn, ts);
+  const ThreadState::SchemaFacts& facts = SchemaFactsOf(fn, ts);
+  if (facts.writes) return false;
+  return !facts.returns_tensor || (ts.backward_depth > 0 && !at::GradMode::is_enabled());
 }
-
-// RecordFunction's step_callbacks_ is private; the start callback is the one place that can say the
-// op's outputs are not wanted, so this reaches it through the explicit-instantiation access idiom
-// (access is not checked in an explicit instantiation's template arguments). A torch that renames
-// the member fails to compile here rather than misbehave.
-struct StepCallbacksMember {
-  using type = at::StepCallbacks at::RecordFunction::*;
-};
-template <typename Tag, typename Tag::type Member>
-struct PrivateMember {
-  friend typename Tag::type MemberOf(Tag) { return Member; }
-};
-StepCallbacksMember::type MemberOf(StepCallbacksMember);
-template struct PrivateMember<StepCallbacksMember, &at::RecordFunction::step_callbacks_>;
 
 // An op the recorder does not record: its outputs need not be collected. The dispatcher reads the
 // flag after the start callbacks, before it calls the kernel; without it the outputs are not

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -500,15 +501,16 @@ TEST(Recorder, DefinitionsComeBeforeUseAndTheLatestMetadataIsCurrent) {
 
 // Folded by default into the op around them (SPEC.md, Which ops), since they create no node and
 // bump no version: the ops a kernel runs below autograd (the CPU `_to_copy` kernel's allocation and
-// copy), the ops of a backward formula that write no argument, and the engine's wrapper around a
-// node in which nothing else ran. Recorded with all_ops and verify_saved. Recorded either way: the
+// copy), the ops of a backward formula that write no argument, ops that write nothing and return no
+// tensor (item's `_local_scalar_dense`), and the engine's wrapper around a node in which nothing
+// else ran. Recorded with all_ops and verify_saved. Recorded either way: the
 // ops a composite op runs at autograd's level (matmul's mm, which creates a node), every node, and
 // the writes (add_ at autograd's level, a gradient accumulated in place).
 TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
   auto x = torch::randn({4, 8}, torch::requires_grad());
   auto w = torch::randn({3, 8}, torch::requires_grad());
   struct Counts {
-    size_t ops = 0, nodes = 0, inside_to_copy = 0, inside_matmul = 0;
+    size_t ops = 0, nodes = 0, inside_to_copy = 0, inside_matmul = 0, inside_item = 0;
     // ATen ops in a backward function that bump no version (a C++ RECORD_FUNCTION range, such as
     // the "detach" around aten::detach, has no schema to tell: it is recorded).
     size_t inside_backward_reading = 0;
@@ -529,6 +531,7 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
       auto h = x.to(torch::kDouble).to(torch::kFloat) * 1.0;
       h.add_(1.0);  // In place, at autograd's level: bumps h's version once.
       auto loss = torch::matmul(h, w.t()).sum();
+      EXPECT_TRUE(std::isfinite(loss.item<float>()));
       loss.backward({}, /*retain_graph=*/true);
       loss.backward();  // Accumulates into x.grad and w.grad in place.
     }
@@ -547,6 +550,7 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
       const std::string parent_name = trace.Name(parent->second->name);
       if (parent_name == "aten::_to_copy") ++counts.inside_to_copy;
       if (parent_name == "aten::matmul") ++counts.inside_matmul;
+      if (parent_name == "aten::item") ++counts.inside_item;
       if (parent->second->scope != format::OpScope::kBackwardFunction) continue;
       bool bumps = false;
       for (const auto& in : op.inputs) bumps |= in.version_after != in.version_before;
@@ -565,6 +569,7 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
       }
     }
     EXPECT_EQ(adds_outside_backward, 1u) << name;
+    EXPECT_EQ(trace.OpsNamed("aten::item").size(), 1u) << name;
     EXPECT_EQ(counts.accumulations, 2u) << name;
     EXPECT_EQ(OrderProblems(trace.trace), std::vector<std::string>()) << name;
     return counts;
@@ -577,6 +582,8 @@ TEST(Recorder, OpsThatChangeNothingAutogradSeesAreFoldedIntoTheOpAroundThem) {
   EXPECT_GT(verified.inside_to_copy, 0u);
   EXPECT_GT(folded.inside_matmul, 0u);
   EXPECT_EQ(folded.inside_matmul, all.inside_matmul);
+  EXPECT_EQ(folded.inside_item, 0u);
+  EXPECT_GT(all.inside_item, 0u);
   EXPECT_EQ(folded.inside_backward_reading, 0u);
   // No hook, no gradient to accumulate between nodes: nothing but each node's backward function
   // runs in the engine's wrappers, which are left out but with all_ops.
