@@ -769,13 +769,9 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
 
 format::ObjectId Session::StorageId(const c10::TensorImpl& impl) {
   if (!impl.has_storage()) return 0;
-  const c10::Storage& storage = impl.unsafe_storage();
-  c10::StorageImpl* storage_impl = storage.unsafeGetStorageImpl();
+  c10::StorageImpl* storage_impl = impl.unsafe_storage().unsafeGetStorageImpl();
   if (storage_impl == nullptr) return 0;
-  bool created = false;
-  return storages_
-      .Lookup(storage_impl, [&] { return storage.getWeakStorageImpl(); }, next_id_, created)
-      .id;
+  return storages_.Lookup(storage_impl, next_id_);
 }
 
 format::ObjectId Session::VersionCounterId(const c10::TensorImpl& impl) {
@@ -802,7 +798,7 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
   const void* counter_impl = VersionCounterOf(*impl);
   const bool known = !created && state.written;
   const ObjectId storage = known && storage_impl == state.storage_impl &&
-                                   state.storage_generation == storages_.Generation(storage_impl)
+                                   state.storage_generation == storages_.Generation()
                                ? state.storage
                                : StorageId(*impl);
   const ObjectId counter = known && counter_impl == state.counter_impl &&
@@ -815,7 +811,7 @@ format::ObjectId Session::RefTensor(const at::Tensor& tensor, EncodedRecords& ou
   // removal. Read after the lookups above: a removal from here on changes them.
   state.storage_impl = storage_impl;
   state.counter_impl = counter_impl;
-  state.storage_generation = storages_.Generation(storage_impl);
+  state.storage_generation = storages_.Generation();
   state.counter_generation = counters_.Generation(counter_impl);
   const bool strided = impl->layout() == c10::kStrided;
   torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(tensor);

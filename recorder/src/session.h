@@ -217,12 +217,13 @@ class Session {
     uint64_t grad_fn_generation = 0;
     bool written = false;  // False also after ForgetInterned(): the next use writes it again.
   };
-  // Most tensors (and their storages and version counters) die within a few ops: each entry is
-  // looked at again 128 insertions later (ObjectIdTable's recheck), so that a dead object's memory
-  // goes back to the allocator soon.
+  // Most tensors (and their version counters) die within a few ops: each entry is looked at again
+  // 128 insertions later (ObjectIdTable's recheck), so that a dead object's memory goes back to the
+  // allocator soon.
   ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_{128};
   format::TensorInfo tensor_info_;  // Guarded by mu_: RefTensor's record, before it is encoded.
-  ObjectIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_{128};
+  // Storages keep nothing allocated (AddressIdTable). 2^18 addresses: about 9 MiB of table.
+  AddressIdTable storages_{size_t{1} << 18};
   ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_{128};
   ObjectIdTable<std::weak_ptr<torch::autograd::Node>> nodes_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.

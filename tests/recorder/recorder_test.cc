@@ -255,22 +255,53 @@ TEST(Recorder, TensorIdsNeverAliasReusedMemory) {
     }
   });
   Indexed trace(path);
-  std::set<format::ObjectId> ids, storages;
-  for (const auto& op : trace.OpsNamed("aten::ones")) {
-    ids.insert(op.outputs.at(0).tensor);
-    storages.insert(trace.tensors.at(op.outputs.at(0).tensor).storage);
-  }
+  std::set<format::ObjectId> ids;
+  for (const auto& op : trace.OpsNamed("aten::ones")) ids.insert(op.outputs.at(0).tensor);
   EXPECT_EQ(ids.size(), 3000u);
-  EXPECT_EQ(storages.size(), 3000u);
+}
+
+// A storage's id comes back for a later storage at its address once it died (the storage table
+// keeps nothing allocated), never while it lives: a saved tensor's storage, alive from the save to
+// its node's run, shares its id with no other storage, and storages alive together have distinct
+// ids.
+TEST(Recorder, AStorageIdIsNoOtherStoragesWhileItLives) {
+  auto x = torch::randn({16}, torch::requires_grad());
+  std::vector<torch::Tensor> kept;
+  std::string path = RecordWithoutStacks("storage_ids", [&] {
+    auto y = x.sigmoid();  // Saves its output.
+    for (int i = 0; i < 3000; ++i) {
+      auto t = torch::ones({16});  // Freed at once: its storage's address comes back.
+      (void)t;
+      if (i % 10 == 0) kept.push_back(torch::zeros({16}));
+    }
+    y.sum().backward();
+  });
+  Indexed trace(path);
+  auto storage_of = [&](const OpRecord& op) {
+    return trace.tensors.at(op.outputs.at(0).tensor).storage;
+  };
+  const std::vector<OpRecord> sigmoid = trace.OpsNamed("aten::sigmoid");
+  ASSERT_EQ(sigmoid.size(), 1u);
+  const format::ObjectId saved = storage_of(sigmoid[0]);
+  ASSERT_NE(saved, 0u);
+  std::set<format::ObjectId> freed, live;
+  for (const auto& op : trace.OpsNamed("aten::ones")) freed.insert(storage_of(op));
+  for (const auto& op : trace.OpsNamed("aten::zeros")) live.insert(storage_of(op));
+  EXPECT_EQ(freed.count(saved), 0u);
+  EXPECT_EQ(live.count(saved), 0u);
+  EXPECT_EQ(live.size(), 300u);
+  EXPECT_LT(freed.size(), 3000u);  // Addresses came back, with their ids.
 }
 
 TEST(Recorder, ATensorThatChangesStorageNamesEachOne) {
-  std::string path = RecordWithoutStacks("set_storage", [] {
+  std::vector<torch::Tensor> storages_kept;
+  std::string path = RecordWithoutStacks("set_storage", [&] {
     torch::Tensor t = torch::zeros({4});
-    // Each set_ frees the storage t held: its address comes back for a later one, also after the
-    // storage table removed the dead entry (more iterations than its recheck distance).
+    // Each set_ moves t to a new storage; the old ones are kept alive, so each is a different
+    // storage with its own id (a freed one's id may come back: AStorageIdIsNoOtherStoragesWhileItLives).
     for (int i = 0; i < 300; ++i) {
-      t.set_(torch::full({4}, static_cast<double>(i)));
+      storages_kept.push_back(torch::full({4}, static_cast<double>(i)));
+      t.set_(storages_kept.back());
       t.add_(1);
     }
   });

@@ -7,7 +7,9 @@
 //
 // Identities. Tensors, storages, version counters, autograd nodes and ops each get an ObjectId from
 // one counter per trace, in the order the recorder first sees them. An id is never reused for a
-// different object within a trace, even when the memory behind the object is (0 means "none").
+// different object within a trace, even when the memory behind the object is (0 means "none"),
+// except a storage's: it names one storage at a time, and may be given to a later storage at the
+// same address once the first was freed (SPEC.md, Ids).
 // Strings, frames and stacks are interned: defined once by a StringDef / FrameDef / StackDef record
 // that precedes every record referring to them, and referenced by a small InternId (0 means "none").
 #ifndef TORCHRR_FORMAT_RECORDS_H_
@@ -78,7 +80,8 @@ struct Device {
 // requires_grad_() flips), so the last TensorInfo before a record is the tensor's state then.
 struct TensorInfo {
   ObjectId tensor = 0;
-  ObjectId storage = 0;           // Same storage => same id (views, .data, detach()).
+  ObjectId storage = 0;           // Same storage => same id (views, .data, detach()); storages
+                                  // alive together have distinct ids (SPEC.md, Ids).
   ObjectId version_counter = 0;   // Same counter => same id (views, detach(); not .data). 0: none
                                   // (inference tensors and tensors without autograd metadata).
   DType dtype = 0;
