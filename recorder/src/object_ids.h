@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,11 @@ class ObjectIdTable {
 
   // The entry of a live object already in the table, or nullptr.
   const Entry* FindEntry(const void* address) const {
+    auto it = entries_.find(address);
+    if (it == entries_.end() || it->second.weak.expired()) return nullptr;
+    return &it->second;
+  }
+  Entry* FindEntry(const void* address) {
     auto it = entries_.find(address);
     if (it == entries_.end() || it->second.weak.expired()) return nullptr;
     return &it->second;
@@ -152,44 +158,127 @@ class ObjectIdTable {
   size_t next_recent_ = 0;
 };
 
-// Ids by address for objects whose memory the recorder must not keep allocated: storages. A
+// Ids by address for objects whose memory the recorder should not keep allocated: storages. A
 // StorageImpl held by a weak reference after its tensors died stays allocated; glibc's allocator
 // then cannot hand its block straight back to the next storage, which is made right after its
 // data, and the heap of a CPU training step fragments (the PEFT step's grew by 55 MiB of free
 // blocks over its first ten recorded steps, with page faults in the kernels that first touched
-// them). So an entry here holds no reference, and an id names one storage at a time: after a
-// storage is freed, the next storage at its address gets its id. What the replayer compares storage
-// ids for still holds: a saved tensor keeps its storage alive from the save to its node's run, so no
-// other live storage has that id meanwhile (format/SPEC.md, Ids).
+// them). So an entry holds no reference by default, and its id names one object at a time: after
+// the object is freed, the next one at its address gets its id.
 //
-// A table that reaches max_entries addresses is cleared: live storages get new ids at their next
-// use. Not thread-safe: the caller holds the recorder's lock.
+// An entry can be pinned (LookupPinned: a saved tensor's storage, until the node that saved it
+// runs): it then holds a weak reference, and once its object died the address gets a new id, so
+// the id of an object that died pinned is never given again. Pins are counted; Unpin() takes one
+// back, and the last drops the reference. Pinned entries whose object died are swept when their
+// count has doubled since the last sweep. A table that reaches max_entries addresses forgets its unpinned entries: those objects get
+// new ids at their next use. Not thread-safe: the caller holds the recorder's lock.
+template <typename WeakRef>
 class AddressIdTable {
  public:
   explicit AddressIdTable(size_t max_entries) : max_entries_(max_entries) {}
 
-  // The id of the object at `address`, new (from `next_id`) when the address is.
+  // The id of the object at `address`: new (from `next_id`) when the address is, or when the
+  // object pinned there died.
   format::ObjectId Lookup(const void* address, format::ObjectId& next_id) {
-    auto it = ids_.find(address);
-    if (it != ids_.end()) return it->second;
-    if (ids_.size() >= max_entries_) Clear();
-    return ids_.emplace(address, ++next_id).first->second;
+    return Find(address, next_id).id;
   }
 
-  // Changes when ids may have been given again (Clear): a caller that caches an id by address
-  // reads it after the lookup whose id it keeps.
-  uint64_t Generation() const { return clears_; }
+  // Lookup, and pins the entry once more (`make_weak` is called when it was not pinned).
+  template <typename MakeWeak>
+  format::ObjectId LookupPinned(const void* address, MakeWeak&& make_weak,
+                                format::ObjectId& next_id) {
+    Entry& entry = Find(address, next_id);
+    const format::ObjectId id = entry.id;
+    ++entry.pins;
+    if (!entry.pin) {
+      entry.pin.emplace(make_weak());
+      ++pinned_;
+      MaybeSweep();  // Keeps this entry: its object lives.
+    }
+    return id;
+  }
 
-  size_t size() const { return ids_.size(); }
+  // Takes back one pin of the live object at `address` with id `id` (nothing if the entry is
+  // another object's, or not pinned).
+  void Unpin(const void* address, format::ObjectId id) {
+    auto it = entries_.find(address);
+    if (it == entries_.end()) return;
+    Entry& entry = it->second;
+    if (entry.id != id || !entry.pin || entry.pin->expired() || entry.pins == 0) return;
+    if (--entry.pins == 0) {
+      entry.pin.reset();
+      --pinned_;
+    }
+  }
+
+  // Changes whenever an address may have been given a new id (a pinned object's death, a sweep,
+  // forgetting): a caller that caches an id by address reads it after the lookup whose id it
+  // keeps.
+  uint64_t Generation() const { return generation_; }
+
+  size_t size() const { return entries_.size(); }
+  size_t pinned() const { return pinned_; }
   void Clear() {
-    ids_.clear();
-    ++clears_;
+    entries_.clear();
+    pinned_ = 0;
+    ++generation_;
   }
 
  private:
+  struct Entry {
+    format::ObjectId id = 0;
+    std::optional<WeakRef> pin;
+    uint32_t pins = 0;
+  };
+
+  Entry& Find(const void* address, format::ObjectId& next_id) {
+    auto it = entries_.find(address);
+    if (it != entries_.end()) {
+      Entry& entry = it->second;
+      if (entry.pin && entry.pin->expired()) {  // A pinned object died: a new one is here.
+        entry = Entry{++next_id, std::nullopt, 0};
+        --pinned_;
+        ++generation_;
+      }
+      return entry;
+    }
+    if (entries_.size() >= max_entries_) ForgetUnpinned();
+    return entries_.emplace(address, Entry{++next_id, std::nullopt, 0}).first->second;
+  }
+
+  void MaybeSweep() {
+    if (pinned_ < sweep_at_) return;
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->second.pin && it->second.pin->expired()) {
+        it = entries_.erase(it);
+        --pinned_;
+      } else {
+        ++it;
+      }
+    }
+    ++generation_;
+    sweep_at_ = std::max<size_t>(kMinSweep, 2 * pinned_);
+  }
+
+  void ForgetUnpinned() {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      const bool live_pin = it->second.pin && !it->second.pin->expired();
+      if (!live_pin) {
+        if (it->second.pin) --pinned_;
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++generation_;
+  }
+
+  static constexpr size_t kMinSweep = 1024;
   const size_t max_entries_;
-  ska::flat_hash_map<const void*, format::ObjectId> ids_;
-  uint64_t clears_ = 0;
+  ska::flat_hash_map<const void*, Entry> entries_;
+  size_t pinned_ = 0;
+  size_t sweep_at_ = kMinSweep;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace torchrr::recorder

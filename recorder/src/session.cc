@@ -68,8 +68,10 @@ struct OpFrame {
   uint64_t sequence_at_start = 0;  // at::sequence_number::peek() at start and end: nodes created
   uint64_t sequence_at_end = 0;    // by this op have numbers in [start, end) on this thread.
   uint64_t thread = 0;
-  // A backward function: the node autograd's engine is running (its id, taken at the start).
+  // A backward function: the node autograd's engine is running (its id and address, taken at the
+  // start).
   ObjectId exec_node = 0;
+  const void* exec_node_address = nullptr;
   bool active = false;
   bool transparent = false;  // A record_function range or an engine wrapper (transparent_scopes).
   // An engine wrapper not recorded unless an op other than its node's backward function runs in
@@ -90,6 +92,7 @@ struct OpFrame {
     uncaught_at_start = 0;
     sequence_at_start = sequence_at_end = thread = 0;
     exec_node = 0;
+    exec_node_address = nullptr;
     active = false;
     transparent = false;
     deferred = false;
@@ -774,6 +777,18 @@ format::ObjectId Session::StorageId(const c10::TensorImpl& impl) {
   return storages_.Lookup(storage_impl, next_id_);
 }
 
+format::ObjectId Session::SavedStorageId(const c10::TensorImpl& impl, NodeState* node) {
+  if (!impl.has_storage()) return 0;
+  const c10::Storage& storage = impl.unsafe_storage();
+  c10::StorageImpl* storage_impl = storage.unsafeGetStorageImpl();
+  if (storage_impl == nullptr) return 0;
+  if (node == nullptr) return storages_.Lookup(storage_impl, next_id_);
+  const ObjectId id = storages_.LookupPinned(
+      storage_impl, [&] { return storage.getWeakStorageImpl(); }, next_id_);
+  node->pinned_storages.push_back({storage_impl, id});
+  return id;
+}
+
 format::ObjectId Session::VersionCounterId(const c10::TensorImpl& impl) {
   const c10::intrusive_ptr_target* counter = VersionCounterOf(impl);
   if (counter == nullptr) return 0;
@@ -918,6 +933,9 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
                               EncodedRecords& defs, NodeScratch& nodes) {
   format::NodeRecord& record = nodes.Next();
   record.node = id;
+  ObjectIdTable<std::weak_ptr<torch::autograd::Node>, NodeState>::Entry* entry =
+      nodes_.FindEntry(node);
+  NodeState* node_state = entry != nullptr && entry->id == id ? &entry->extra : nullptr;
   bool accumulate_grad = false;
   record.name = InternNodeName(*node, defs, nullptr, &accumulate_grad);
   record.forward_thread = node->thread_id();
@@ -949,13 +967,12 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
           // A saved output is a shallow copy sharing the output's storage and counter; OnEnd
           // names the output the program holds instead.
           if (facts.saved_original) {
-            saved.tensor =
-                RefTensor(*facts.data, defs, &saved.storage, &saved.version_counter);
+            saved.tensor = RefTensor(*facts.data, defs, nullptr, &saved.version_counter);
           } else {
-            const c10::TensorImpl& data = *facts.data->unsafeGetTensorImpl();
-            saved.storage = StorageId(data);
-            saved.version_counter = VersionCounterId(data);
+            saved.version_counter = VersionCounterId(*facts.data->unsafeGetTensorImpl());
           }
+          // The same id RefTensor gave (the storage lives), pinned until the node runs.
+          saved.storage = SavedStorageId(*facts.data->unsafeGetTensorImpl(), node_state);
           if (verify) {
             QueueFingerprint(id, saved.name, list_index, *facts.data, saved.tensor,
                              format::FingerprintWhen::kAtSave);
@@ -1003,7 +1020,8 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
 }
 
 format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
-                                        NodeScratch& scratch, EncodedRecords& out) {
+                                        NodeScratch& scratch, EncodedRecords& out,
+                                        const void** address) {
   // The engine names the node it runs (NodeGuard, around the node's whole evaluation). The node
   // must be this function's: a node called directly (a user calling grad_fn, a hook calling a
   // node) runs outside that guard, or inside another node's.
@@ -1017,6 +1035,7 @@ format::ObjectId Session::ExecutingNode(const at::RecordFunction& fn, format::In
   const format::InternId name_id = InternNodeName(*node, out, &text);
   if (fn.seqNr() < 0 && *text != fn.name()) return 0;
   *name = name_id;  // The function's name: the engine's RecordFunction is named node->name().
+  *address = node.get();
   ObjectId id = nodes_.Find(node.get());
   if (id != 0) return id;
   // Never seen: a GraphRoot, or a node made before the recording started. Its record is written
@@ -1190,7 +1209,10 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
       op.overload = InternOpName(fn.overload_name(), frame->before);
     } else {
       // OnEnd's node scratch is free between ops.
-      if (is_backward) frame->exec_node = ExecutingNode(fn, &op.name, ts.nodes, frame->before);
+      if (is_backward) {
+        frame->exec_node =
+            ExecutingNode(fn, &op.name, ts.nodes, frame->before, &frame->exec_node_address);
+      }
       // Node names and user scopes are strings the RecordFunction owns: intern by content (a
       // backward function the engine runs has its node's, found above).
       if (op.name == 0) op.name = InternString(fn.name(), frame->before);
@@ -1440,6 +1462,17 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& t
           auto it = node_keys_.find({op.forward_thread, op.sequence_nr});
           if (it != node_keys_.end() && nodes_.Find(it->second.address) == it->second.id) {
             exec.node = it->second.id;
+          }
+        }
+        // It ran: the replayer stops watching its saved tensors' storages here, whose ids can be
+        // given again once those storages die.
+        if (frame.exec_node != 0) {
+          auto* entry = nodes_.FindEntry(frame.exec_node_address);
+          if (entry != nullptr && entry->id == frame.exec_node) {
+            for (const NodeState::Pin& pin : entry->extra.pinned_storages) {
+              storages_.Unpin(pin.address, pin.id);
+            }
+            entry->extra.pinned_storages.clear();
           }
         }
         exec.op = op.op;

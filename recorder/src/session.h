@@ -114,6 +114,11 @@ class Session {
                              format::ObjectId* storage_id = nullptr,
                              format::ObjectId* counter_id = nullptr);
   format::ObjectId StorageId(const c10::TensorImpl& impl);
+  struct NodeState;  // What a node's id table entry keeps (below).
+  // StorageId for a saved tensor's storage, pinned for `node` (ObjectIdTable entry) until it runs:
+  // the replayer watches the storage from the save to the node's run, and a node that never runs
+  // stays watched, so the id of a storage that dies before its node runs is never given again.
+  format::ObjectId SavedStorageId(const c10::TensorImpl& impl, NodeState* node);
   format::ObjectId VersionCounterId(const c10::TensorImpl& impl);
   // The node's id; on first sight adds its NodeRecord (and those of unseen nodes it reaches) to
   // `nodes`, and the definitions and TensorInfos they name to `defs`, which is written first.
@@ -122,10 +127,10 @@ class Session {
                            EncodedRecords& defs, NodeScratch& nodes);
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is not
-  // running it.
+  // running it; `address` receives the node's address.
   format::ObjectId ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
-                                 NodeScratch& scratch,
-                                 EncodedRecords& out);
+                                 NodeScratch& scratch, EncodedRecords& out,
+                                 const void** address);
   // A node first seen after its creating op ended (found through another node's edges, or as an
   // input's grad_fn): the op that spanned its sequence number on its thread, innermost first (a
   // Python Function.apply is such an op). A C++ torch::autograd::Function's apply is not an op:
@@ -222,10 +227,19 @@ class Session {
   // allocator soon.
   ObjectIdTable<c10::weak_intrusive_ptr<c10::TensorImpl>, TensorState> tensors_{128};
   format::TensorInfo tensor_info_;  // Guarded by mu_: RefTensor's record, before it is encoded.
-  // Storages keep nothing allocated (AddressIdTable). 2^18 addresses: about 9 MiB of table.
-  AddressIdTable storages_{size_t{1} << 18};
+  // Storages are pinned only once saved (AddressIdTable). 2^16 addresses: about 3 MiB of table.
+  AddressIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_{size_t{1} << 16};
   ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_{128};
-  ObjectIdTable<std::weak_ptr<torch::autograd::Node>> nodes_;
+  // A node's entry keeps the storages its saved tensors pinned (SavedStorageId), unpinned when it
+  // runs (OnEnd of its backward function).
+  struct NodeState {
+    struct Pin {
+      const void* address = nullptr;
+      format::ObjectId id = 0;
+    };
+    c10::SmallVector<Pin, 2> pinned_storages;
+  };
+  ObjectIdTable<std::weak_ptr<torch::autograd::Node>, NodeState> nodes_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.
   struct NodeKeyHash {
     size_t operator()(const std::pair<uint64_t, int64_t>& key) const {

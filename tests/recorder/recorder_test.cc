@@ -293,6 +293,28 @@ TEST(Recorder, AStorageIdIsNoOtherStoragesWhileItLives) {
   EXPECT_LT(freed.size(), 3000u);  // Addresses came back, with their ids.
 }
 
+// A saved tensor's storage id is never given to another storage, even once the node is gone
+// without running (the replayer watches the storage until the node runs: one that never runs stays
+// watched, and a storage given its id would land in that watch).
+TEST(Recorder, ASavedStoragesIdIsNeverGivenAgain) {
+  auto x = torch::randn({16}, torch::requires_grad());
+  std::string path = RecordWithoutStacks("saved_storage_ids", [&] {
+    for (int i = 0; i < 2000; ++i) {
+      auto y = x.sigmoid();  // Saves its output; the graph is freed without a backward.
+      (void)y;
+    }
+  });
+  Indexed trace(path);
+  std::set<format::ObjectId> saved;
+  size_t sigmoids = 0;
+  for (const auto& op : trace.OpsNamed("aten::sigmoid")) {
+    ++sigmoids;
+    saved.insert(trace.tensors.at(op.outputs.at(0).tensor).storage);
+  }
+  EXPECT_EQ(sigmoids, 2000u);
+  EXPECT_EQ(saved.size(), 2000u);
+}
+
 TEST(Recorder, ATensorThatChangesStorageNamesEachOne) {
   std::vector<torch::Tensor> storages_kept;
   std::string path = RecordWithoutStacks("set_storage", [&] {
