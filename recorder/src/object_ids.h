@@ -170,8 +170,9 @@ class ObjectIdTable {
 // runs): it then holds a weak reference, and once its object died the address gets a new id, so
 // the id of an object that died pinned is never given again. Pins are counted; Unpin() takes one
 // back, and the last drops the reference. Pinned entries whose object died are swept when their
-// count has doubled since the last sweep. A table that reaches max_entries addresses forgets its unpinned entries: those objects get
-// new ids at their next use. Not thread-safe: the caller holds the recorder's lock.
+// count has doubled since the last sweep. A table that reaches max_entries addresses forgets its
+// unpinned entries: those objects get new ids at their next use. Not thread-safe: the caller holds
+// the recorder's lock.
 template <typename WeakRef>
 class AddressIdTable {
  public:
@@ -216,8 +217,6 @@ class AddressIdTable {
   // keeps.
   uint64_t Generation() const { return generation_; }
 
-  size_t size() const { return entries_.size(); }
-  size_t pinned() const { return pinned_; }
   void Clear() {
     entries_.clear();
     pinned_ = 0;

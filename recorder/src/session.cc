@@ -770,22 +770,15 @@ format::InternId Session::InternStack(const uintptr_t* pcs, size_t n_pcs,
   return stack.id;
 }
 
-format::ObjectId Session::StorageId(const c10::TensorImpl& impl) {
-  if (!impl.has_storage()) return 0;
-  c10::StorageImpl* storage_impl = impl.unsafe_storage().unsafeGetStorageImpl();
-  if (storage_impl == nullptr) return 0;
-  return storages_.Lookup(storage_impl, next_id_);
-}
-
-format::ObjectId Session::SavedStorageId(const c10::TensorImpl& impl, NodeState* node) {
+format::ObjectId Session::StorageId(const c10::TensorImpl& impl, NodeState* pinned_for) {
   if (!impl.has_storage()) return 0;
   const c10::Storage& storage = impl.unsafe_storage();
   c10::StorageImpl* storage_impl = storage.unsafeGetStorageImpl();
   if (storage_impl == nullptr) return 0;
-  if (node == nullptr) return storages_.Lookup(storage_impl, next_id_);
+  if (pinned_for == nullptr) return storages_.Lookup(storage_impl, next_id_);
   const ObjectId id = storages_.LookupPinned(
       storage_impl, [&] { return storage.getWeakStorageImpl(); }, next_id_);
-  node->pinned_storages.push_back({storage_impl, id});
+  pinned_for->pinned_storages.push_back({storage_impl, id});
   return id;
 }
 
@@ -916,26 +909,25 @@ format::ObjectId Session::RefNode(torch::autograd::Node* node, const OpFrame* cr
   auto& entry = nodes_.Lookup(node, [&] { return node->weak_from_this(); }, next_id_, created);
   ObjectId id = entry.id;
   if (!created) return id;
-  WriteNodeRecord(node, id, creator, pending, defs, nodes);
+  WriteNodeRecord(node, id, &entry.extra, creator, pending, defs, nodes);
   // Nodes reached through edges that were never seen as an op's grad_fn (AccumulateGrad of
   // leaves, nodes created before the recording started).
   while (!pending.empty()) {
     torch::autograd::Node* next = pending.back();
     pending.pop_back();
-    ObjectId next_id = nodes_.Find(next);
-    WriteNodeRecord(next, next_id, creator, pending, defs, nodes);
+    auto* next_entry = nodes_.FindEntry(next);
+    WriteNodeRecord(next, next_entry != nullptr ? next_entry->id : 0,
+                    next_entry != nullptr ? &next_entry->extra : nullptr, creator, pending, defs,
+                    nodes);
   }
   return id;
 }
 
-void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const OpFrame* creator,
-                              std::vector<torch::autograd::Node*>& pending,
+void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, NodeState* state,
+                              const OpFrame* creator, std::vector<torch::autograd::Node*>& pending,
                               EncodedRecords& defs, NodeScratch& nodes) {
   format::NodeRecord& record = nodes.Next();
   record.node = id;
-  ObjectIdTable<std::weak_ptr<torch::autograd::Node>, NodeState>::Entry* entry =
-      nodes_.FindEntry(node);
-  NodeState* node_state = entry != nullptr && entry->id == id ? &entry->extra : nullptr;
   bool accumulate_grad = false;
   record.name = InternNodeName(*node, defs, nullptr, &accumulate_grad);
   record.forward_thread = node->thread_id();
@@ -972,7 +964,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
             saved.version_counter = VersionCounterId(*facts.data->unsafeGetTensorImpl());
           }
           // The same id RefTensor gave (the storage lives), pinned until the node runs.
-          saved.storage = SavedStorageId(*facts.data->unsafeGetTensorImpl(), node_state);
+          saved.storage = StorageId(*facts.data->unsafeGetTensorImpl(), state);
           if (verify) {
             QueueFingerprint(id, saved.name, list_index, *facts.data, saved.tensor,
                              format::FingerprintWhen::kAtSave);
@@ -992,6 +984,7 @@ void Session::WriteNodeRecord(torch::autograd::Node* node, ObjectId id, const Op
                                   record.saved_kind == format::SavedSetKind::kCustom);
   }
 
+  // The edges' lookups below may move nodes_' entries: `state` is not used after them.
   const auto& edges = node->next_edges();
   record.edges.reserve(edges.size());
   for (const auto& edge : edges) {

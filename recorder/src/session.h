@@ -113,12 +113,12 @@ class Session {
   format::ObjectId RefTensor(const at::Tensor& tensor, EncodedRecords& out,
                              format::ObjectId* storage_id = nullptr,
                              format::ObjectId* counter_id = nullptr);
-  format::ObjectId StorageId(const c10::TensorImpl& impl);
   struct NodeState;  // What a node's id table entry keeps (below).
-  // StorageId for a saved tensor's storage, pinned for `node` (ObjectIdTable entry) until it runs:
-  // the replayer watches the storage from the save to the node's run, and a node that never runs
-  // stays watched, so the id of a storage that dies before its node runs is never given again.
-  format::ObjectId SavedStorageId(const c10::TensorImpl& impl, NodeState* node);
+  // The id of the tensor's storage (0: none). With `pinned_for`, a saved tensor's storage, pinned
+  // for that node until it runs: the replayer watches the storage from the save to the node's run,
+  // and a node that never runs stays watched, so the id of a storage that dies before its node
+  // runs is never given again.
+  format::ObjectId StorageId(const c10::TensorImpl& impl, NodeState* pinned_for = nullptr);
   format::ObjectId VersionCounterId(const c10::TensorImpl& impl);
   // The node's id; on first sight adds its NodeRecord (and those of unseen nodes it reaches) to
   // `nodes`, and the definitions and TensorInfos they name to `defs`, which is written first.
@@ -137,9 +137,10 @@ class Session {
   // its node takes the number and its forward runs ops after it; for a custom node, the first op
   // that started with the next number stands for it. 0 when no recent op (recent_ops_) fits.
   format::ObjectId CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const;
-  void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, const OpFrame* creator,
-                       std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
-                       NodeScratch& nodes);
+  // `state`: the node's nodes_ entry's (the storages its saved tensors pin), or nullptr.
+  void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id, NodeState* state,
+                       const OpFrame* creator, std::vector<torch::autograd::Node*>& pending,
+                       EncodedRecords& defs, NodeScratch& nodes);
   // CUDA work from CUPTI: interned and pushed as groups of their own.
   class CudaSink;
   void StartCudaTracer();
@@ -230,7 +231,7 @@ class Session {
   // Storages are pinned only once saved (AddressIdTable). 2^16 addresses: about 3 MiB of table.
   AddressIdTable<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_{size_t{1} << 16};
   ObjectIdTable<c10::weak_intrusive_ptr<c10::intrusive_ptr_target>> counters_{128};
-  // A node's entry keeps the storages its saved tensors pinned (SavedStorageId), unpinned when it
+  // A node's entry keeps the storages its saved tensors pinned (StorageId), unpinned when it
   // runs (OnEnd of its backward function).
   struct NodeState {
     struct Pin {

@@ -471,13 +471,9 @@ TEST(Recorder, OpsNamedByStringsKeepTheirNames) {
 // A hook that runs a backward of its own: the engine's wrappers nest, and each one an op runs in is
 // recorded with the wrapper around it as its parent.
 TEST(Recorder, NestedEngineWrappersAreRecordedWithTheirParents) {
-  std::string path = TempTrace("nested_wrappers");
   auto x = torch::randn({4}, torch::requires_grad());
   auto y = torch::randn({4}, torch::requires_grad());
-  {
-    RecorderOptions options;
-    options.path = path;
-    Recorder recorder(options);
+  std::string path = RecordWithoutStacks("nested_wrappers", [&] {
     auto a = x * 2;
     a.register_hook([&y](const at::Tensor& grad) {
       torch::AutoGradMode grad_mode(true);  // Hooks run with grad mode off.
@@ -487,7 +483,7 @@ TEST(Recorder, NestedEngineWrappersAreRecordedWithTheirParents) {
       return grad;
     });
     a.sum().backward();
-  }
+  });
   Indexed trace(path);
   std::map<format::ObjectId, const OpRecord*> by_id;
   for (const auto& op : trace.ops) by_id[op.op] = &op;
