@@ -12,9 +12,9 @@
 // piling up until the next sweep. Generation() tells a caller that caches an id by address
 // whether the entry there may have been removed since.
 //
-// A flat (open-addressing) table: one lookup costs a hash and a probe or two in one array, and a new
-// entry no allocation of its own. An insertion may move entries: a reference Lookup() returns is
-// valid until the next Lookup() on the same table.
+// A flat (open-addressing) table: one lookup costs a hash and a probe or two in one array, and a
+// new entry no allocation of its own. An insertion may move entries: a reference Lookup() returns
+// is valid until the next Lookup() on the same table.
 //
 // Not thread-safe: the caller holds the recorder's lock.
 #ifndef TORCHRR_RECORDER_OBJECT_IDS_H_
@@ -161,18 +161,20 @@ class ObjectIdTable {
 // Ids by address for objects whose memory the recorder should not keep allocated: storages. A
 // StorageImpl held by a weak reference after its tensors died stays allocated; glibc's allocator
 // then cannot hand its block straight back to the next storage, which is made right after its
-// data, and the heap of a CPU training step fragments (the PEFT step's grew by 55 MiB of free
-// blocks over its first ten recorded steps, with page faults in the kernels that first touched
-// them). So an entry holds no reference by default, and its id names one object at a time: after
-// the object is freed, the next one at its address gets its id.
+// data, and the heap of a CPU training step fills with free blocks that fit nothing, which the
+// kernels pay for in page faults on fresh memory (docs/benchmarks.md, Heap). So an entry holds no
+// reference by default, and its id names one object at a time: after the object is freed, the
+// next one at its address gets its id.
 //
 // An entry can be pinned (LookupPinned: a saved tensor's storage, until the node that saved it
 // runs): it then holds a weak reference, and once its object died the address gets a new id, so
-// the id of an object that died pinned is never given again. Pins are counted; Unpin() takes one
-// back, and the last drops the reference. Pinned entries whose object died are swept when their
-// count has doubled since the last sweep. A table that reaches max_entries addresses forgets its
-// unpinned entries: those objects get new ids at their next use. Not thread-safe: the caller holds
-// the recorder's lock.
+// the id of an object that died pinned is never given again. The replayer watches a saved
+// storage's id until its node runs, to the end of the trace when it never runs: an id given again
+// would land in that watch. Pins are counted; Unpin() takes one back, and the last drops the
+// reference. Pinned entries whose object died are swept when their count has doubled since the
+// last sweep. A table that reaches max_entries addresses forgets its unpinned entries, so it stays
+// small on long runs: those objects get new ids at their next use. Not thread-safe: the caller
+// holds the recorder's lock.
 template <typename WeakRef>
 class AddressIdTable {
  public:
