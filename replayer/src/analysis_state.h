@@ -1,0 +1,235 @@
+// AnalysisState: what the analysis keeps of a trace, and what it found.
+//
+// The analysis reads the records once, in file order, and keeps only what a later record can need:
+//   - strings, frames, stacks (interned, small);
+//   - per op: name, stack, parent, scope (to name culprits and victims and to walk nesting);
+//   - per tensor: its latest metadata (shapes interned in a LayoutPool);
+//   - per version counter: every in-place write (a Bump), in record order;
+//   - per node: its edges and saved tensors (flat pools, no per-node allocation).
+// analyzer.cc, silent_writes.cc and backward_replay.cc fill it; report_builder.cc reads it into a
+// Report. Plain data, owned by Analyzer::Impl and used only on the thread that feeds it.
+//
+// Time is record order ("seq", one tick per record).
+#ifndef TORCHRR_REPLAYER_SRC_ANALYSIS_STATE_H_
+#define TORCHRR_REPLAYER_SRC_ANALYSIS_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "id_index.h"
+#include "layout_pool.h"
+#include "torchrr/format/records.h"
+#include "torchrr/replayer/replayer.h"
+
+namespace torchrr::replayer {
+
+// Ops the autograd engine wraps node executions in ("autograd::engine::evaluate_function: X"):
+// neither forward ops nor the user's in-place calls.
+inline bool IsAutogradEngineName(std::string_view name) { return name.starts_with("autograd::"); }
+
+// autograd's SavedVariable::unpack checks the version of a defined saved tensor without saved
+// tensor hooks (hooks hand back whatever they packed, so there is no counter to compare).
+inline bool IsVersionChecked(const format::SavedTensor& s) { return s.defined && !s.has_hooks; }
+
+struct OpInfo {
+  format::ObjectId parent = 0;
+  format::InternId name = 0;
+  format::InternId overload = 0;
+  format::InternId stack = 0;
+  uint32_t thread = 0;
+  format::OpScope scope = format::OpScope::kFunction;
+};
+
+struct TensorState {
+  format::ObjectId storage = 0;
+  uint64_t storage_address = 0;  // Format 1.1, --verify-saved traces only.
+  format::ObjectId counter = 0;
+  format::ObjectId grad_fn = 0;
+  int64_t storage_offset = 0;
+  uint32_t layout = LayoutPool::kNone;
+  uint32_t output_nr = 0;
+  format::DType dtype = 0;
+  format::Device device;
+  bool is_leaf = true;
+};
+
+// One in-place write on a version counter, by the innermost op that showed it (the outermost
+// user-called op is found at report time by walking up the parents). op 0: the counter moved
+// between two recorded uses without a recorded write.
+struct Bump {
+  format::ObjectId op = 0;
+  uint64_t seq = 0;
+  uint32_t before = 0;
+  uint32_t after = 0;
+  format::ObjectId tensor = 0;  // The tensor written through (0 when the writer is unknown).
+};
+
+struct CounterState {
+  bool seen = false;
+  uint32_t first_version = 0;  // version_before at its first recorded use.
+  uint32_t last_version = 0;   // Highest version seen so far.
+  std::vector<Bump> bumps;     // In record order.
+};
+
+struct SavedState {
+  format::SavedTensor saved;
+  // The tensor's metadata at save time (when known).
+  bool meta_known = false;
+  uint32_t layout = LayoutPool::kNone;
+  format::DType dtype = 0;
+  format::Device device;
+  format::ObjectId grad_fn = 0;  // The tensor's grad_fn at save time.
+  uint64_t byte_first = 0;
+  uint64_t byte_last = UINT64_MAX;
+  // Writes into its bytes through a tensor with another counter (SilentWriteWatch's list).
+  uint32_t silent_head = UINT32_MAX;
+  uint32_t silent_tail = UINT32_MAX;
+  // --verify-saved: the fingerprint of its bytes at save time and the one taken when backward was
+  // about to use it (pending until that execution is checked).
+  bool has_fingerprint = false;
+  bool use_pending = false;
+  format::ObjectId saved_by = 0;  // The op that created the node: its own record follows the save.
+  // Where its bytes were in the recorded process (--verify-saved traces), [first, last); 0 when
+  // unknown. `address_watched`: in SilentWriteWatch's addressed list, until its node runs.
+  uint64_t address_first = 0;
+  uint64_t address_last = 0;
+  bool address_watched = false;
+  uint64_t hash_at_save = 0;
+  uint64_t hash_at_use = 0;
+  int64_t save_ns = 0;
+  int64_t use_ns = 0;
+  // Ops that wrote to or aliased its bytes since the save (fingerprinted saved tensors only).
+  uint32_t touch_head = UINT32_MAX;
+  uint32_t touch_tail = UINT32_MAX;
+  // Links in its storage's list of watched saved tensors (SilentWriteWatch::Watch/Unwatch).
+  uint32_t watch_prev = UINT32_MAX;
+  uint32_t watch_next = UINT32_MAX;
+};
+
+struct NodeState {
+  format::ObjectId id = 0;
+  format::InternId name = 0;
+  int64_t sequence_nr = -1;
+  uint64_t forward_thread = 0;
+  format::ObjectId created_by = 0;
+  format::ObjectId variable = 0;
+  format::SavedSetKind saved_kind = format::SavedSetKind::kExact;
+  uint32_t edges_begin = 0, edges_count = 0;   // In AnalysisState::edges.
+  uint32_t saved_begin = 0, saved_count = 0;   // In AnalysisState::saved.
+  uint64_t last_pass = UINT64_MAX;             // Last backward pass that ran it.
+  bool watched = false;                        // Its saved tensors are in their storages' lists.
+};
+
+// A CUDA kernel, copy or memset launched outside any recorded op.
+struct LooseKernel {
+  format::InternId name = 0;   // 0 for copies and memsets.
+  format::CudaCopyKind copy = format::CudaCopyKind::kUnknown;
+  int8_t device = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+// A violation as found, resolved into a Violation by BuildReport().
+struct Finding {
+  ViolationKind kind = ViolationKind::kVersion;
+  uint32_t node = 0;    // Slot in AnalysisState::nodes.
+  uint32_t saved = 0;   // Slot in AnalysisState::saved.
+  uint32_t current_version = 0;
+  std::vector<format::ObjectId> writers;  // Innermost ops, in order; 0 for an unrecorded write.
+  bool simulated = false;
+  uint64_t pass = 0;
+  format::ObjectId exec_op = 0;
+  bool exec_threw = false;
+  // The saved tensor's grad_fn when the node ran (what PyTorch names for a saved input).
+  format::ObjectId use_grad_fn = 0;
+  bool view_regenerated = false;
+  uint32_t use_output_nr = 0;
+  bool use_known = false;
+  // Silent writes found by fingerprints (--verify-saved).
+  bool by_fingerprint = false;
+  bool has_hashes = false;
+  uint64_t hash_at_save = 0;
+  uint64_t hash_at_use = 0;
+  int64_t save_ns = 0;
+  int64_t use_ns = 0;
+  std::vector<std::pair<format::ObjectId, bool>> touches;  // (op, wrote), in order.
+};
+
+struct AnalysisState {
+  uint64_t seq = 0;  // The record being analyzed, from 1.
+
+  // Interned definitions, by id.
+  std::vector<std::string> strings;
+  std::vector<format::FrameDef> frames;
+  std::vector<std::vector<format::InternId>> stacks;
+
+  IdIndex index;  // Slots in the tables below, and in SilentWriteWatch's per-storage lists.
+  LayoutPool layouts;
+  std::vector<OpInfo> ops;
+  std::vector<TensorState> tensors;
+  std::vector<CounterState> counters;
+  std::vector<NodeState> nodes;
+  std::vector<format::ObjectId> edges;  // Nodes' edges, by NodeState::edges_begin.
+  std::vector<SavedState> saved;        // Nodes' saved tensors, by NodeState::saved_begin.
+  std::vector<LooseKernel> loose_kernels;
+
+  // What the analysis found, in the order autograd met (or would have met) it.
+  std::vector<Finding> findings;
+
+  // PyTorch's version-counter errors: those that came out of a recorded op (C++ exceptions), by
+  // the innermost op, and the last other one (what Python saw).
+  std::vector<std::pair<format::ObjectId, std::string>> op_errors;
+  std::string final_error;
+  std::unordered_set<format::ObjectId> threw_execs;  // Backward ops whose node threw.
+  // Nodes whose saved tensors the recorder could not see, by node name.
+  std::unordered_map<format::InternId, uint64_t> unknown_saved_nodes;
+
+  uint64_t op_count = 0;
+  uint64_t exec_count = 0;
+  uint64_t pass_count = 0;
+  uint64_t bump_count = 0;
+  uint64_t data_loss_records = 0;
+  uint64_t data_lost = 0;             // Records lost, summed over the data-loss records.
+  uint64_t unknown_node_execs = 0;    // Executions of nodes with no NodeRecord.
+
+  // The interned string; "" for an unknown id.
+  const std::string& Str(format::InternId id) const {
+    static const std::string kEmpty;
+    return id < strings.size() ? strings[id] : kEmpty;
+  }
+
+  // nullptr when the id was not recorded as that kind.
+  const OpInfo* FindOp(format::ObjectId id) const {
+    uint32_t slot = index.Find(id, IdKind::kOp);
+    return slot == IdIndex::kAbsent ? nullptr : &ops[slot];
+  }
+  const TensorState* FindTensor(format::ObjectId id) const {
+    uint32_t slot = index.Find(id, IdKind::kTensor);
+    return slot == IdIndex::kAbsent ? nullptr : &tensors[slot];
+  }
+  const CounterState* FindCounter(format::ObjectId id) const {
+    if (id == 0) return nullptr;
+    uint32_t slot = index.Find(id, IdKind::kCounter);
+    return slot == IdIndex::kAbsent ? nullptr : &counters[slot];
+  }
+
+  // True when `op` ran inside `ancestor` (following recorded parents).
+  bool IsDescendant(format::ObjectId op, format::ObjectId ancestor) const {
+    for (int depth = 0; op != 0 && depth < 256; ++depth) {
+      if (op == ancestor) return true;
+      const OpInfo* info = FindOp(op);
+      if (info == nullptr) return false;
+      op = info->parent;
+    }
+    return false;
+  }
+};
+
+}  // namespace torchrr::replayer
+
+#endif  // TORCHRR_REPLAYER_SRC_ANALYSIS_STATE_H_

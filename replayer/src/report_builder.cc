@@ -1,0 +1,379 @@
+// What the analysis found, in the user's words; see report_builder.h.
+#include "report_builder.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torchrr::replayer {
+namespace {
+
+using format::InternId;
+using format::ObjectId;
+using format::OpScope;
+
+// PyTorch's messages for the version errors that came out of backward ops, by backward op.
+using ExecMessages = std::unordered_map<ObjectId, std::string>;
+
+std::optional<UserFrame> FirstUserFrame(const std::vector<Frame>& stack) {
+  for (const Frame& f : stack) {
+    if (!f.framework && (!f.file.empty() || !f.function.empty())) {
+      return UserFrame{f.file, f.line, f.function};
+    }
+  }
+  return std::nullopt;
+}
+
+std::string CopyKindName(format::CudaCopyKind kind) {
+  switch (kind) {
+    case format::CudaCopyKind::kHostToDevice: return "[memcpy HtoD]";
+    case format::CudaCopyKind::kDeviceToHost: return "[memcpy DtoH]";
+    case format::CudaCopyKind::kDeviceToDevice: return "[memcpy DtoD]";
+    case format::CudaCopyKind::kMemset: return "[memset]";
+    case format::CudaCopyKind::kPeer: return "[memcpy PtoP]";
+    default: return "[memcpy]";
+  }
+}
+
+// PyTorch's message: "... is at version 3; expected version 1 instead ..."
+bool MessageMatches(const std::string& message, uint32_t current, uint32_t saved) {
+  std::string expect = "is at version " + std::to_string(current) + "; expected version " +
+                       std::to_string(saved) + " instead";
+  return message.find(expect) != std::string::npos;
+}
+
+// Candidates for a silent write are listed once per op and call site: numpy() alone runs detach,
+// to, resolve_conj...
+bool SameCandidate(const OpRef& a, const OpRef& b) {
+  return a.id == b.id || (a.name == b.name && a.user_frame && b.user_frame &&
+                          a.user_frame->file == b.user_frame->file &&
+                          a.user_frame->line == b.user_frame->line);
+}
+
+class ReportBuilder {
+ public:
+  explicit ReportBuilder(const AnalysisState& state) : state_(state) {}
+
+  Report Build() const {
+    Report report;
+    report.records = state_.seq;
+    report.ops = state_.op_count;
+    report.tensors = state_.tensors.size();
+    report.nodes = state_.nodes.size();
+    report.node_executions = state_.exec_count;
+    report.backward_passes = state_.pass_count;
+    report.version_bumps = state_.bump_count;
+    report.data_loss_records = state_.data_loss_records;
+    ExecMessages exec_messages = MessagesByBackwardOp();
+    AddViolations(exec_messages, report);
+    AddWarnings(exec_messages, report);
+    return report;
+  }
+
+ private:
+  std::vector<Frame> StackFrames(InternId stack) const;
+  OpRef MakeOpRef(ObjectId id) const;
+  OpRef UserOpRef(ObjectId innermost) const;
+  ObjectId BackwardOpOf(ObjectId op) const;
+  ExecMessages MessagesByBackwardOp() const;
+  bool IsNamedBy(const Finding& f, const std::string& message) const;
+  std::optional<size_t> FindStopped(const ExecMessages& exec_messages) const;
+  void AddViolations(const ExecMessages& exec_messages, Report& report) const;
+  void AddWarnings(const ExecMessages& exec_messages, Report& report) const;
+  Violation MakeViolation(const Finding& f) const;
+  void AddCulprits(const Finding& f, Violation& v) const;
+  SavedTensorRef MakeTensorRef(const SavedState& s) const;
+  std::optional<std::string> PytorchNames(const Finding& f, const NodeState& node,
+                                          const SavedState& s) const;
+  void AddFingerprintEvidence(const Finding& f, Violation& v) const;
+
+  const AnalysisState& state_;
+};
+
+std::vector<Frame> ReportBuilder::StackFrames(InternId stack) const {
+  std::vector<Frame> frames;
+  if (stack == 0 || stack >= state_.stacks.size()) return frames;
+  for (InternId id : state_.stacks[stack]) {
+    Frame frame;
+    if (id < state_.frames.size() && state_.frames[id].id != 0) {
+      const format::FrameDef& f = state_.frames[id];
+      frame.function = state_.Str(f.function);
+      frame.file = state_.Str(f.file);
+      frame.line = f.line;
+      frame.library = state_.Str(f.library);
+      frame.python = f.kind == format::FrameKind::kPython;
+      frame.framework = f.framework;
+    }
+    frames.push_back(std::move(frame));
+  }
+  return frames;
+}
+
+OpRef ReportBuilder::MakeOpRef(ObjectId id) const {
+  OpRef ref;
+  ref.id = id;
+  if (const OpInfo* op = state_.FindOp(id)) {
+    ref.name = state_.Str(op->name);
+    ref.overload = state_.Str(op->overload);
+    ref.thread = op->thread;
+    ref.stack = StackFrames(op->stack);
+    ref.user_frame = FirstUserFrame(ref.stack);
+  }
+  return ref;
+}
+
+// The op the user called, for an op seen in `innermost` (a write, or the op that created a node):
+// its outermost enclosing ATen op, which carries the stack.
+OpRef ReportBuilder::UserOpRef(ObjectId innermost) const {
+  ObjectId outer = innermost;
+  for (int depth = 0; depth < 256; ++depth) {
+    const OpInfo* op = state_.FindOp(outer);
+    if (op == nullptr || op->parent == 0) break;
+    const OpInfo* parent = state_.FindOp(op->parent);
+    if (parent == nullptr || parent->scope != OpScope::kFunction ||
+        IsAutogradEngineName(state_.Str(parent->name))) {
+      break;
+    }
+    outer = op->parent;
+  }
+  OpRef ref = MakeOpRef(outer);
+  if (outer != innermost) {
+    if (const OpInfo* inner = state_.FindOp(innermost)) {
+      ref.detail = state_.Str(inner->name);
+      if (ref.stack.empty()) {
+        ref.stack = StackFrames(inner->stack);
+        ref.user_frame = FirstUserFrame(ref.stack);
+      }
+    }
+  }
+  return ref;
+}
+
+// The backward op an error came out of: the op itself or its nearest backward ancestor.
+ObjectId ReportBuilder::BackwardOpOf(ObjectId op) const {
+  for (int depth = 0; op != 0 && depth < 256; ++depth) {
+    const OpInfo* info = state_.FindOp(op);
+    if (info == nullptr) return 0;
+    if (info->scope == OpScope::kBackwardFunction) return op;
+    op = info->parent;
+  }
+  return 0;
+}
+
+ExecMessages ReportBuilder::MessagesByBackwardOp() const {
+  ExecMessages exec_messages;
+  for (const auto& [op, message] : state_.op_errors) {
+    ObjectId backward = BackwardOpOf(op);
+    if (backward != 0) exec_messages[backward] = message;
+  }
+  return exec_messages;
+}
+
+// True when `f` is a version violation PyTorch ran into whose versions `message` names.
+bool ReportBuilder::IsNamedBy(const Finding& f, const std::string& message) const {
+  return f.kind == ViolationKind::kVersion && !f.simulated &&
+         MessageMatches(message, f.current_version, state_.saved[f.saved].saved.saved_version);
+}
+
+// The finding PyTorch stopped at: the first version violation of the first execution that threw
+// (when the message names versions, the one it names); without a recorded throw, the first
+// violation the final message matches.
+std::optional<size_t> ReportBuilder::FindStopped(const ExecMessages& exec_messages) const {
+  const std::vector<Finding>& findings = state_.findings;
+  for (size_t i = 0; i < findings.size(); ++i) {
+    const Finding& f = findings[i];
+    if (f.kind != ViolationKind::kVersion || f.simulated) continue;
+    auto it = exec_messages.find(f.exec_op);
+    if (!f.exec_threw && it == exec_messages.end()) continue;
+    const std::string* message = nullptr;
+    if (it != exec_messages.end()) {
+      message = &it->second;
+    } else if (!state_.final_error.empty()) {
+      message = &state_.final_error;
+    }
+    if (message == nullptr) return i;
+    for (size_t j = i; j < findings.size() && findings[j].exec_op == f.exec_op; ++j) {
+      if (IsNamedBy(findings[j], *message)) return j;
+    }
+    return i;
+  }
+  if (state_.final_error.empty()) return std::nullopt;
+  for (size_t i = 0; i < findings.size(); ++i) {
+    if (IsNamedBy(findings[i], state_.final_error)) return i;
+  }
+  return std::nullopt;
+}
+
+// Every finding as a Violation, the one PyTorch stopped at first, with what PyTorch said.
+void ReportBuilder::AddViolations(const ExecMessages& exec_messages, Report& report) const {
+  const std::vector<Finding>& findings = state_.findings;
+  std::optional<size_t> stopped = FindStopped(exec_messages);
+  std::vector<size_t> order;
+  if (stopped) order.push_back(*stopped);
+  for (size_t i = 0; i < findings.size(); ++i) {
+    if (!stopped || i != *stopped) order.push_back(i);
+  }
+  for (size_t i : order) {
+    const Finding& f = findings[i];
+    Violation v = MakeViolation(f);
+    bool this_stopped = stopped && i == *stopped;
+    if (f.kind == ViolationKind::kVersion && !f.simulated) {
+      auto it = exec_messages.find(f.exec_op);
+      v.pytorch_raised = f.exec_threw || it != exec_messages.end() || this_stopped;
+      if (it != exec_messages.end()) {
+        v.pytorch_message = it->second;
+      } else if (this_stopped && !state_.final_error.empty()) {
+        v.pytorch_message = state_.final_error;
+      }
+    }
+    report.violations.push_back(std::move(v));
+  }
+}
+
+void ReportBuilder::AddWarnings(const ExecMessages& exec_messages, Report& report) const {
+  std::vector<std::string>& warnings = report.warnings;
+  if (!state_.final_error.empty() && state_.findings.empty()) {
+    warnings.push_back(
+        "PyTorch raised a version-counter error that the trace does not explain (was the "
+        "recorder on for the whole step?)");
+  }
+  for (ObjectId op : state_.threw_execs) {
+    if (exec_messages.find(op) == exec_messages.end()) continue;
+    bool explained = std::any_of(state_.findings.begin(), state_.findings.end(),
+                                 [op](const Finding& f) { return f.exec_op == op; });
+    if (!explained) {
+      warnings.push_back("backward op " + std::to_string(op) +
+                         " raised a version-counter error that the trace does not explain");
+    }
+  }
+  if (state_.data_loss_records != 0) {
+    warnings.push_back("the recorder lost " + std::to_string(state_.data_lost) + " records (" +
+                       std::to_string(state_.data_loss_records) +
+                       " data-loss records): culprits may be missing");
+  }
+  for (const auto& [name, count] : state_.unknown_saved_nodes) {
+    const std::string& type = state_.Str(name);
+    warnings.push_back(std::to_string(count) + " node(s) " +
+                       (type.empty() ? std::string("of an unknown type") : "of type " + type) +
+                       ": saved tensors not visible to the recorder, not checked");
+  }
+  if (state_.unknown_node_execs != 0) {
+    warnings.push_back(std::to_string(state_.unknown_node_execs) +
+                       " node execution(s) of nodes with no NodeRecord, not checked");
+  }
+}
+
+Violation ReportBuilder::MakeViolation(const Finding& f) const {
+  const NodeState& node = state_.nodes[f.node];
+  const SavedState& s = state_.saved[f.saved];
+  Violation v;
+  v.kind = f.kind;
+  AddCulprits(f, v);
+  if (node.created_by != 0) v.victim = UserOpRef(node.created_by);
+  v.backward_node = {node.id, state_.Str(node.name), node.sequence_nr, node.forward_thread};
+  v.saved_version = s.saved.saved_version;
+  v.current_version = f.current_version;
+  v.tensor = MakeTensorRef(s);
+  v.pytorch_names = PytorchNames(f, node, s);
+  if (f.kind == ViolationKind::kSilent) {
+    v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint : SilentEvidence::kAliasedWrite;
+  }
+  if (f.has_hashes) v.fingerprint = Fingerprints{f.hash_at_save, f.hash_at_use};
+  if (f.by_fingerprint) AddFingerprintEvidence(f, v);
+  v.simulated = f.simulated;
+  v.backward_pass = f.pass;
+  v.node_exec_op = f.exec_op;
+  return v;
+}
+
+// The first writer is the culprit (none when its write was not recorded); the others are later
+// culprits, an empty OpRef standing for each unrecorded one.
+void ReportBuilder::AddCulprits(const Finding& f, Violation& v) const {
+  for (size_t i = 0; i < f.writers.size(); ++i) {
+    ObjectId writer = f.writers[i];
+    if (i == 0) {
+      if (writer != 0) v.culprit = UserOpRef(writer);
+    } else {
+      v.later_culprits.push_back(writer != 0 ? UserOpRef(writer) : OpRef{});
+    }
+  }
+}
+
+SavedTensorRef ReportBuilder::MakeTensorRef(const SavedState& s) const {
+  SavedTensorRef tensor;
+  tensor.id = s.saved.tensor;
+  tensor.saved_name = state_.Str(s.saved.name);
+  tensor.list_index = s.saved.list_index;
+  if (s.meta_known) {
+    tensor.shape = state_.layouts.Shape(s.layout);
+    tensor.dtype = DTypeName(s.dtype);
+    tensor.device = DeviceName(s.device);
+  }
+  tensor.storage = s.saved.storage;
+  tensor.version_counter = s.saved.version_counter;
+  tensor.is_output = s.saved.is_output;
+  tensor.is_leaf = s.saved.is_leaf;
+  tensor.output_nr = s.saved.output_nr;
+  return tensor;
+}
+
+// What PyTorch's message calls the saved tensor ("output 0 of SigmoidBackward0"): the node's own
+// output, the grad_fn a modified view is regenerated with, or the tensor's grad_fn when the node
+// ran; nullopt for a leaf or when the trace does not say.
+std::optional<std::string> ReportBuilder::PytorchNames(const Finding& f, const NodeState& node,
+                                                       const SavedState& s) const {
+  if (s.saved.is_output) {
+    return "output " + std::to_string(s.saved.output_nr) + " of " + state_.Str(node.name);
+  }
+  if (f.view_regenerated) return "output 0 of AsStridedBackward0";
+  if (f.use_known && f.use_grad_fn != 0) {
+    uint32_t grad_fn = state_.index.Find(f.use_grad_fn, IdKind::kNode);
+    if (grad_fn != IdIndex::kAbsent) {
+      return "output " + std::to_string(f.use_output_nr) + " of " +
+             state_.Str(state_.nodes[grad_fn].name);
+    }
+  }
+  return std::nullopt;
+}
+
+// A silent write found by fingerprint: the ops that touched the saved bytes between the save and
+// the use (the first that wrote is the culprit) and the CUDA work launched outside any op then.
+void ReportBuilder::AddFingerprintEvidence(const Finding& f, Violation& v) const {
+  for (const auto& [op, wrote] : f.touches) {
+    OpRef ref = UserOpRef(op);
+    auto it = std::find_if(v.candidates.begin(), v.candidates.end(),
+                           [&ref](const SilentCandidate& c) { return SameCandidate(c.op, ref); });
+    if (it != v.candidates.end()) {
+      it->wrote |= wrote;
+      continue;
+    }
+    v.candidates.push_back({std::move(ref), wrote});
+  }
+  // A candidate that wrote did write the saved bytes (through another tensor over them).
+  for (const SilentCandidate& c : v.candidates) {
+    if (!c.wrote) continue;
+    if (!v.culprit) {
+      v.culprit = c.op;
+    } else {
+      v.later_culprits.push_back(c.op);
+    }
+  }
+  for (const LooseKernel& k : state_.loose_kernels) {
+    if (k.start_ns < f.save_ns || k.start_ns > f.use_ns) continue;
+    KernelRef kernel;
+    kernel.name = k.name != 0 ? state_.Str(k.name) : CopyKindName(k.copy);
+    kernel.device = k.device;
+    kernel.start_ns = k.start_ns;
+    kernel.end_ns = k.end_ns;
+    v.kernels.push_back(std::move(kernel));
+  }
+}
+
+}  // namespace
+
+Report BuildReport(const AnalysisState& state) { return ReportBuilder(state).Build(); }
+
+}  // namespace torchrr::replayer
