@@ -1,8 +1,10 @@
 // The human report: one diagnostic per violation, laid out like a compiler's (culprit first, then
-// the victim, then the facts, then a fix).
+// the victim, then the facts, then a fix). TextReport writes it one section at a time, each by its
+// own short emitter, whose comment shows what it writes.
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,7 +34,7 @@ class Painter {
 // Source lines of the recorded files that exist on this machine; read once each.
 class SourceCache {
  public:
-  // The line (1-based) without its indentation, or "" when the file or line is not there.
+  // The line (1-based), or nullptr when the file or line is not there.
   const std::string* Line(const std::string& path, uint32_t line) {
     if (path.empty() || line == 0) return nullptr;
     auto [it, inserted] = files_.try_emplace(path);
@@ -49,12 +51,14 @@ class SourceCache {
   std::map<std::string, std::vector<std::string>> files_;
 };
 
+// "aten::add_.Tensor"; "an unrecorded op" when the op has no name.
 std::string OpName(const OpRef& op) {
   std::string name = op.name.empty() ? "an unrecorded op" : op.name;
   if (!op.overload.empty()) name += "." + op.overload;
   return name;
 }
 
+// "train.py:12 in forward"; "<no user frame recorded>" without a user frame.
 std::string Location(const OpRef& op) {
   if (!op.user_frame) return "<no user frame recorded>";
   const UserFrame& f = *op.user_frame;
@@ -64,34 +68,183 @@ std::string Location(const OpRef& op) {
   return s;
 }
 
+// "[4, 8]"
 std::string Shape(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
-// Quotes the op's user line with `label` under it; false when the file is not readable here.
-bool QuoteSource(std::ostringstream& out, const Painter& p, SourceCache& sources,
-                 const OpRef& op, const std::string& label) {
+// What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
+// "aten::foo (wrote through aten::add_) wrote into its storage".
+std::string CulpritLabel(const Violation& v) {
+  std::string label = OpName(*v.culprit);
+  if (!v.culprit->detail.empty()) label += " (wrote through " + v.culprit->detail + ")";
+  if (v.kind != ViolationKind::kSilent) {
+    label += " changed the version " + std::to_string(v.saved_version) + " -> " +
+             std::to_string(v.current_version);
+  } else if (v.evidence == SilentEvidence::kFingerprint) {
+    label += " wrote into its memory through another tensor over it";
+  } else {
+    label += " wrote into its storage";
+  }
+  return label;
+}
+
+// Writes one report. Not thread-safe; one per FormatText call.
+class TextReport {
+ public:
+  explicit TextReport(bool color) : p_(color) {}
+
+  void EmitWarning(const std::string& warning);
+  void EmitViolation(const Violation& v);
+  void EmitSummary(const Report& report);
+  std::string Text() const { return out_.str(); }
+
+ private:
+  std::ostream& Arrow();
+  std::ostream& Fact();
+  std::ostream& Note();
+  bool EmitSourceQuote(const OpRef& op, const std::string& label);
+  void EmitHeading(const Violation& v);
+  void EmitCulprit(const Violation& v);
+  void EmitUnrecordedWrite(const Violation& v);
+  void EmitCandidates(const Violation& v);
+  void EmitVictim(const Violation& v);
+  void EmitNeededBy(const Violation& v);
+  void EmitVersions(const Violation& v);
+  void EmitTensor(const Violation& v);
+  void EmitFingerprint(const Violation& v);
+  void EmitPytorch(const Violation& v);
+  void EmitLaterCulprits(const Violation& v);
+  void EmitHelp(const Violation& v);
+
+  Painter p_;
+  SourceCache sources_;
+  std::ostringstream out_;
+};
+
+// The prefixes of a location line, a fact line and a note line (the caller writes the rest):
+//     --> train.py:12 in forward
+//      = saved at version 0, used at version 1
+//   note: saved here by aten::sigmoid at train.py:11 in forward
+std::ostream& TextReport::Arrow() { return out_ << "  " << p_.Gutter("-->") << " "; }
+std::ostream& TextReport::Fact() { return out_ << "   " << p_.Gutter("=") << " "; }
+std::ostream& TextReport::Note() { return out_ << p_.Note("note") << ": "; }
+
+//   warning: the recorder lost 7 records (1 data-loss records): culprits may be missing
+void TextReport::EmitWarning(const std::string& warning) {
+  out_ << p_.Warning("warning") << ": " << warning << "\n";
+}
+
+// One diagnostic, section by section, and a blank line after it.
+void TextReport::EmitViolation(const Violation& v) {
+  EmitHeading(v);
+  if (v.culprit) {
+    EmitCulprit(v);
+  } else {
+    EmitUnrecordedWrite(v);
+  }
+  EmitVictim(v);
+  EmitNeededBy(v);
+  EmitVersions(v);
+  EmitTensor(v);
+  EmitFingerprint(v);
+  EmitPytorch(v);
+  EmitLaterCulprits(v);
+  EmitHelp(v);
+  out_ << "\n";
+}
+
+// The last line, with what was looked at:
+//   1 violation (3 ops, 1 node executions in 1 backward pass)
+//   no saved tensor was modified (3 ops, 1 node executions in 1 backward pass)
+void TextReport::EmitSummary(const Report& report) {
+  std::string counts = std::to_string(report.ops) + " ops, " +
+                       std::to_string(report.node_executions) + " node executions in " +
+                       std::to_string(report.backward_passes) + " backward pass" +
+                       (report.backward_passes == 1 ? "" : "es");
+  if (report.violations.empty()) {
+    out_ << "no saved tensor was modified (" << counts << ")\n";
+  } else {
+    size_t n = report.violations.size();
+    out_ << p_.Bold(std::to_string(n) + " violation" + (n == 1 ? "" : "s")) << " (" << counts
+         << ")\n";
+  }
+}
+
+// Quotes the op's user line, indentation dropped, with `label` under it; writes nothing and
+// returns false when the file is not readable here:
+//      |
+//   12 |     y.mul_(2)
+//      |     ^^^^^^^^^ aten::mul_ changed the version 0 -> 1
+bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   if (!op.user_frame) return false;
-  const std::string* line = sources.Line(op.user_frame->file, op.user_frame->line);
+  const std::string* line = sources_.Line(op.user_frame->file, op.user_frame->line);
   if (line == nullptr) return false;
   std::string number = std::to_string(op.user_frame->line);
   std::string pad(number.size(), ' ');
   size_t indent = line->find_first_not_of(" \t");
   std::string code = indent == std::string::npos ? "" : line->substr(indent);
-  out << pad << " " << p.Gutter("|") << "\n";
-  out << p.Gutter(number + " |") << "     " << code << "\n";
-  out << pad << " " << p.Gutter("|") << "     " << p.Bold(std::string(code.empty() ? 1 : code.size(), '^'))
-      << " " << label << "\n";
+  out_ << pad << " " << p_.Gutter("|") << "\n";
+  out_ << p_.Gutter(number + " |") << "     " << code << "\n";
+  out_ << pad << " " << p_.Gutter("|") << "     "
+       << p_.Bold(std::string(code.empty() ? 1 : code.size(), '^')) << " " << label << "\n";
   return true;
+}
+
+//   error: saved tensor modified in place
+//   error: saved tensor's memory overwritten without a version bump (PyTorch cannot detect this)
+void TextReport::EmitHeading(const Violation& v) {
+  bool silent = v.kind == ViolationKind::kSilent;
+  out_ << p_.Error("error")
+       << p_.Bold(silent ? ": saved tensor's memory overwritten without a version bump (PyTorch "
+                           "cannot detect this)"
+                         : ": saved tensor modified in place")
+       << "\n";
+}
+
+// Where the culprit was called and what it did, its line quoted when readable here (else a
+// "culprit:" fact), then, for a write found by fingerprint, the other candidates:
+//     --> train.py:12 in forward
+//      |
+//   12 |     y.mul_(2)
+//      |     ^^^^^^^^^ aten::mul_ changed the version 0 -> 1
+//     --> train.py:14 in forward
+//      = culprit: aten::mul_ wrote into its storage
+void TextReport::EmitCulprit(const Violation& v) {
+  Arrow() << Location(*v.culprit) << "\n";
+  std::string label = CulpritLabel(v);
+  if (!EmitSourceQuote(*v.culprit, label)) Fact() << "culprit: " << label << "\n";
+  if (v.evidence == SilentEvidence::kFingerprint) EmitCandidates(v);
+}
+
+// No recorded op is known to have written the tensor. Found by the version counter:
+//     --> <the write was not recorded: the version counter moved between two recorded uses>
+// Found by fingerprints, then the candidates, or, when there are none, where the write came from:
+//     --> <no version counter saw the write: the saved bytes changed between the save and ...>
+//      = no recorded op or kernel touched those bytes in between: the write came from ...
+void TextReport::EmitUnrecordedWrite(const Violation& v) {
+  if (v.evidence != SilentEvidence::kFingerprint) {
+    Arrow() << "<the write was not recorded: the version counter moved between two recorded "
+               "uses>\n";
+    return;
+  }
+  Arrow() << "<no version counter saw the write: the saved bytes changed between the save and "
+             "the use (fingerprints)>\n";
+  if (v.candidates.empty() && v.kernels.empty()) {
+    Fact() << "no recorded op or kernel touched those bytes in between: the write came from "
+              "outside PyTorch's ops (numpy, a raw pointer, a C extension)\n";
+  }
+  EmitCandidates(v);
 }
 
 // For a silent write found by fingerprint: the ops that wrote into or made a tensor over the saved
 // bytes (but the culprit, already shown), grouped by call site with one quote each, and the CUDA
-// work launched outside any op in between.
-void WriteCandidates(std::ostringstream& out, const Painter& p, SourceCache& sources,
-                     const Violation& v) {
+// work launched outside any op in between:
+//   note: candidate: aten::detach, aten::numpy made a tensor over them at train.py:13 in forward
+//   note: candidate: scribble_kernel on cuda:0, launched outside any op
+void TextReport::EmitCandidates(const Violation& v) {
   std::vector<const SilentCandidate*> shown;
   for (const SilentCandidate& c : v.candidates) {
     if (!(v.culprit && c.op.id == v.culprit->id)) shown.push_back(&c);
@@ -106,146 +259,141 @@ void WriteCandidates(std::ostringstream& out, const Painter& p, SourceCache& sou
       wrote |= shown[k]->wrote;
     }
     std::string label = names + (wrote ? " wrote into them" : " made a tensor over them");
-    out << p.Note("note") << ": candidate: " << label << " at " << Location(shown[i]->op) << "\n";
-    QuoteSource(out, p, sources, shown[i]->op, label);
+    Note() << "candidate: " << label << " at " << Location(shown[i]->op) << "\n";
+    EmitSourceQuote(shown[i]->op, label);
     i = j;
   }
   for (const KernelRef& k : v.kernels) {
-    out << p.Note("note") << ": candidate: " << k.name << " on cuda:" << k.device
-        << ", launched outside any op\n";
+    Note() << "candidate: " << k.name << " on cuda:" << k.device << ", launched outside any op\n";
   }
 }
 
-void WriteViolation(std::ostringstream& out, const Painter& p, SourceCache& sources,
-                    const Violation& v) {
-  bool silent = v.kind == ViolationKind::kSilent;
-  out << p.Error("error") << p.Bold(silent ? ": saved tensor's memory overwritten without a version "
-                                             "bump (PyTorch cannot detect this)"
-                                           : ": saved tensor modified in place")
-      << "\n";
-  std::string culprit_name;
-  if (v.culprit) {
-    culprit_name = OpName(*v.culprit);
-    out << "  " << p.Gutter("-->") << " " << Location(*v.culprit) << "\n";
-    std::string label = culprit_name;
-    if (!v.culprit->detail.empty()) label += " (wrote through " + v.culprit->detail + ")";
-    if (!silent) {
-      label += " changed the version " + std::to_string(v.saved_version) + " -> " +
-               std::to_string(v.current_version);
-    } else if (v.evidence == SilentEvidence::kFingerprint) {
-      label += " wrote into its memory through another tensor over it";
-    } else {
-      label += " wrote into its storage";
-    }
-    if (!QuoteSource(out, p, sources, *v.culprit, label)) {
-      out << "   " << p.Gutter("=") << " culprit: " << label << "\n";
-    }
-    if (v.evidence == SilentEvidence::kFingerprint) WriteCandidates(out, p, sources, v);
-  } else if (v.evidence == SilentEvidence::kFingerprint) {
-    out << "  " << p.Gutter("-->") << " <no version counter saw the write: the saved bytes "
-        << "changed between the save and the use (fingerprints)>\n";
-    if (v.candidates.empty() && v.kernels.empty()) {
-      out << "   " << p.Gutter("=") << " no recorded op or kernel touched those bytes in between: "
-          << "the write came from outside PyTorch's ops (numpy, a raw pointer, a C extension)\n";
-    }
-    WriteCandidates(out, p, sources, v);
-  } else {
-    out << "  " << p.Gutter("-->") << " <the write was not recorded: the version counter moved "
-        << "between two recorded uses>\n";
+// The op that saved the tensor (the victim), its line quoted when readable here:
+//   note: saved here by aten::sigmoid at train.py:11 in forward
+//      |
+//   11 |     y = torch.sigmoid(x)
+//      |     ^^^^^^^^^^^^^^^^^^^^ saved by aten::sigmoid
+//   note: the op that saved it was not recorded
+void TextReport::EmitVictim(const Violation& v) {
+  if (!v.victim) {
+    Note() << "the op that saved it was not recorded\n";
+    return;
   }
-  if (v.victim) {
-    out << p.Note("note") << ": saved here by " << OpName(*v.victim) << " at "
-        << Location(*v.victim) << "\n";
-    QuoteSource(out, p, sources, *v.victim, "saved by " + OpName(*v.victim));
-  } else {
-    out << p.Note("note") << ": the op that saved it was not recorded\n";
-  }
+  Note() << "saved here by " << OpName(*v.victim) << " at " << Location(*v.victim) << "\n";
+  EmitSourceQuote(*v.victim, "saved by " + OpName(*v.victim));
+}
+
+// The node that needed the tensor, and which of its saved members it was:
+//      = needed by SigmoidBackward0 (saved `result`, an output of its op)
+//      = needed by CatBackward0 (saved `tensors[1]`, an input of its op), in the part of the ...
+void TextReport::EmitNeededBy(const Violation& v) {
   std::string member = v.tensor.saved_name.empty() ? "?" : v.tensor.saved_name;
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";
   }
-  out << "   " << p.Gutter("=") << " needed by " << p.Bold(v.backward_node.name) << " (saved `"
-      << member << "`, " << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
-      << (v.simulated ? ", in the part of the backward pass that did not run" : "") << "\n";
-  out << "   " << p.Gutter("=") << " saved at version " << v.saved_version << ", "
-      << (v.simulated ? "would be used" : "used") << " at version " << v.current_version << "\n";
-  out << "   " << p.Gutter("=") << " tensor: ";
+  Fact() << "needed by " << p_.Bold(v.backward_node.name) << " (saved `" << member << "`, "
+         << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
+         << (v.simulated ? ", in the part of the backward pass that did not run" : "") << "\n";
+}
+
+//      = saved at version 0, used at version 1
+//      = saved at version 0, would be used at version 1
+void TextReport::EmitVersions(const Violation& v) {
+  Fact() << "saved at version " << v.saved_version << ", "
+         << (v.simulated ? "would be used" : "used") << " at version " << v.current_version
+         << "\n";
+}
+
+//      = tensor: float32[4, 8] on cpu (tensor #5), which PyTorch calls "output 0 of SigmoidBa...
+//      = tensor: metadata not recorded
+void TextReport::EmitTensor(const Violation& v) {
+  Fact() << "tensor: ";
   if (!v.tensor.dtype.empty()) {
-    out << v.tensor.dtype << Shape(v.tensor.shape) << " on " << v.tensor.device;
+    out_ << v.tensor.dtype << Shape(v.tensor.shape) << " on " << v.tensor.device;
   } else {
-    out << "metadata not recorded";
+    out_ << "metadata not recorded";
   }
-  if (v.tensor.id != 0) out << " (tensor #" << v.tensor.id << ")";
-  if (v.pytorch_names) out << ", which PyTorch calls \"" << *v.pytorch_names << "\"";
-  out << "\n";
-  if (v.fingerprint) {
-    char hashes[80];
-    std::snprintf(hashes, sizeof(hashes), "%016llx at save, %016llx at use",
-                  static_cast<unsigned long long>(v.fingerprint->at_save),
-                  static_cast<unsigned long long>(v.fingerprint->at_use));
-    out << "   " << p.Gutter("=") << " fingerprint of its bytes: " << hashes << "\n";
-  }
-  out << "   " << p.Gutter("=") << " pytorch: ";
+  if (v.tensor.id != 0) out_ << " (tensor #" << v.tensor.id << ")";
+  if (v.pytorch_names) out_ << ", which PyTorch calls \"" << *v.pytorch_names << "\"";
+  out_ << "\n";
+}
+
+// Only when the fingerprints were recorded and differ:
+//      = fingerprint of its bytes: 0000000000001111 at save, 0000000000002222 at use
+void TextReport::EmitFingerprint(const Violation& v) {
+  if (!v.fingerprint) return;
+  char hashes[80];
+  std::snprintf(hashes, sizeof(hashes), "%016llx at save, %016llx at use",
+                static_cast<unsigned long long>(v.fingerprint->at_save),
+                static_cast<unsigned long long>(v.fingerprint->at_use));
+  Fact() << "fingerprint of its bytes: " << hashes << "\n";
+}
+
+// What PyTorch did: raised (with its message, cut before its hint), or why it did not:
+//      = pytorch: raised: one of the variables needed for gradient computation has been modif...
+//      = pytorch: no error: the write bypassed the version counter, so gradients are silently ...
+//      = pytorch: did not get here (an earlier node threw); it raises once that one is fixed
+//      = pytorch: did not raise here
+void TextReport::EmitPytorch(const Violation& v) {
+  Fact() << "pytorch: ";
   if (v.pytorch_raised) {
-    out << "raised";
+    out_ << "raised";
     if (v.pytorch_message) {
       std::string message = *v.pytorch_message;
       if (size_t cut = message.find(" Hint:"); cut != std::string::npos) message.resize(cut);
-      out << ": " << message;
+      out_ << ": " << message;
     }
-  } else if (silent) {
-    out << "no error: the write bypassed the version counter, so gradients are silently wrong";
+  } else if (v.kind == ViolationKind::kSilent) {
+    out_ << "no error: the write bypassed the version counter, so gradients are silently wrong";
   } else if (v.simulated) {
-    out << "did not get here (an earlier node threw); it raises once that one is fixed";
+    out_ << "did not get here (an earlier node threw); it raises once that one is fixed";
   } else {
-    out << "did not raise here";
+    out_ << "did not raise here";
   }
-  out << "\n";
+  out_ << "\n";
+}
+
+//   note: modified again later by aten::add_ at train.py:13 in forward
+void TextReport::EmitLaterCulprits(const Violation& v) {
   for (const OpRef& later : v.later_culprits) {
-    out << p.Note("note") << ": modified again later by " << OpName(later) << " at "
-        << Location(later) << "\n";
+    Note() << "modified again later by " << OpName(later) << " at " << Location(later) << "\n";
   }
-  out << p.Help("help") << ": ";
+}
+
+// The fix, by kind of write:
+//   help: make aten::mul_ out of place (aten::mul), or .clone() the tensor before modifying it
+//   help: write through the tensor itself rather than .data (so autograd sees it), or .clone() ...
+//   help: find what writes into this memory between the two points (a raw kernel, numpy, an ...
+void TextReport::EmitHelp(const Violation& v) {
+  out_ << p_.Help("help") << ": ";
+  bool silent = v.kind == ViolationKind::kSilent;
   if (silent && v.evidence == SilentEvidence::kFingerprint) {
-    out << "find what writes into this memory between the two points (a raw kernel, numpy, an "
-           "extension on data_ptr); write into a .clone() instead\n";
-  } else if (silent) {
-    out << "write through the tensor itself rather than .data (so autograd sees it), or "
-           ".clone() the tensor before writing into it\n";
-  } else {
-    std::string name = culprit_name.empty() ? "the in-place op" : culprit_name;
-    std::string out_of_place = name;
-    if (size_t dot = out_of_place.find('.'); dot != std::string::npos) out_of_place.resize(dot);
-    if (out_of_place.ends_with('_')) out_of_place.pop_back();
-    out << "make " << name << " out of place";
-    if (out_of_place != name) out << " (" << out_of_place << ")";
-    out << ", or .clone() the tensor before modifying it\n";
+    out_ << "find what writes into this memory between the two points (a raw kernel, numpy, an "
+            "extension on data_ptr); write into a .clone() instead\n";
+    return;
   }
-  out << "\n";
+  if (silent) {
+    out_ << "write through the tensor itself rather than .data (so autograd sees it), or "
+            ".clone() the tensor before writing into it\n";
+    return;
+  }
+  std::string name = v.culprit ? OpName(*v.culprit) : "the in-place op";
+  std::string out_of_place = name;
+  if (size_t dot = out_of_place.find('.'); dot != std::string::npos) out_of_place.resize(dot);
+  if (out_of_place.ends_with('_')) out_of_place.pop_back();
+  out_ << "make " << name << " out of place";
+  if (out_of_place != name) out_ << " (" << out_of_place << ")";
+  out_ << ", or .clone() the tensor before modifying it\n";
 }
 
 }  // namespace
 
 std::string FormatText(const Report& report, bool color) {
-  Painter p(color);
-  SourceCache sources;
-  std::ostringstream out;
-  for (const std::string& warning : report.warnings) {
-    out << p.Warning("warning") << ": " << warning << "\n";
-  }
-  for (const Violation& v : report.violations) WriteViolation(out, p, sources, v);
-  std::string counts = std::to_string(report.ops) + " ops, " +
-                       std::to_string(report.node_executions) + " node executions in " +
-                       std::to_string(report.backward_passes) + " backward pass" +
-                       (report.backward_passes == 1 ? "" : "es");
-  if (report.violations.empty()) {
-    out << "no saved tensor was modified (" << counts << ")\n";
-  } else {
-    size_t n = report.violations.size();
-    out << p.Bold(std::to_string(n) + " violation" + (n == 1 ? "" : "s")) << " (" << counts
-        << ")\n";
-  }
-  return out.str();
+  TextReport text(color);
+  for (const std::string& warning : report.warnings) text.EmitWarning(warning);
+  for (const Violation& v : report.violations) text.EmitViolation(v);
+  text.EmitSummary(report);
+  return text.Text();
 }
 
 }  // namespace torchrr::replayer
