@@ -472,15 +472,4 @@ Trace ReadTraceBytesAll(std::string_view bytes) {
   return trace;
 }
 
-int ExitCodeFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk: return 0;
-    case StatusCode::kNotATrace: return 3;
-    case StatusCode::kTruncated: return 4;
-    case StatusCode::kCorrupt: return 5;
-    case StatusCode::kTooNew: return 6;
-    default: return 7;
-  }
-}
-
 }  // namespace torchrr::format

@@ -17,7 +17,7 @@ int ReportRead(const std::string& path, const format::ReadSummary& summary) {
       std::fprintf(stderr, "torchrr: warning: %s: %s\n", path.c_str(), warning.c_str());
     }
   }
-  return format::ExitCodeFor(code);
+  return ExitCodeFor(code);
 }
 
 }  // namespace torchrr::cli

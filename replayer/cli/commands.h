@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "exit_codes.h"
 #include "torchrr/format/reader.h"
 
 namespace torchrr::cli {
@@ -16,10 +17,6 @@ namespace torchrr::cli {
 void RegisterInfoCommand(CLI::App& app, int* exit_code);
 void RegisterDumpCommand(CLI::App& app, int* exit_code);
 void RegisterRecordCommand(CLI::App& app, int* exit_code);
-
-// Exit codes, as `torchrr --help` lists them (format::ExitCodeFor gives 0 and 3-7).
-inline constexpr int kExitViolations = 1;  // replay: violations found.
-inline constexpr int kExitUsage = 2;
 
 // Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
 // after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.

@@ -90,10 +90,6 @@ struct Trace {
 Trace ReadTraceFileAll(const std::string& path);
 Trace ReadTraceBytesAll(std::string_view bytes);
 
-// The CLI's exit code for a status: 0 ok, 3 not a trace/unreadable, 4 truncated (data returned),
-// 5 corrupt, 6 too new, 7 I/O or other error. (1 is the replayer's "violations found"; 2 is usage.)
-int ExitCodeFor(StatusCode code);
-
 }  // namespace torchrr::format
 
 #endif  // TORCHRR_FORMAT_READER_H_

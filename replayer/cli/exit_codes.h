@@ -1,0 +1,31 @@
+// The exit codes of the `torchrr` command line, as `torchrr --help` lists them (main.cc):
+//   0 ok, 1 replay found violations, 2 usage error, 3 unreadable file or not a torchrr trace,
+//   4 trace truncated, 5 trace corrupt, 6 trace written by a newer format, 7 any other error.
+// Header-only, so that tests check the mapping without linking the command line.
+#ifndef TORCHRR_REPLAYER_CLI_EXIT_CODES_H_
+#define TORCHRR_REPLAYER_CLI_EXIT_CODES_H_
+
+#include "torchrr/format/status.h"
+
+namespace torchrr::cli {
+
+inline constexpr int kExitViolations = 1;  // replay: violations found.
+inline constexpr int kExitUsage = 2;
+
+// The exit code for how reading a trace ended: 0 ok, 3 not a trace or unreadable, 4 truncated
+// (the data before the cut was still used), 5 corrupt (the data that verifies was still used),
+// 6 too new, 7 an I/O or any other error. Never 1 or 2, which are not about the read.
+constexpr int ExitCodeFor(format::StatusCode code) {
+  switch (code) {
+    case format::StatusCode::kOk: return 0;
+    case format::StatusCode::kNotATrace: return 3;
+    case format::StatusCode::kTruncated: return 4;
+    case format::StatusCode::kCorrupt: return 5;
+    case format::StatusCode::kTooNew: return 6;
+    default: return 7;
+  }
+}
+
+}  // namespace torchrr::cli
+
+#endif  // TORCHRR_REPLAYER_CLI_EXIT_CODES_H_

@@ -1,0 +1,22 @@
+// The command line's exit code for each way a trace read can end (replayer/cli/exit_codes.h).
+#include <gtest/gtest.h>
+
+#include "exit_codes.h"
+
+namespace torchrr::cli {
+namespace {
+
+using format::StatusCode;
+
+TEST(ExitCodes, EveryReadStatus) {
+  EXPECT_EQ(ExitCodeFor(StatusCode::kOk), 0);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kNotATrace), 3);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kTruncated), 4);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kCorrupt), 5);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kTooNew), 6);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kIoError), 7);
+  EXPECT_EQ(ExitCodeFor(StatusCode::kInvalidArgument), 7);
+}
+
+}  // namespace
+}  // namespace torchrr::cli
