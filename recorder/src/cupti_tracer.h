@@ -37,6 +37,10 @@
 
 namespace torchrr::recorder {
 
+// The external correlation id of torchrr's own CUDA work (fingerprints): its kernels and copies
+// are dropped, not attributed to an op.
+inline constexpr uint64_t kOwnCudaWork = ~uint64_t{0};
+
 // The CUPTI functions the tracer calls, as C function pointers. The types mirror CUPTI's so that
 // this header needs no cupti.h: CUptiResult, CUpti_ActivityKind and CUpti_ExternalCorrelationKind
 // are int-sized C enums (passed as int), CUcontext is a pointer (void*), CUpti_Activity** is

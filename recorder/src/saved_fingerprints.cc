@@ -1,9 +1,14 @@
 #include "saved_fingerprints.h"
 
+#include <cstdio>
+#include <utility>
+#include <vector>
+
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "torchrr/kernels/fingerprint.h"
+#include "trace_sink.h"
 
 namespace torchrr::recorder {
 
@@ -56,6 +61,46 @@ FingerprintResult FingerprintTensorBytes(const at::Tensor& tensor, format::Finge
   } catch (const std::exception& e) {
     *error = e.what();
     return FingerprintResult::kFailed;
+  }
+}
+
+void SavedFingerprints::Queue(format::ObjectId node, format::InternId name, uint32_t list_index,
+                              const at::Tensor& data, format::ObjectId tensor,
+                              format::ObjectId storage, format::FingerprintWhen when) {
+  PendingFingerprint pending;
+  pending.record.node = node;
+  pending.record.saved_name = name;
+  pending.record.list_index = list_index;
+  pending.record.storage = storage;
+  pending.record.tensor = tensor;
+  pending.record.when = when;
+  pending.data = data;
+  t_state->fingerprints.push_back(std::move(pending));
+}
+
+void SavedFingerprints::Take(ThreadState& ts, CudaActivityTracer* cuda, EncodedRecords& out) {
+  std::vector<PendingFingerprint> pending;
+  pending.swap(ts.fingerprints);
+  for (PendingFingerprint& p : pending) {
+    if (!enabled()) return;
+    std::string error;
+    // torchrr's own kernels and copies: marked so that CUPTI's records of them are dropped.
+    const bool own_cuda = cuda != nullptr && p.data.is_cuda();
+    if (own_cuda) cuda->PushOp(kOwnCudaWork);
+    FingerprintResult result = FingerprintTensorBytes(p.data, &p.record, &error);
+    if (own_cuda) cuda->PopOp();
+    if (result == FingerprintResult::kFailed) {
+      if (enabled_.exchange(false)) {
+        std::fprintf(stderr,
+                     "torchrr: warning: --verify-saved turned off: cannot fingerprint a saved "
+                     "tensor: %s; recording goes on without fingerprints\n",
+                     error.c_str());
+      }
+      return;
+    }
+    if (result != FingerprintResult::kDone) continue;
+    p.record.time_ns = NowNs();
+    out.Add(p.record);
   }
 }
 

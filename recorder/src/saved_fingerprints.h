@@ -8,10 +8,15 @@
 #ifndef TORCHRR_RECORDER_SAVED_FINGERPRINTS_H_
 #define TORCHRR_RECORDER_SAVED_FINGERPRINTS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 
+#include "cupti_tracer.h"
+#include "record_bytes.h"
+#include "thread_state.h"
 #include "torchrr/format/records.h"
 
 namespace torchrr::recorder {
@@ -29,6 +34,31 @@ enum class FingerprintResult {
 // throws.
 FingerprintResult FingerprintTensorBytes(const at::Tensor& tensor, format::FingerprintRecord* out,
                                          std::string* error);
+
+// The fingerprints a recording takes: queued while the session's lock is held (where the saved
+// tensors are found), computed after it is released (hashing bytes, on CUDA a kernel and a wait,
+// blocks no other thread). Queues are the calling thread's (ThreadState::fingerprints). A failure
+// turns fingerprints off for the rest of the recording, with one warning.
+class SavedFingerprints {
+ public:
+  explicit SavedFingerprints(bool enabled) : enabled_(enabled) {}
+
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  // True until a fingerprint fails; read by whoever records what fingerprints need.
+  const std::atomic<bool>& enabled_flag() const { return enabled_; }
+
+  // Queues the fingerprint of one saved tensor (`node`'s saved `name`, at `list_index`) on the
+  // calling thread, which is inside a callback (its ThreadState exists).
+  void Queue(format::ObjectId node, format::InternId name, uint32_t list_index,
+             const at::Tensor& data, format::ObjectId tensor, format::ObjectId storage,
+             format::FingerprintWhen when);
+  // Computes what `ts` queued and appends their FingerprintRecords to `out` (nothing for bytes it
+  // cannot read). `cuda`, when given, is told which CUDA work is torchrr's own.
+  void Take(ThreadState& ts, CudaActivityTracer* cuda, EncodedRecords& out);
+
+ private:
+  std::atomic<bool> enabled_;
+};
 
 }  // namespace torchrr::recorder
 

@@ -1,6 +1,6 @@
 #include "saved_variables.h"
 
-#include "autograd_internals.h"
+#include "torch_internals.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>

@@ -1,23 +1,37 @@
-// The one place that reaches into autograd and c10 internals that have no public accessor.
+// The one place that reaches into torch internals that have no public accessor.
 //
 // autograd keeps the facts torchrr needs private: the identity of a tensor's version counter
 // (c10::VariableVersion::version_counter_) and what a SavedVariable holds (its saved version, its
-// data, whether it saved an output, whether hooks replaced the data). They are read here through
+// data, whether it saved an output, whether hooks replaced the data). RecordFunction keeps two
+// private: the op's schema (fn_; operator_schema() returns a copy) and whether the dispatcher is
+// to box the op's outputs (step_callbacks_). They are read here through
 // pointers to members obtained by explicit template instantiation, which C++ allows to name
 // private members ([temp.spec]/6); the layouts are those of the headers of the torch we are built
 // against, so a torch that renames a member fails to compile here instead of misreading memory.
-#ifndef TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_
-#define TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_
+#ifndef TORCHRR_RECORDER_TORCH_INTERNALS_H_
+#define TORCHRR_RECORDER_TORCH_INTERNALS_H_
 
 #include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/record_function.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
 namespace torchrr::recorder {
+
+// The registered schema of an ATen op, or nullptr for a RecordFunction named by a string (C++'s
+// RECORD_FUNCTION, autograd's engine wrappers). No copy: the schema lives as long as the op's
+// registration.
+const c10::FunctionSchema* SchemaOf(const at::RecordFunction& fn);
+
+// Tells the dispatcher not to box `fn`'s outputs into IValues (an allocation and a reference count
+// per tensor), when torchrr's is the op's only callback: another may want them. Called from the
+// start callback, before the dispatcher reads the flag.
+void SkipOutputsIfOnlyCallback(const at::RecordFunction& fn);
 
 // The counter object a tensor's VariableVersion points at; tensors that share it (views, detach())
 // get the same pointer. nullptr for inference tensors (no counter).
@@ -51,4 +65,4 @@ const std::vector<torch::autograd::SavedVariable>& CppNodeSavedVariables(
 
 }  // namespace torchrr::recorder
 
-#endif  // TORCHRR_RECORDER_AUTOGRAD_INTERNALS_H_
+#endif  // TORCHRR_RECORDER_TORCH_INTERNALS_H_

@@ -1,4 +1,7 @@
-#include "autograd_internals.h"
+#include "torch_internals.h"
+
+#include <functional>
+#include <variant>
 
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -36,6 +39,11 @@ template struct MemberAccess<HooksTag, &SavedVariable::hooks_>;
 struct ContextSavedTag { friend constexpr auto GetMember(ContextSavedTag); };
 template struct MemberAccess<ContextSavedTag, &torch::autograd::AutogradContext::saved_variables_>;
 
+struct StepCallbacksTag { friend constexpr auto GetMember(StepCallbacksTag); };
+struct FnTag { friend constexpr auto GetMember(FnTag); };
+template struct MemberAccess<StepCallbacksTag, &at::RecordFunction::step_callbacks_>;
+template struct MemberAccess<FnTag, &at::RecordFunction::fn_>;
+
 // A stand-in for the T of CppNode<T>; never run.
 struct StandInFunction : torch::autograd::Function<StandInFunction> {};
 
@@ -44,6 +52,18 @@ const auto& CounterPtr(const c10::TensorImpl& impl) {
 }
 
 }  // namespace
+
+const c10::FunctionSchema* SchemaOf(const at::RecordFunction& fn) {
+  const auto* schema =
+      std::get_if<std::reference_wrapper<const c10::FunctionSchema>>(&(fn.*GetMember(FnTag{})));
+  return schema != nullptr ? &schema->get() : nullptr;
+}
+
+void SkipOutputsIfOnlyCallback(const at::RecordFunction& fn) {
+  // The guards the dispatcher and autograd start callbacks on are never const objects.
+  at::StepCallbacks& callbacks = const_cast<at::RecordFunction&>(fn).*GetMember(StepCallbacksTag{});
+  if (callbacks.callbacks_.size() == 1) callbacks.needs_outputs_ = false;
+}
 
 const c10::intrusive_ptr_target* VersionCounterOf(const c10::TensorImpl& impl) {
   return CounterPtr(impl).get();

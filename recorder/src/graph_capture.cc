@@ -1,0 +1,248 @@
+#include "graph_capture.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <typeinfo>
+
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "saved_variables.h"
+#include "torch_internals.h"
+
+namespace torchrr::recorder {
+
+using format::ObjectId;
+
+ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creator,
+                               EncodedRecords& defs, NodeScratch& nodes) {
+  if (node == nullptr) return 0;
+  std::vector<torch::autograd::Node*> pending;
+  bool created = false;
+  auto& entry = ids_.LookupNode(node, created);
+  ObjectId id = entry.id;
+  if (!created) return id;
+  WriteNodeRecord(node, id, &entry.extra, creator, pending, defs, nodes);
+  // Nodes reached through edges that were never seen as an op's grad_fn (AccumulateGrad of
+  // leaves, nodes created before the recording started).
+  while (!pending.empty()) {
+    torch::autograd::Node* next = pending.back();
+    pending.pop_back();
+    auto* next_entry = ids_.FindNodeEntry(next);
+    WriteNodeRecord(next, next_entry != nullptr ? next_entry->id : 0,
+                    next_entry != nullptr ? &next_entry->extra : nullptr, creator, pending, defs,
+                    nodes);
+  }
+  return id;
+}
+
+void GraphCapture::RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
+                                   EncodedRecords& defs, NodeScratch& nodes) {
+  for (const OpOutput& output : outputs) {
+    const at::Tensor& t = *output.tensor;
+    torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
+    if (grad_fn != nullptr) RefNode(grad_fn, &creator, defs, nodes);
+    if (!t.is_view()) continue;
+    auto* view_meta = torch::autograd::impl::get_view_autograd_meta(t);
+    if (view_meta != nullptr && view_meta->has_bw_view()) {
+      const at::Tensor& base = view_meta->get_backward_view().base_;
+      torch::autograd::Node* base_fn = torch::autograd::impl::grad_fn_unsafe(base);
+      if (base_fn != nullptr) RefNode(base_fn, &creator, defs, nodes);
+      ids_.RefTensor(base, defs);
+    }
+  }
+}
+
+void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
+                                   IdRegistry::NodeState* state, const OpFrame* creator,
+                                   std::vector<torch::autograd::Node*>& pending,
+                                   EncodedRecords& defs, NodeScratch& nodes) {
+  format::NodeRecord& record = nodes.Next();
+  record.node = id;
+  bool accumulate_grad = false;
+  record.name = interner_.NodeName(*node, defs, nullptr, &accumulate_grad);
+  record.forward_thread = node->thread_id();
+  uint64_t sequence_nr = node->sequence_nr();
+  record.sequence_nr = static_cast<int64_t>(sequence_nr);
+  if (creator != nullptr && node->thread_id() == creator->thread &&
+      sequence_nr >= creator->sequence_at_start && sequence_nr < creator->sequence_at_end) {
+    record.created_by = creator->op.op;
+  }
+  if (accumulate_grad) {
+    auto* accumulate = static_cast<torch::autograd::AccumulateGrad*>(node);
+    record.variable = ids_.RefTensor(accumulate->variable, defs);
+  }
+  RecordSavedTensors(*node, state, record, defs);
+  if (record.created_by == 0 && sequence_nr != UINT64_MAX) {
+    record.created_by = CreatorOf(node->thread_id(), sequence_nr,
+                                  record.saved_kind == format::SavedSetKind::kCustom);
+  }
+  // The edges' lookups may move the registry's entries: `state` is not used after them.
+  RecordEdges(*node, record, pending);
+  if (sequence_nr != UINT64_MAX) RememberKey(*node, record);
+}
+
+void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,
+                                      format::NodeRecord& record, EncodedRecords& defs) {
+  const bool verify = fingerprints_.enabled();
+  const ObjectId id = record.node;
+  record.saved_kind = VisitSavedVariables(
+      node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
+        SavedVariableFacts facts = ReadSavedVariable(sv);
+        format::SavedTensor saved;
+        saved.name = interner_.OpName(name, defs);  // The generated table's literals: stable.
+        saved.list_index = list_index;
+        saved.defined = facts.defined;
+        saved.has_hooks = facts.has_hooks;
+        saved.is_output = facts.is_output;
+        saved.is_leaf = facts.is_leaf;
+        saved.saved_version = facts.saved_version;
+        saved.output_nr = facts.output_nr;
+        if (facts.data != nullptr) {
+          const c10::TensorImpl& impl = *facts.data->unsafeGetTensorImpl();
+          // A saved output is a shallow copy sharing the output's storage and counter; the op's
+          // end names the output the program holds instead (NameSavedOutputs).
+          if (facts.saved_original) {
+            saved.tensor = ids_.RefTensor(*facts.data, defs, nullptr, &saved.version_counter);
+          } else {
+            saved.version_counter = ids_.VersionCounterId(impl);
+          }
+          // The same id RefTensor gave (the storage lives), pinned until the node runs.
+          saved.storage = ids_.StorageId(impl, state);
+          if (verify) {
+            fingerprints_.Queue(id, saved.name, list_index, *facts.data, saved.tensor,
+                                saved.storage, format::FingerprintWhen::kAtSave);
+          }
+        }
+        record.saved.push_back(saved);
+      });
+  if (record.saved_kind == format::SavedSetKind::kUnknown) {
+    std::string type = typeid(node).name();
+    if (type.find("CppNode") != std::string::npos || type.find("PyNode") != std::string::npos) {
+      record.saved_kind = format::SavedSetKind::kCustom;
+    }
+  }
+}
+
+void GraphCapture::RecordEdges(torch::autograd::Node& node, format::NodeRecord& record,
+                               std::vector<torch::autograd::Node*>& pending) {
+  const auto& edges = node.next_edges();
+  record.edges.reserve(edges.size());
+  for (const auto& edge : edges) {
+    format::Edge out_edge;
+    out_edge.input_nr = edge.input_nr;
+    if (edge.function) {
+      bool created = false;
+      torch::autograd::Node* next = edge.function.get();
+      out_edge.node = ids_.LookupNode(next, created).id;
+      if (created) pending.push_back(next);
+    }
+    record.edges.push_back(out_edge);
+  }
+}
+
+void GraphCapture::RememberKey(const torch::autograd::Node& node,
+                               const format::NodeRecord& record) {
+  node_keys_[{node.thread_id(), record.sequence_nr}] = KeyedNode{record.node, &node};
+  if (node_keys_.size() < prune_node_keys_at_) return;
+  for (auto it = node_keys_.begin(); it != node_keys_.end();) {
+    it = ids_.FindNode(it->second.address) == it->second.id ? std::next(it) : node_keys_.erase(it);
+  }
+  prune_node_keys_at_ = std::max<size_t>(4096, 2 * node_keys_.size());
+}
+
+ObjectId GraphCapture::ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
+                                     NodeScratch& scratch, EncodedRecords& out,
+                                     const void** address) {
+  // The engine names the node it runs (NodeGuard, around the node's whole evaluation). The node
+  // must be this function's: a node called directly (a user calling grad_fn, a hook calling a
+  // node) runs outside that guard, or inside another node's.
+  std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  if (!node || static_cast<int64_t>(node->sequence_nr()) != fn.seqNr() ||
+      node->thread_id() != fn.forwardThreadId()) {
+    return 0;
+  }
+  // Nodes without a sequence number (AccumulateGrad, GraphRoot) share the key: the name too.
+  const std::string* text = nullptr;
+  const format::InternId name_id = interner_.NodeName(*node, out, &text);
+  if (fn.seqNr() < 0 && *text != fn.name()) return 0;
+  *name = name_id;  // The function's name: the engine's RecordFunction is named node->name().
+  *address = node.get();
+  ObjectId id = ids_.FindNode(node.get());
+  if (id != 0) return id;
+  // Never seen: a GraphRoot, or a node made before the recording started. Its record is written
+  // now, before it runs and releases what it saved.
+  id = RefNode(node.get(), nullptr, out, scratch);
+  for (const format::NodeRecord& record : scratch) out.Add(record);
+  scratch.size = 0;
+  return id;
+}
+
+ObjectId GraphCapture::ExecutedNode(const OpFrame& frame) {
+  if (frame.exec_node != 0) {
+    ids_.UnpinSavedStorages(frame.exec_node_address, frame.exec_node);
+    return frame.exec_node;
+  }
+  // Not the engine's node: by the key the function carries.
+  auto it = node_keys_.find({frame.op.forward_thread, frame.op.sequence_nr});
+  if (it != node_keys_.end() && ids_.FindNode(it->second.address) == it->second.id) {
+    return it->second.id;
+  }
+  return 0;
+}
+
+ObjectId GraphCapture::CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const {
+  const size_t n = std::min<uint64_t>(recent_ops_count_, kRecentOps);
+  ObjectId spanning = 0;     // The innermost op that spanned the number.
+  ObjectId first_after = 0;  // The first op that started after the node was made.
+  for (size_t i = 1; i <= n; ++i) {  // Latest first: nested ops end before theirs.
+    const RecentOp& r = recent_ops_[(recent_ops_count_ - i) % kRecentOps];
+    if (r.thread != thread) continue;
+    if (r.sequence_at_end <= sequence_nr) break;  // This op, and all before it, ended before.
+    if (sequence_nr >= r.sequence_at_start) {
+      spanning = r.op;
+    } else if (custom && r.sequence_at_start == sequence_nr + 1) {
+      first_after = r.op;
+    }
+  }
+  return spanning != 0 ? spanning : first_after;
+}
+
+void GraphCapture::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr,
+                                    EncodedRecords& out) {
+  auto key = node_keys_.find({forward_thread, sequence_nr});
+  if (key == node_keys_.end()) return;
+  const auto* entry = ids_.FindNodeEntry(key->second.address);
+  if (entry == nullptr || entry->id != key->second.id) return;
+  std::shared_ptr<torch::autograd::Node> node = entry->weak.lock();
+  if (!node) return;
+  const ObjectId id = entry->id;
+  VisitSavedVariables(
+      *node, [&](const char* name, uint32_t list_index, const torch::autograd::SavedVariable& sv) {
+        if (!fingerprints_.enabled()) return;
+        SavedVariableFacts facts = ReadSavedVariable(sv);
+        if (facts.data == nullptr) return;
+        fingerprints_.Queue(id, interner_.String(name, out), list_index, *facts.data, 0,
+                            ids_.StorageId(*facts.data->unsafeGetTensorImpl()),
+                            format::FingerprintWhen::kAtUse);
+      });
+}
+
+void NameSavedOutputs(NodeScratch& nodes, const std::vector<OpOutput>& outputs,
+                      const std::vector<format::TensorUse>& uses) {
+  for (format::NodeRecord& node : nodes) {
+    for (auto& saved : node.saved) {
+      if (saved.tensor != 0 || saved.version_counter == 0) continue;
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (outputs[i].version_counter == saved.version_counter &&
+            outputs[i].storage == saved.storage) {
+          saved.tensor = uses[i].tensor;
+          break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace torchrr::recorder

@@ -1,0 +1,123 @@
+// GraphCapture: the autograd graph as the ops build it and as backward runs it.
+//
+// An op's end finds the nodes it created (its outputs' grad_fn, the CopySlices on a view's base)
+// and writes a NodeRecord for each, with what the node saved (SavedTensor: the saved version, the
+// tensor, its storage and version counter) and its edges; nodes reached through edges that were
+// never an op's grad_fn (AccumulateGrad of leaves, nodes made before the recording started) are
+// written on first sight too. In backward, each backward function is matched with the node the
+// engine runs, which is what lets the replayer re-run autograd's version checks.
+//
+// Not thread-safe: the session calls it with its mutex held.
+#ifndef TORCHRR_RECORDER_GRAPH_CAPTURE_H_
+#define TORCHRR_RECORDER_GRAPH_CAPTURE_H_
+
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <ATen/record_function.h>
+#include <c10/util/flat_hash_map.h>
+#include <torch/csrc/autograd/function.h>
+
+#include "id_registry.h"
+#include "interner.h"
+#include "record_bytes.h"
+#include "saved_fingerprints.h"
+#include "thread_state.h"
+#include "torchrr/format/records.h"
+
+namespace torchrr::recorder {
+
+class GraphCapture {
+ public:
+  GraphCapture(Interner& interner, IdRegistry& ids, SavedFingerprints& fingerprints)
+      : interner_(interner), ids_(ids), fingerprints_(fingerprints) {}
+
+  // The node's id; on first sight adds its NodeRecord (and those of unseen nodes it reaches) to
+  // `nodes`, and the definitions and TensorInfos they name to `defs`, which is written first.
+  // `creator` is the op whose end this is (nullptr outside an op end).
+  format::ObjectId RefNode(torch::autograd::Node* node, const OpFrame* creator,
+                           EncodedRecords& defs, NodeScratch& nodes);
+  // The nodes the op of `creator` created, through its outputs: their grad_fn, and for an
+  // in-place op on a view the CopySlices autograd put on the view's base (whose TensorInfo goes
+  // to `defs` too).
+  void RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
+                       EncodedRecords& defs, NodeScratch& nodes);
+  // A backward function at its start: the id of the node autograd's engine is running for it
+  // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is
+  // not running it; `name` receives the node's name and `address` its address.
+  format::ObjectId ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
+                                 NodeScratch& scratch, EncodedRecords& out, const void** address);
+  // A backward function at its end: the node it ran for (the engine's, found at its start, or the
+  // one its key names), 0 when unknown. The engine's node has run: its saved storages are unpinned.
+  format::ObjectId ExecutedNode(const OpFrame& frame);
+  // verify_saved, at a backward function's start: queues the fingerprints of what the node with
+  // that key saved (names interned into `out`).
+  void FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr, EncodedRecords& out);
+  // Notes an op that ended, with the sequence numbers it spanned (CreatorOf).
+  void NoteOpEnded(const OpFrame& frame) {
+    recent_ops_[recent_ops_count_++ % kRecentOps] = {frame.thread, frame.op.op,
+                                                      frame.sequence_at_start,
+                                                      frame.sequence_at_end};
+  }
+  void Clear() { node_keys_.clear(); }
+
+ private:
+  // A node first seen after its creating op ended (found through another node's edges, or as an
+  // input's grad_fn): the op that spanned its sequence number on its thread, innermost first (a
+  // Python Function.apply is such an op). A C++ torch::autograd::Function's apply is not an op:
+  // its node takes the number and its forward runs ops after it; for a custom node, the first op
+  // that started with the next number stands for it. 0 when no recent op (recent_ops_) fits.
+  format::ObjectId CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const;
+  // `state`: the node's table entry's (the storages its saved tensors pin), or nullptr.
+  void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id,
+                       IdRegistry::NodeState* state, const OpFrame* creator,
+                       std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
+                       NodeScratch& nodes);
+  // Fills record.saved (and saved_kind) from what the node saved.
+  void RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,
+                          format::NodeRecord& record, EncodedRecords& defs);
+  // Fills record.edges; nodes seen for the first time go to `pending`.
+  void RecordEdges(torch::autograd::Node& node, format::NodeRecord& record,
+                   std::vector<torch::autograd::Node*>& pending);
+  // Keeps the key a backward function will carry for the node (forward thread, sequence number).
+  void RememberKey(const torch::autograd::Node& node, const format::NodeRecord& record);
+
+  Interner& interner_;
+  IdRegistry& ids_;
+  SavedFingerprints& fingerprints_;
+  // (forward thread, sequence_nr) -> node: the key a backward function carries.
+  struct NodeKeyHash {
+    size_t operator()(const std::pair<uint64_t, int64_t>& key) const {
+      return std::hash<uint64_t>()(key.first * 0x9e3779b97f4a7c15ULL ^
+                                   static_cast<uint64_t>(key.second));
+    }
+  };
+  struct KeyedNode {
+    format::ObjectId id = 0;
+    const void* address = nullptr;  // To check, with the registry, that the node is still alive.
+  };
+  ska::flat_hash_map<std::pair<uint64_t, int64_t>, KeyedNode, NodeKeyHash> node_keys_;
+  size_t prune_node_keys_at_ = 4096;
+  // The last ops to end, with the sequence numbers they spanned: who created a node first seen
+  // after its creating op ended (CreatorOf).
+  struct RecentOp {
+    uint64_t thread = 0;
+    format::ObjectId op = 0;
+    uint64_t sequence_at_start = 0;
+    uint64_t sequence_at_end = 0;
+  };
+  static constexpr size_t kRecentOps = 1024;
+  std::array<RecentOp, kRecentOps> recent_ops_{};
+  uint64_t recent_ops_count_ = 0;
+};
+
+// A saved output names the output tensor the program holds: autograd saves a shallow copy that
+// shares the output's storage and version counter, which RefNode could not name.
+void NameSavedOutputs(NodeScratch& nodes, const std::vector<OpOutput>& outputs,
+                      const std::vector<format::TensorUse>& uses);
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_GRAPH_CAPTURE_H_
