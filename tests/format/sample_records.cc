@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "torchrr/format/json.h"
+
 namespace torchrr::format::testing {
 
 FileInfo SampleFileInfo() {
@@ -141,3 +143,10 @@ std::vector<Record> ManySteps(int steps) {
 }
 
 }  // namespace torchrr::format::testing
+
+namespace torchrr::format {
+
+void PrintTo(const Record& record, std::ostream* os) { *os << RecordToJson(record).dump(); }
+void PrintTo(const FileInfo& info, std::ostream* os) { *os << FileInfoToJson(info).dump(); }
+
+}  // namespace torchrr::format

@@ -3,6 +3,7 @@
 #define TORCHRR_TESTS_FORMAT_SAMPLE_RECORDS_H_
 
 #include <cstdint>
+#include <ostream>
 #include <vector>
 
 #include "torchrr/format/records.h"
@@ -21,5 +22,13 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0);
 std::vector<Record> ManySteps(int steps);
 
 }  // namespace torchrr::format::testing
+
+namespace torchrr::format {
+
+// gtest prints records and FileInfos as their JSON.
+void PrintTo(const Record& record, std::ostream* os);
+void PrintTo(const FileInfo& info, std::ostream* os);
+
+}  // namespace torchrr::format
 
 #endif  // TORCHRR_TESTS_FORMAT_SAMPLE_RECORDS_H_

@@ -12,6 +12,9 @@
 // same address once the first was freed (SPEC.md, Ids).
 // Strings, frames and stacks are interned: defined once by a StringDef / FrameDef / StackDef record
 // that precedes every record referring to them, and referenced by a small InternId (0 means "none").
+//
+// Every struct's members are listed once more, in record_fields.h, which the codecs, the JSON and
+// the tests walk: a member added here is added there too (the build says so), and to trace.fbs.
 #ifndef TORCHRR_FORMAT_RECORDS_H_
 #define TORCHRR_FORMAT_RECORDS_H_
 
@@ -36,12 +39,14 @@ struct FileInfo {
   int32_t world_size = 0;        // 0 when not distributed.
   int64_t start_time_unix_ns = 0;
   std::vector<std::string> command_line;
+  bool operator==(const FileInfo&) const = default;
 };
 
 // An interned string: op names, overloads, file, function and library names, messages.
 struct StringDef {
   InternId id = 0;
   std::string text;
+  bool operator==(const StringDef&) const = default;
 };
 
 enum class FrameKind : uint8_t { kNative = 0, kPython = 1 };
@@ -58,12 +63,14 @@ struct FrameDef {
   uint32_t line = 0;
   InternId library = 0;   // StringDef id: shared object (native) or module (Python).
   bool framework = false; // torch, the C++ runtime, the standard library, or torchrr itself.
+  bool operator==(const FrameDef&) const = default;
 };
 
 // A whole stack, innermost frame first.
 struct StackDef {
   InternId id = 0;
   std::vector<InternId> frames;  // FrameDef ids.
+  bool operator==(const StackDef&) const = default;
 };
 
 // c10::ScalarType values, stored as their integer (stable across torch versions for the ones in use).
@@ -97,6 +104,7 @@ struct TensorInfo {
   // The storage's data pointer in the recorded process (format 1.1), written with --verify-saved
   // only, else 0: two storages over the same memory (from_blob, DLPack) alias each other.
   uint64_t storage_address = 0;
+  bool operator==(const TensorInfo&) const = default;
 };
 
 // One tensor argument or output of an op, with its version counter's value at the op's start and
@@ -109,6 +117,7 @@ struct TensorUse {
   uint16_t position = 0;     // Argument index in the op's schema (outputs: return index).
   uint16_t list_index = kNotInList;  // Index within a Tensor[] argument.
   static constexpr uint16_t kNotInList = 0xffff;
+  bool operator==(const TensorUse&) const = default;
 };
 
 enum class ValueKind : uint8_t {
@@ -127,6 +136,7 @@ struct Value {
   InternId s = 0;          // kString; kOther: the IValue's type name.
   std::vector<int64_t> ints;     // kIntList, kBoolList.
   std::vector<double> doubles;   // kDoubleList.
+  bool operator==(const Value&) const = default;
 };
 
 enum class OpScope : uint8_t {
@@ -155,11 +165,13 @@ struct OpRecord {
   std::vector<TensorUse> inputs;
   std::vector<TensorUse> outputs;
   std::vector<Value> values;    // Non-tensor arguments.
+  bool operator==(const OpRecord&) const = default;
 };
 
 struct Edge {
   ObjectId node = 0;     // 0: an undefined edge (the input needs no gradient).
   uint32_t input_nr = 0;
+  bool operator==(const Edge&) const = default;
 };
 
 // A tensor an autograd node saved for backward (a SavedVariable), as it was at save time.
@@ -176,6 +188,7 @@ struct SavedTensor {
   bool has_hooks = false;        // Saved-tensor hooks: PyTorch skips the version check.
   bool is_leaf = false;
   uint32_t output_nr = 0;
+  bool operator==(const SavedTensor&) const = default;
 };
 
 enum class SavedSetKind : uint8_t {
@@ -200,6 +213,7 @@ struct NodeRecord {
   SavedSetKind saved_kind = SavedSetKind::kExact;
   std::vector<Edge> edges;
   std::vector<SavedTensor> saved;
+  bool operator==(const NodeRecord&) const = default;
 };
 
 // A node's execution in a backward pass. The op record of the same execution carries the timing
@@ -211,6 +225,7 @@ struct NodeExecRecord {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   bool threw = false;
+  bool operator==(const NodeExecRecord&) const = default;
 };
 
 enum class ErrorKind : uint8_t {
@@ -228,10 +243,12 @@ struct ErrorRecord {
   InternId type = 0;             // "c10::Error", "RuntimeError".
   std::string message;
   InternId stack = 0;
+  bool operator==(const ErrorRecord&) const = default;
 };
 
 struct Dim3 {
   uint32_t x = 1, y = 1, z = 1;
+  bool operator==(const Dim3&) const = default;
 };
 
 struct CudaKernelRecord {
@@ -246,6 +263,7 @@ struct CudaKernelRecord {
   Dim3 block;
   uint32_t shared_memory = 0;
   uint32_t registers = 0;
+  bool operator==(const CudaKernelRecord&) const = default;
 };
 
 enum class CudaCopyKind : uint8_t {
@@ -263,6 +281,7 @@ struct CudaMemcpyRecord {
   int64_t end_ns = 0;
   uint64_t bytes = 0;
   uint32_t memset_value = 0;
+  bool operator==(const CudaMemcpyRecord&) const = default;
 };
 
 // What the recorder could not keep: the records are gone, this says how many and why.
@@ -272,6 +291,7 @@ struct DataLossRecord {
   int64_t first_ns = 0;
   int64_t last_ns = 0;
   std::string reason;
+  bool operator==(const DataLossRecord&) const = default;
 };
 
 enum class FingerprintWhen : uint8_t { kAtSave = 0, kAtUse = 1 };
@@ -288,6 +308,7 @@ struct FingerprintRecord {
   uint64_t byte_length = 0;
   uint64_t hash = 0;
   int64_t time_ns = 0;
+  bool operator==(const FingerprintRecord&) const = default;
 };
 
 using Record = std::variant<StringDef, FrameDef, StackDef, TensorInfo, OpRecord, NodeRecord,
