@@ -2,6 +2,12 @@
 
 #include <array>
 #include <cmath>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "torchrr/format/record_fields.h"
 
 namespace torchrr::format {
 namespace {
@@ -20,169 +26,73 @@ json Number(double d) {
   return d;
 }
 
-json UsesToJson(const std::vector<TensorUse>& uses) {
+// Enum fields are written as their names.
+json ToJson(FrameKind v) { return FrameKindName(v); }
+json ToJson(ValueKind v) { return ValueKindName(v); }
+json ToJson(OpScope v) { return OpScopeName(v); }
+json ToJson(SavedSetKind v) { return SavedSetKindName(v); }
+json ToJson(ErrorKind v) { return ErrorKindName(v); }
+json ToJson(CudaCopyKind v) { return CudaCopyKindName(v); }
+json ToJson(FingerprintWhen v) { return FingerprintWhenName(v); }
+
+// A field named "kind" (an enum) is written as "<what>_kind": "kind" is the record's kind.
+const char* KindKey(FrameKind) { return "frame_kind"; }
+const char* KindKey(ValueKind) { return "value_kind"; }
+const char* KindKey(ErrorKind) { return "error_kind"; }
+const char* KindKey(CudaCopyKind) { return "copy_kind"; }
+
+json ToJson(const Dim3& d);
+json ToJson(const SavedTensor& s);
+json ToJson(const FingerprintRecord& r);
+
+// Every field under its name, in declaration order.
+template <HasFields S>
+json FieldsToJson(const S& s);
+
+template <class T>
+json ToJson(const T& value) {
+  if constexpr (HasFields<T>) {
+    return FieldsToJson(value);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return Number(value);
+  } else if constexpr (std::is_arithmetic_v<T> || std::is_same_v<T, std::string>) {
+    return value;
+  } else {
+    json out = json::array();
+    for (const auto& element : value) out.push_back(ToJson(element));
+    return out;
+  }
+}
+
+template <HasFields S>
+json FieldsToJson(const S& s) {
+  json out = json::object();
+  ForEachField(s, [&](const auto& field, const auto& value) {
+    const char* key = field.name;
+    if constexpr (requires { KindKey(value); }) {
+      if (std::string_view(key) == "kind") key = KindKey(value);
+    }
+    out[key] = ToJson(value);
+  });
+  return out;
+}
+
+// [x, y, z].
+json ToJson(const Dim3& d) {
   json out = json::array();
-  for (const TensorUse& u : uses) {
-    out.push_back({{"tensor", u.tensor},
-                   {"version_before", u.version_before},
-                   {"version_after", u.version_after},
-                   {"position", u.position},
-                   {"list_index", u.list_index}});
-  }
+  ForEachField(d, [&](const auto&, uint32_t value) { out.push_back(value); });
   return out;
 }
 
-json ToJson(const StringDef& r) { return {{"id", r.id}, {"text", r.text}}; }
-
-json ToJson(const FrameDef& r) {
-  return {{"id", r.id},           {"frame_kind", FrameKindName(r.kind)},
-          {"pc", r.pc},           {"function", r.function},
-          {"file", r.file},       {"line", r.line},
-          {"library", r.library}, {"framework", r.framework}};
-}
-
-json ToJson(const StackDef& r) { return {{"id", r.id}, {"frames", r.frames}}; }
-
-json ToJson(const TensorInfo& r) {
-  return {{"tensor", r.tensor},
-          {"storage", r.storage},
-          {"version_counter", r.version_counter},
-          {"dtype", r.dtype},
-          {"device", {{"type", r.device.type}, {"index", r.device.index}}},
-          {"shape", r.shape},
-          {"strides", r.strides},
-          {"storage_offset", r.storage_offset},
-          {"requires_grad", r.requires_grad},
-          {"is_leaf", r.is_leaf},
-          {"grad_fn", r.grad_fn},
-          {"output_nr", r.output_nr},
-          {"storage_nbytes", r.storage_nbytes},
-          {"storage_address", r.storage_address}};
-}
-
-json ToJson(const Value& v) {
-  json doubles = json::array();
-  for (double d : v.doubles) doubles.push_back(Number(d));
-  return {{"position", v.position}, {"value_kind", ValueKindName(v.kind)},
-          {"i", v.i},               {"d", Number(v.d)},
-          {"d_imag", Number(v.d_imag)}, {"s", v.s},
-          {"ints", v.ints},         {"doubles", std::move(doubles)}};
-}
-
-json ToJson(const OpRecord& r) {
-  json values = json::array();
-  for (const Value& v : r.values) values.push_back(ToJson(v));
-  return {{"op", r.op},
-          {"name", r.name},
-          {"overload", r.overload},
-          {"parent", r.parent},
-          {"thread", r.thread},
-          {"scope", OpScopeName(r.scope)},
-          {"sequence_nr", r.sequence_nr},
-          {"forward_thread", r.forward_thread},
-          {"start_ns", r.start_ns},
-          {"end_ns", r.end_ns},
-          {"stack", r.stack},
-          {"threw", r.threw},
-          {"grad_mode", r.grad_mode},
-          {"inputs", UsesToJson(r.inputs)},
-          {"outputs", UsesToJson(r.outputs)},
-          {"values", std::move(values)}};
-}
-
-json ToJson(const NodeRecord& r) {
-  json edges = json::array();
-  for (const Edge& e : r.edges) edges.push_back({{"node", e.node}, {"input_nr", e.input_nr}});
-  json saved = json::array();
-  for (const SavedTensor& s : r.saved) {
-    json t = {{"name", s.name},
-              {"tensor", s.tensor},
-              {"storage", s.storage},
-              {"version_counter", s.version_counter},
-              {"saved_version", s.saved_version},
-              {"is_output", s.is_output},
-              {"defined", s.defined},
-              {"has_hooks", s.has_hooks},
-              {"is_leaf", s.is_leaf},
-              {"output_nr", s.output_nr},
-              {"list_index", s.list_index}};
-    saved.push_back(std::move(t));
-  }
-  return {{"node", r.node},
-          {"name", r.name},
-          {"forward_thread", r.forward_thread},
-          {"sequence_nr", r.sequence_nr},
-          {"created_by", r.created_by},
-          {"variable", r.variable},
-          {"saved_kind", SavedSetKindName(r.saved_kind)},
-          {"edges", std::move(edges)},
-          {"saved", std::move(saved)}};
-}
-
-json ToJson(const NodeExecRecord& r) {
-  return {{"node", r.node},         {"op", r.op},         {"thread", r.thread},
-          {"start_ns", r.start_ns}, {"end_ns", r.end_ns}, {"threw", r.threw}};
-}
-
-json ToJson(const ErrorRecord& r) {
-  return {{"error_kind", ErrorKindName(r.kind)},
-          {"op", r.op},
-          {"thread", r.thread},
-          {"time_ns", r.time_ns},
-          {"type", r.type},
-          {"message", r.message},
-          {"stack", r.stack}};
-}
-
-json Dim3ToJson(const Dim3& d) { return json::array({d.x, d.y, d.z}); }
-
-json ToJson(const CudaKernelRecord& r) {
-  return {{"name", r.name},
-          {"op", r.op},
-          {"device", r.device},
-          {"stream", r.stream},
-          {"correlation", r.correlation},
-          {"start_ns", r.start_ns},
-          {"end_ns", r.end_ns},
-          {"grid", Dim3ToJson(r.grid)},
-          {"block", Dim3ToJson(r.block)},
-          {"shared_memory", r.shared_memory},
-          {"registers", r.registers}};
-}
-
-json ToJson(const CudaMemcpyRecord& r) {
-  return {{"copy_kind", CudaCopyKindName(r.kind)},
-          {"op", r.op},
-          {"device", r.device},
-          {"stream", r.stream},
-          {"correlation", r.correlation},
-          {"start_ns", r.start_ns},
-          {"end_ns", r.end_ns},
-          {"bytes", r.bytes},
-          {"memset_value", r.memset_value}};
-}
-
-json ToJson(const DataLossRecord& r) {
-  return {{"records", r.records},
-          {"bytes", r.bytes},
-          {"first_ns", r.first_ns},
-          {"last_ns", r.last_ns},
-          {"reason", r.reason}};
-}
-
-json ToJson(const FingerprintRecord& r) {
-  json out = {{"node", r.node},
-              {"saved_name", r.saved_name},
-              {"storage", r.storage},
-              {"tensor", r.tensor},
-              {"when", FingerprintWhenName(r.when)},
-              {"byte_offset", r.byte_offset},
-              {"byte_length", r.byte_length},
-              {"hash", r.hash},
-              {"time_ns", r.time_ns},
-              {"list_index", r.list_index}};
+// These two have written list_index last since the first version, so dumps still compare as text.
+json ListIndexLast(json out) {
+  json list_index = std::move(out["list_index"]);
+  out.erase("list_index");
+  out["list_index"] = std::move(list_index);
   return out;
 }
+json ToJson(const SavedTensor& s) { return ListIndexLast(FieldsToJson(s)); }
+json ToJson(const FingerprintRecord& r) { return ListIndexLast(FieldsToJson(r)); }
 
 }  // namespace
 
@@ -195,17 +105,7 @@ nlohmann::ordered_json RecordToJson(const Record& record) {
   return out;
 }
 
-nlohmann::ordered_json FileInfoToJson(const FileInfo& info) {
-  return {{"torchrr_version", info.torchrr_version},
-          {"torch_version", info.torch_version},
-          {"cuda_version", info.cuda_version},
-          {"host", info.host},
-          {"pid", info.pid},
-          {"rank", info.rank},
-          {"world_size", info.world_size},
-          {"start_time_unix_ns", info.start_time_unix_ns},
-          {"command_line", info.command_line}};
-}
+nlohmann::ordered_json FileInfoToJson(const FileInfo& info) { return ToJson(info); }
 
 nlohmann::ordered_json FileHeaderToJson(const FileHeader& h) {
   return {{"format", std::to_string(h.major) + "." + std::to_string(h.minor)},

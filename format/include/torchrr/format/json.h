@@ -1,9 +1,10 @@
 // Records and file metadata as JSON, for `torchrr dump --json` and the replayer's reports.
 //
 // Every record becomes one object with "kind" (RecordKindName) first, then every field of its
-// struct under the field's name in records.h, in declaration order (ordered_json); enums are
-// written as their names ("function", "python"; an enum field that would clash with "kind" is
-// "<what>_kind"), ObjectIds and InternIds as numbers, NaN and infinities as "nan"/"inf"/"-inf".
+// struct under the field's name in records.h, in declaration order (ordered_json; a saved tensor's
+// and a fingerprint's list_index comes last); enums are written as their names ("function",
+// "python"; an enum field that would clash with "kind" is "<what>_kind"), ObjectIds and InternIds
+// as numbers, NaN and infinities as "nan"/"inf"/"-inf", a Dim3 as [x, y, z].
 // Thread-safe (pure functions).
 #ifndef TORCHRR_FORMAT_JSON_H_
 #define TORCHRR_FORMAT_JSON_H_
