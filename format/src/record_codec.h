@@ -4,7 +4,8 @@
 // batch's base_high) and timestamps as zigzag deltas from a running cursor (starting at
 // base_time_ns), so that a training step that repeats its allocations in the same order gives the
 // same coded values step after step, which zstd then removes. The encoder and the decoder walk
-// every record's id and time fields in the same order: the order they are declared in records.h.
+// every record's fields in the same order, the order they are declared in records.h, from the
+// lists of record_fields.h, which say which fields are ids and times.
 // Internal to format/.
 #ifndef TORCHRR_FORMAT_SRC_RECORD_CODEC_H_
 #define TORCHRR_FORMAT_SRC_RECORD_CODEC_H_
@@ -110,14 +111,22 @@ class BatchEncoder {
   flatbuffers::FlatBufferBuilder fbb_;
   std::vector<uint8_t> types_;
   std::vector<flatbuffers::Offset<void>> offsets_;
+  std::vector<flatbuffers::Offset<void>> table_offsets_;  // Scratch: a vector of tables' offsets.
   uint64_t base_high_ = 0;
   int64_t base_time_ns_ = 0;
   IdCoder ids_;
   TimeCoder times_;
 };
 
-// An upper bound (roughly) of a record's encoded size, to keep chunks under kMaxChunkBytes.
-size_t EstimateEncodedBytes(const Record& record);
+// The strings and vectors of a record (or FileInfo), nested ones included: how many elements they
+// hold (characters, numbers, structs, tables), and an upper bound (roughly) of the bytes the
+// record takes encoded, to keep chunks under kMaxChunkBytes.
+struct EncodedSize {
+  size_t elements = 0;
+  size_t bytes = 0;
+};
+EncodedSize EstimateEncodedSize(const Record& record);
+EncodedSize EstimateEncodedSize(const FileInfo& info);
 
 // Decodes a verified RecordBatch, calling `emit` for each record of a known kind in order.
 // Returns the number of records of unknown kinds (a newer minor version's), which are skipped.

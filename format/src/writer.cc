@@ -43,9 +43,7 @@ class TraceWriter::Impl {
     StoreLe16(header + 14, kOldestReaderMinor);
     TORCHRR_RETURN_IF_ERROR(WriteBytes(header, sizeof(header)));
 
-    size_t estimate = 1024 + info.torchrr_version.size() + info.torch_version.size() +
-                      info.cuda_version.size() + info.host.size();
-    for (const std::string& arg : info.command_line) estimate += arg.size() + 8;
+    size_t estimate = EstimateEncodedSize(info).bytes;
     if (estimate > kMaxRecordBytes) {
       return Fail(Status(StatusCode::kInvalidArgument, "FileInfo is larger than 16 MiB"));
     }
@@ -57,13 +55,13 @@ class TraceWriter::Impl {
   Status Append(const Record& record) {
     if (!status_.ok()) return status_;
     if (closed_) return Status(StatusCode::kInvalidArgument, "Append after Close");
-    if (MayBeLarge(record)) {
-      size_t estimate = EstimateEncodedBytes(record);
-      if (estimate > kMaxRecordBytes) {
+    EncodedSize size = EstimateEncodedSize(record);
+    if (size.elements > kSmallRecordElements) {
+      if (size.bytes > kMaxRecordBytes) {
         return Status(StatusCode::kInvalidArgument,
                       std::string(RecordKindName(record)) + " record larger than 16 MiB; dropped");
       }
-      if (batch_.records() > 0 && batch_.raw_size() + estimate > kMaxChunkTargetBytes) {
+      if (batch_.records() > 0 && batch_.raw_size() + size.bytes > kMaxChunkTargetBytes) {
         TORCHRR_RETURN_IF_ERROR(Flush());
       }
     }
@@ -118,34 +116,10 @@ class TraceWriter::Impl {
   static constexpr uint16_t kOldestReaderMajor = 1;
   static constexpr uint16_t kOldestReaderMinor = 0;
 
-  // Cheap test for the records whose strings or vectors could make them large (most are not
-  // looked at any closer).
-  static bool MayBeLarge(const Record& record) {
-    constexpr size_t kElements = 4096;
-    switch (record.index()) {
-      case 0: return std::get<StringDef>(record).text.size() > kElements;
-      case 2: return std::get<StackDef>(record).frames.size() > kElements;
-      case 3: {
-        const auto& r = std::get<TensorInfo>(record);
-        return r.shape.size() + r.strides.size() > kElements;
-      }
-      case 4: {
-        const auto& r = std::get<OpRecord>(record);
-        if (r.inputs.size() + r.outputs.size() + r.values.size() > kElements) return true;
-        for (const Value& v : r.values) {
-          if (v.ints.size() + v.doubles.size() > kElements) return true;
-        }
-        return false;
-      }
-      case 5: {
-        const auto& r = std::get<NodeRecord>(record);
-        return r.edges.size() + r.saved.size() > kElements;
-      }
-      case 7: return std::get<ErrorRecord>(record).message.size() > kElements;
-      case 10: return std::get<DataLossRecord>(record).reason.size() > kElements;
-      default: return false;
-    }
-  }
+  // A record with at most this many elements in its strings and vectors takes well under 1 MiB
+  // encoded: it cannot take a chunk below kMaxChunkTargetBytes near kMaxChunkBytes. Only the
+  // others are looked at closer.
+  static constexpr size_t kSmallRecordElements = 4096;
 
   Status Fail(Status status) {
     if (status_.ok()) status_ = std::move(status);
