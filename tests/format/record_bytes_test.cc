@@ -1,48 +1,47 @@
-// The recorder's queue encoding (recorder/src/record_bytes.cc): every record kind, with every field
+// The recorder's queue encoding (format/src/record_bytes.cc): every record kind, with every field
 // away from its default, comes back as it went in; cut or foreign bytes are refused, never read
-// past. No torch.
+// past.
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "record_bytes.h"
 #include "sample_records.h"
-#include "torchrr/format/json.h"
+#include "torchrr/format/record_bytes.h"
 
-namespace torchrr::recorder {
+namespace torchrr::format {
 namespace {
 
-using format::testing::EveryKind;
-using format::testing::ManySteps;
+using testing::EveryKind;
+using testing::ManySteps;
 
-// Encodes `records` one after another, decodes them with one reader, compares them as JSON.
-void ExpectRoundTrip(const std::vector<format::Record>& records) {
+// Encodes `records` one after another, decodes them with one reader, compares them.
+void ExpectRoundTrip(const std::vector<Record>& records) {
   ByteBuffer buffer;
   for (const auto& r : records) AppendRecordBytes(r, buffer);
   std::string_view bytes = buffer.view();
   RecordBytesReader reader;
   size_t pos = 0;
   for (const auto& want : records) {
-    format::Record* got = reader.Next(bytes, &pos);
+    Record* got = reader.Next(bytes, &pos);
     ASSERT_NE(got, nullptr);
-    ASSERT_EQ(format::RecordToJson(*got).dump(), format::RecordToJson(want).dump());
+    ASSERT_EQ(*got, want);
   }
   EXPECT_EQ(pos, bytes.size());
   EXPECT_EQ(reader.Next(bytes, &pos), nullptr);
 }
 
 TEST(RecordBytes, EveryKindRoundTrips) {
-  std::vector<format::Record> records = EveryKind(1000, 10, 5'000'000);
-  ASSERT_EQ(records.size(), format::kRecordKindCount);
+  std::vector<Record> records = EveryKind(1000, 10, 5'000'000);
+  ASSERT_EQ(records.size(), kRecordKindCount);
   ExpectRoundTrip(records);
 }
 
 TEST(RecordBytes, ScratchRecordsAreRefilledNotAppendedTo) {
   // Many records of each kind through the same scratch records: vectors shrink and grow.
-  std::vector<format::Record> records = ManySteps(20);
-  records.push_back(format::OpRecord{});  // Empty vectors after full ones.
-  records.push_back(format::TensorInfo{});
+  std::vector<Record> records = ManySteps(20);
+  records.push_back(OpRecord{});  // Empty vectors after full ones.
+  records.push_back(TensorInfo{});
   ExpectRoundTrip(records);
 }
 
@@ -67,4 +66,4 @@ TEST(RecordBytes, CutOrForeignBytesAreRefused) {
 }
 
 }  // namespace
-}  // namespace torchrr::recorder
+}  // namespace torchrr::format
