@@ -4,9 +4,12 @@
 // blocks whose projections are frozen linears with LoRA A/B adapters, backward node executions,
 // AdamW on the adapters) 50 times into memory: parameters are reused, activations are new each
 // step, ids are allocated in the same order every step and timestamps jitter. Only Append and
-// Close are timed (the records are generated between the timed parts). Not a test.
+// Close are timed (the records are generated between the timed parts), then, apart, reading the
+// trace back, and the recorder's hop of every record through RecordBytes (appended as bytes, read
+// back). Not a test.
 //
 //   build/bin/bench_format [--steps N] [--layers N] [--level N]
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +23,7 @@
 #include <fmt/core.h>
 
 #include "torchrr/format/reader.h"
+#include "torchrr/format/record_bytes.h"
 #include "torchrr/format/writer.h"
 
 namespace torchrr::format {
@@ -379,6 +383,9 @@ struct RunResult {
   uint64_t raw_bytes = 0;
   double seconds = 0;
   uint64_t first_step_ops = 0;
+  double read_seconds = 0;
+  double append_bytes_seconds = 0;  // AppendRecordBytes of every record.
+  double read_bytes_seconds = 0;    // RecordBytesReader over them.
 };
 
 RunResult Run(int steps, int layers, int level) {
@@ -396,6 +403,10 @@ RunResult Run(int steps, int layers, int level) {
   RunResult result;
   using Clock = std::chrono::steady_clock;
   Clock::duration timed{};
+  Clock::duration append_bytes{};
+  Clock::duration read_bytes{};
+  ByteBuffer queue;
+  RecordBytesReader queue_reader;
   for (int step = 0; step < steps; ++step) {
     const std::vector<Record>& records = generator.Step();
     if (step == 0) result.first_step_ops = generator.ops();
@@ -406,11 +417,24 @@ RunResult Run(int steps, int layers, int level) {
       if (!writer->Append(r).ok()) std::abort();
     }
     timed += Clock::now() - start;
+
+    queue.clear();
+    start = Clock::now();
+    for (const Record& r : records) AppendRecordBytes(r, queue);
+    auto appended = Clock::now();
+    size_t pos = 0;
+    size_t read = 0;
+    while (queue_reader.Next(queue.view(), &pos) != nullptr) ++read;
+    read_bytes += Clock::now() - appended;
+    append_bytes += appended - start;
+    if (read != records.size()) std::abort();
   }
   auto start = Clock::now();
   if (!writer->Close().ok()) std::abort();
   timed += Clock::now() - start;
   result.seconds = std::chrono::duration<double>(timed).count();
+  result.append_bytes_seconds = std::chrono::duration<double>(append_bytes).count();
+  result.read_bytes_seconds = std::chrono::duration<double>(read_bytes).count();
   if (const char* dump = std::getenv("TORCHRR_BENCH_DUMP")) {
     FILE* f = std::fopen(dump, "wb");
     std::fwrite(file.data(), 1, file.size(), f);
@@ -418,7 +442,9 @@ RunResult Run(int steps, int layers, int level) {
   }
   result.file_bytes = file.size();
   result.raw_bytes = writer->raw_bytes_written();
+  start = Clock::now();
   Trace check = ReadTraceBytesAll(file);
+  result.read_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (!check.summary.status.ok() || check.records.size() != result.records) {
     fmt::print(stderr, "bench_format: the trace does not read back: {}\n",
                check.summary.status.message());
@@ -439,11 +465,14 @@ int main(int argc, char** argv) {
   }
   using torchrr::format::Run;
   auto one = Run(1, layers, level);
-  // Best of three: the machine may be shared; the fastest run is the writer's own speed.
+  // Best of three: the machine may be shared; the fastest run is the code's own speed.
   auto all = Run(steps, layers, level);
   for (int i = 0; i < 2; ++i) {
-    auto again = Run(steps, layers, level);
-    if (again.seconds < all.seconds) all = again;
+    auto again = Run(steps, layers, level);  // The same records, the same file: only times vary.
+    all.seconds = std::min(all.seconds, again.seconds);
+    all.read_seconds = std::min(all.read_seconds, again.read_seconds);
+    all.append_bytes_seconds = std::min(all.append_bytes_seconds, again.append_bytes_seconds);
+    all.read_bytes_seconds = std::min(all.read_bytes_seconds, again.read_bytes_seconds);
   }
   double steady = static_cast<double>(all.file_bytes - one.file_bytes) /
                   static_cast<double>(all.ops - one.ops);
@@ -465,5 +494,11 @@ int main(int argc, char** argv) {
              static_cast<double>(all.file_bytes) / static_cast<double>(all.ops));
   fmt::print("  {:<34}{:>14.2f}   (target <= 16)\n", "file bytes / op, steady state", steady);
   fmt::print("  {:<34}{:>14}\n", "file bytes", all.file_bytes);
+  double records = static_cast<double>(all.records);
+  fmt::print("  {:<34}{:>14.2f}\n", "read: records / s (millions)", records / all.read_seconds / 1e6);
+  fmt::print("  {:<34}{:>14.1f}\n", "RecordBytes append: ns / record",
+             all.append_bytes_seconds / records * 1e9);
+  fmt::print("  {:<34}{:>14.1f}\n", "RecordBytes read: ns / record",
+             all.read_bytes_seconds / records * 1e9);
   return 0;
 }
