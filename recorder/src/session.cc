@@ -1,5 +1,6 @@
 #include "session.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +56,23 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
   if (ts == nullptr || ts->busy) return Unrecorded(fn);
   if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, *ts)) return Unrecorded(fn);
   return session->OnStart(fn, *ts);
+}
+
+// fork() copies the recording into the child: its tables, its locks as they were at that
+// instant (held, maybe, by threads the child does not have), and its sink, whose writer thread
+// stays in the parent and whose file is the parent's. The child stops recording before it runs
+// anything else and never touches any of it again: its ops see no session, and the session is
+// never destroyed there (that would join a thread the child does not have). g_active_mu is the one
+// lock the child takes afterwards (Active(), Start()): the forking thread holds it across fork().
+void BeforeFork() { g_active_mu.lock(); }
+void AfterForkInParent() { g_active_mu.unlock(); }
+void AfterForkInChild() {
+  if (g_active) {
+    g_active_raw.store(nullptr, std::memory_order_release);
+    g_active->Stop();  // Marks it stopped; see Stop().
+    new std::shared_ptr<Session>(std::move(g_active));  // Never destroyed in the child.
+  }
+  g_active_mu.unlock();
 }
 
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
@@ -137,6 +155,7 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
 
 Session::Session(const RecorderOptions& options)
     : options_(options),
+      pid_(getpid()),
       fingerprints_(options.verify_saved),
       ids_(fingerprints_.enabled_flag()) {}
 
@@ -185,6 +204,9 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
     *error = "another torchrr recorder is already recording in this process";
     return nullptr;
   }
+  static const bool fork_handlers =
+      pthread_atfork(&BeforeFork, &AfterForkInParent, &AfterForkInChild) == 0;
+  (void)fork_handlers;  // Without them (ENOMEM), a forked child records into the parent's trace.
   std::shared_ptr<Session> session(new Session(options));
   ForgetPythonCodeDescriptions();  // This session's interner knows no code yet.
   TraceSink::Options sink_options;
@@ -218,6 +240,10 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
 }
 
 void Session::Stop() {
+  if (getpid() != pid_) {  // A forked child: nothing here is its own.
+    recording_.store(false, std::memory_order_release);
+    return;
+  }
   std::call_once(stop_once_, [this] {
     recording_.store(false, std::memory_order_release);
     if (callback_handle_ != 0) at::removeCallback(callback_handle_);

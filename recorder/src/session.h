@@ -26,6 +26,8 @@
 #include <optional>
 #include <string>
 
+#include <sys/types.h>
+
 #include <ATen/record_function.h>
 
 #include "cupti_tracer.h"
@@ -48,7 +50,9 @@ class Session {
   static std::shared_ptr<Session> Start(const RecorderOptions& options, std::string* error);
   ~Session();
 
-  // Unregisters the callbacks, waits for callbacks in flight, closes the trace. Idempotent.
+  // Unregisters the callbacks, waits for callbacks in flight, closes the trace. Idempotent. In a
+  // process forked from the recording one, only marks the session stopped: the trace is the
+  // parent's, and the child has none of its threads.
   void Stop();
   bool recording() const { return recording_.load(std::memory_order_acquire); }
   // RecorderOptions::all_ops, or verify_saved (a write that no counter sees may come
@@ -114,6 +118,7 @@ class Session {
   void MaybeFlushCuda();
 
   const RecorderOptions options_;
+  const pid_t pid_;  // The recording process's; another is a forked child.
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
   SavedFingerprints fingerprints_;  // options_.verify_saved until a fingerprint fails.
