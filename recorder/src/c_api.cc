@@ -14,20 +14,9 @@ std::shared_ptr<torchrr::recorder::Session>* g_session = nullptr;  // Guarded by
 
 }  // namespace
 
-extern "C" int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes,
-                             int drop_when_full, int rank) {
-  return torchrr_start2(path, native_stacks, 1, max_buffered_bytes, drop_when_full, rank);
-}
-
-extern "C" int torchrr_start2(const char* path, int native_stacks, int python_stacks,
-                              size_t max_buffered_bytes, int drop_when_full, int rank) {
-  return torchrr_start3(path, native_stacks, python_stacks, max_buffered_bytes, drop_when_full,
-                        rank, 0);
-}
-
-extern "C" int torchrr_start3(const char* path, int native_stacks, int python_stacks,
-                              size_t max_buffered_bytes, int drop_when_full, int rank,
-                              uint32_t flags) {
+extern "C" int torchrr_start(const char* path, int native_stacks, int python_stacks,
+                             size_t max_buffered_bytes, int drop_when_full, int rank,
+                             uint32_t flags) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_session != nullptr && *g_session && (*g_session)->recording()) {
     std::fprintf(stderr, "torchrr: warning: not recording %s: already recording\n",

@@ -11,28 +11,19 @@
 extern "C" {
 #endif
 
-/* Starts recording into `path`. native_stacks: 0/1; max_buffered_bytes: 0 for the default;
- * drop_when_full: 0 waits for the writer, 1 drops and writes a data-loss record; rank: -1 reads
- * the RANK environment variable. Returns 0 when recording, 1 otherwise (already recording, or
- * the file could not be opened: a warning says which). */
-int torchrr_start(const char* path, int native_stacks, size_t max_buffered_bytes,
-                  int drop_when_full, int rank);
-
-/* torchrr_start with Python stacks on or off (python_stacks: 0/1; torchrr_start turns them on).
- * Python frames are captured only in a process that runs Python, on threads with a Python
- * thread state. Same return values as torchrr_start. */
-int torchrr_start2(const char* path, int native_stacks, int python_stacks,
-                   size_t max_buffered_bytes, int drop_when_full, int rank);
-
-/* Option flags for torchrr_start3. */
+/* Option flags for torchrr_start. */
 #define TORCHRR_VERIFY_SAVED 1u     /* RecorderOptions::verify_saved: fingerprint saved tensors. */
 #define TORCHRR_NO_CUDA_KERNELS 2u  /* RecorderOptions::cuda_kernels off: no CUPTI. */
 #define TORCHRR_ALL_OPS 4u          /* RecorderOptions::all_ops: no op folded into another. */
 
-/* torchrr_start2 with option flags (an OR of TORCHRR_* flags above; unknown bits are ignored).
- * Same return values as torchrr_start. */
-int torchrr_start3(const char* path, int native_stacks, int python_stacks,
-                   size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
+/* Starts recording into `path`. native_stacks, python_stacks: 0/1 (Python frames are captured
+ * only in a process that runs Python, on threads with a Python thread state);
+ * max_buffered_bytes: 0 for the default; drop_when_full: 0 waits for the writer, 1 drops and
+ * writes a data-loss record; rank: -1 reads the RANK environment variable; flags: an OR of the
+ * TORCHRR_* flags above (unknown bits are ignored). Returns 0 when recording, 1 otherwise
+ * (already recording, or the file could not be opened: a warning says which). */
+int torchrr_start(const char* path, int native_stacks, int python_stacks,
+                  size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
 
 /* Stops the recording started by torchrr_start and closes the trace. Returns 0, or 1 when
  * nothing was recording. */

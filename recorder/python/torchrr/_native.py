@@ -71,16 +71,10 @@ def library() -> ctypes.CDLL:
         if not path.exists():
             raise RuntimeError(f"torchrr: {path} not found: is the recorder built?")
         lib = ctypes.CDLL(str(path))
-        lib.torchrr_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t,
-                                      ctypes.c_int, ctypes.c_int]
+        lib.torchrr_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_uint32]
         lib.torchrr_start.restype = ctypes.c_int
-        lib.torchrr_start2.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
-                                       ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-        lib.torchrr_start2.restype = ctypes.c_int
-        lib.torchrr_start3.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
-                                       ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                       ctypes.c_uint32]
-        lib.torchrr_start3.restype = ctypes.c_int
         lib.torchrr_stop.argtypes = []
         lib.torchrr_stop.restype = ctypes.c_int
         lib.torchrr_recording.argtypes = []

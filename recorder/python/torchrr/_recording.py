@@ -6,7 +6,7 @@ from typing import Optional
 
 from . import _native
 
-# torchrr_start3's flags (c_api.h).
+# torchrr_start's flags (c_api.h).
 _VERIFY_SAVED = 1
 _NO_CUDA_KERNELS = 2
 _ALL_OPS = 4
@@ -42,12 +42,12 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
     """
     lib = _native.library()
-    rc = lib.torchrr_start3(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
-                            int(bool(python_stacks)), int(max_buffered_bytes),
-                            int(bool(drop_when_full)), -1 if rank is None else int(rank),
-                            (_VERIFY_SAVED if verify_saved else 0) |
-                            (0 if cuda_kernels else _NO_CUDA_KERNELS) |
-                            (_ALL_OPS if all_ops else 0))
+    rc = lib.torchrr_start(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
+                           int(bool(python_stacks)), int(max_buffered_bytes),
+                           int(bool(drop_when_full)), -1 if rank is None else int(rank),
+                           (_VERIFY_SAVED if verify_saved else 0) |
+                           (0 if cuda_kernels else _NO_CUDA_KERNELS) |
+                           (_ALL_OPS if all_ops else 0))
     return rc == 0
 
 
