@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
+#include "environment_options.h"
 #include "session.h"
 
 namespace {
@@ -12,17 +14,30 @@ namespace {
 std::mutex g_mu;
 std::shared_ptr<torchrr::recorder::Session>* g_session = nullptr;  // Guarded by g_mu.
 
+// Starts the C API's one recording. Returns torchrr_start's values.
+int Start(const torchrr::RecorderOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_session != nullptr && *g_session && (*g_session)->recording()) {
+    std::fprintf(stderr, "torchrr: warning: not recording %s: already recording\n",
+                 options.path.c_str());
+    return 1;
+  }
+  std::string error;
+  auto session = torchrr::recorder::Session::Start(options, &error);
+  if (!session) {
+    std::fprintf(stderr, "torchrr: warning: not recording: %s\n", error.c_str());
+    return 1;
+  }
+  if (g_session == nullptr) g_session = new std::shared_ptr<torchrr::recorder::Session>();
+  *g_session = std::move(session);
+  return 0;
+}
+
 }  // namespace
 
 extern "C" int torchrr_start(const char* path, int native_stacks, int python_stacks,
                              size_t max_buffered_bytes, int drop_when_full, int rank,
                              uint32_t flags) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  if (g_session != nullptr && *g_session && (*g_session)->recording()) {
-    std::fprintf(stderr, "torchrr: warning: not recording %s: already recording\n",
-                 path ? path : "");
-    return 1;
-  }
   torchrr::RecorderOptions options;
   options.path = path != nullptr ? path : "torchrr.trr";
   options.native_stacks = native_stacks != 0;
@@ -33,15 +48,13 @@ extern "C" int torchrr_start(const char* path, int native_stacks, int python_sta
   options.verify_saved = (flags & TORCHRR_VERIFY_SAVED) != 0;
   options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
   options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
-  std::string error;
-  auto session = torchrr::recorder::Session::Start(options, &error);
-  if (!session) {
-    std::fprintf(stderr, "torchrr: warning: not recording: %s\n", error.c_str());
-    return 1;
-  }
-  if (g_session == nullptr) g_session = new std::shared_ptr<torchrr::recorder::Session>();
-  *g_session = std::move(session);
-  return 0;
+  return Start(options);
+}
+
+extern "C" int torchrr_start_from_environment(void) {
+  std::optional<torchrr::RecorderOptions> options =
+      torchrr::recorder::OptionsFromEnvironment();
+  return options ? Start(*options) : 1;
 }
 
 extern "C" int torchrr_stop(void) {

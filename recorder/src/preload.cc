@@ -1,36 +1,36 @@
 // Recording an unchanged program: `torchrr record -o FILE -- ./trainer` preloads this library
-// (LD_PRELOAD) with TORCHRR_OUTPUT set. It starts a Recorder when the program starts, and closes
-// the trace when the program ends: through return from main or exit() (atexit), and through an
-// uncaught exception (a terminate handler that first records the exception's message).
+// (LD_PRELOAD) with TORCHRR_OUTPUT set. It starts recording when the program starts, with the
+// options the environment gives (torchrr_start_from_environment, as a Python program's
+// sitecustomize does), and closes the trace when the program ends: through return from main or
+// exit() (atexit), and through an uncaught exception (a terminate handler that first records the
+// exception's message).
 //
 // Only the process `torchrr record` started records (TORCHRR_TARGET_PID): children the program
 // spawns inherit LD_PRELOAD but not the recording.
 #include <dlfcn.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <memory>
 #include <string>
 #include <typeinfo>
 
 #include <cxxabi.h>
 
 #include "session.h"
+#include "torchrr/c_api.h"
 
 namespace torchrr::recorder {
 namespace {
 
-std::shared_ptr<Session>* g_preload_session = nullptr;  // Leaked on purpose: lives to exit.
+constexpr int kUncaughtError = 2;  // torchrr_record_error's kind for an uncaught exception.
+bool g_recording = false;  // Set once, by the constructor before main.
 std::terminate_handler g_previous_terminate = nullptr;
 
-void StopAtExit() {
-  if (g_preload_session && *g_preload_session) (*g_preload_session)->Stop();
-}
+void StopAtExit() { torchrr_stop(); }
 
 [[noreturn]] void OnTerminate() {
-  if (g_preload_session && *g_preload_session) {
+  if (g_recording) {
     std::string type = "std::terminate";
     std::string message = "terminate called without an active exception";
     if (std::exception_ptr current = std::current_exception()) {
@@ -44,45 +44,20 @@ void StopAtExit() {
         message = "an exception not derived from std::exception";
       }
     }
-    (*g_preload_session)->RecordError(format::ErrorKind::kUncaught, type, message);
-    (*g_preload_session)->Stop();
+    torchrr_record_error(kUncaughtError, type.c_str(), message.c_str());
+    torchrr_stop();
   }
   if (g_previous_terminate) g_previous_terminate();
   std::abort();
 }
 
-bool ParseBool(const char* value, bool fallback) {
-  if (value == nullptr || *value == '\0') return fallback;
-  std::string v = value;
-  return !(v == "0" || v == "false" || v == "off" || v == "no");
-}
-
 __attribute__((constructor)) void StartFromEnvironment() {
-  const char* output = std::getenv("TORCHRR_OUTPUT");
-  if (output == nullptr || *output == '\0') return;
   const char* target = std::getenv("TORCHRR_TARGET_PID");
   if (target != nullptr && *target != '\0' && std::atol(target) != static_cast<long>(getpid())) {
     return;
   }
-  RecorderOptions options;
-  options.path = output;
-  options.native_stacks = ParseBool(std::getenv("TORCHRR_NATIVE_STACKS"), true);
-  options.verify_saved = ParseBool(std::getenv("TORCHRR_VERIFY_SAVED"), false);
-  options.cuda_kernels = ParseBool(std::getenv("TORCHRR_CUDA_KERNELS"), true);
-  options.all_ops = ParseBool(std::getenv("TORCHRR_ALL_OPS"), false);
-  if (const char* bytes = std::getenv("TORCHRR_MAX_BUFFERED_BYTES")) {
-    options.max_buffered_bytes = std::strtoull(bytes, nullptr, 10);
-  }
-  if (const char* full = std::getenv("TORCHRR_WHEN_FULL")) {
-    options.when_full = std::string(full) == "drop" ? WhenFull::kDrop : WhenFull::kWait;
-  }
-  std::string error;
-  auto session = Session::Start(options, &error);
-  if (!session) {
-    std::fprintf(stderr, "torchrr: warning: not recording: %s\n", error.c_str());
-    return;
-  }
-  g_preload_session = new std::shared_ptr<Session>(std::move(session));
+  if (torchrr_start_from_environment() != 0) return;  // Unset TORCHRR_OUTPUT, or it said why.
+  g_recording = true;
   std::atexit(StopAtExit);
   g_previous_terminate = std::set_terminate(OnTerminate);
 }
@@ -93,7 +68,7 @@ __attribute__((constructor)) void StartFromEnvironment() {
 // autograd engine's "modified by an inplace operation" among them) is recorded with its message
 // before it propagates, so the replay can quote it even when the program catches it.
 void NoteThrow(void* thrown, std::type_info* type) {
-  if (g_preload_session == nullptr || !Session::ThreadInsideRecordedOp()) return;
+  if (!g_recording || !Session::ThreadInsideRecordedOp()) return;
   void* object = thrown;
   if (!typeid(std::exception).__do_catch(type, &object, 1)) return;
   const auto* exception = static_cast<const std::exception*>(object);

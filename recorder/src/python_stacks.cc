@@ -342,6 +342,12 @@ const char* PythonStackWalkerName() {
   return Fast(py).enabled() ? "frames" : "api";
 }
 
+bool PythonInterpreterRunning() {
+  // Not through Api(): that resolves once, and this may be asked before a program loads Python.
+  auto* initialized = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  return initialized != nullptr && initialized() != 0;
+}
+
 void ForgetPythonCodeDescriptions() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
 
 size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes) {

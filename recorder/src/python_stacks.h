@@ -37,6 +37,10 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
 // forces the latter. Thread-safe.
 const char* PythonStackWalkerName();
 
+// True when a Python interpreter runs in this process now (initialized, as Py_IsInitialized says;
+// false in a program without Python). Thread-safe.
+bool PythonInterpreterRunning();
+
 // Makes the next captures describe every code object again (into `new_codes`), for a new
 // recording whose tables start empty. Code ids stay the same. Thread-safe; takes no lock.
 void ForgetPythonCodeDescriptions();

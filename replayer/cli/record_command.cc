@@ -5,7 +5,8 @@
 // imports torchrr through a sitecustomize directory put first on PYTHONPATH, which chains to any
 // sitecustomize already there; any other program (a C++ trainer linked against libtorch) gets
 // libtorchrr_preload.so through LD_PRELOAD. Only the started process records: children it spawns
-// inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID).
+// inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID). Both read the options from the
+// TORCHRR_* variables set here (recorder/src/environment_options.h, where their defaults are).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,6 +52,31 @@ bool LooksLikePython(const std::string& program) {
          base == "accelerate" || base == "deepspeed";
 }
 
+// The recorder's options (environment_options.h). Each is set only when the command line changes
+// it; the others are cleared, so that the recorder's default applies and not a value left over
+// in the caller's environment.
+constexpr const char* kOptionVariables[] = {
+    "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
+    "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
+    "TORCHRR_ALL_OPS"};
+
+void SetOptionVariables(const RecordArgs& args) {
+  for (const char* name : kOptionVariables) unsetenv(name);
+  if (args.no_stacks) {
+    setenv("TORCHRR_NATIVE_STACKS", "0", 1);
+    setenv("TORCHRR_PYTHON_STACKS", "0", 1);
+  } else if (args.native_stacks) {
+    setenv("TORCHRR_NATIVE_STACKS", "1", 1);  // Off by default in a Python program.
+  }
+  if (args.max_buffer_mb != 0) {
+    setenv("TORCHRR_MAX_BUFFERED_BYTES", std::to_string(args.max_buffer_mb << 20).c_str(), 1);
+  }
+  if (args.drop_when_full) setenv("TORCHRR_WHEN_FULL", "drop", 1);
+  if (args.verify_saved) setenv("TORCHRR_VERIFY_SAVED", "1", 1);
+  if (args.no_cuda_kernels) setenv("TORCHRR_CUDA_KERNELS", "0", 1);
+  if (args.all_ops) setenv("TORCHRR_ALL_OPS", "1", 1);
+}
+
 void PrependEnv(const char* name, const std::string& value, char separator) {
   const char* old = std::getenv(name);
   std::string joined = value;
@@ -85,18 +111,7 @@ int RunRecord(const RecordArgs& args) {
   }
   if (pid == 0) {
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
-    // A Python program's user lines are in its Python frames; its native frames are all the
-    // interpreter's and torch's, and unwinding them costs more than the op: off unless asked.
-    bool native = !args.no_stacks && (!python || args.native_stacks);
-    setenv("TORCHRR_NATIVE_STACKS", native ? "1" : "0", 1);
-    setenv("TORCHRR_PYTHON_STACKS", args.no_stacks ? "0" : "1", 1);
-    if (args.max_buffer_mb != 0) {
-      setenv("TORCHRR_MAX_BUFFERED_BYTES", std::to_string(args.max_buffer_mb << 20).c_str(), 1);
-    }
-    if (args.drop_when_full) setenv("TORCHRR_WHEN_FULL", "drop", 1);
-    setenv("TORCHRR_VERIFY_SAVED", args.verify_saved ? "1" : "0", 1);
-    setenv("TORCHRR_CUDA_KERNELS", args.no_cuda_kernels ? "0" : "1", 1);
-    setenv("TORCHRR_ALL_OPS", args.all_ops ? "1" : "0", 1);
+    SetOptionVariables(args);
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');
     } else {

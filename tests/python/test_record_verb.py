@@ -62,6 +62,24 @@ def test_only_the_first_python_process_records(tmp_path):
     assert torchrr.replay(trace).ops > 0
 
 
+def test_options_left_in_the_environment_do_not_apply(tmp_path):
+    # `torchrr record` passes its options through TORCHRR_* variables; one the caller's
+    # environment holds is not an option it was given.
+    script = tmp_path / "bug.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x)
+        y.add_(1)  # CULPRIT
+        y.sum().backward()
+        """))
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script], env={"TORCHRR_PYTHON_STACKS": "0"})
+    assert proc.returncode != 0 and "modified by an inplace operation" in proc.stderr
+    culprit = torchrr.replay(trace).violations[0].culprit
+    assert culprit.user_frame is not None and culprit.user_frame.line == 4, culprit.stack
+
+
 def test_not_recording_without_torch_import(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("print(sum(range(10)))\n")

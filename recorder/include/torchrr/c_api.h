@@ -25,11 +25,22 @@ extern "C" {
 int torchrr_start(const char* path, int native_stacks, int python_stacks,
                   size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
 
-/* Stops the recording started by torchrr_start and closes the trace. Returns 0, or 1 when
+/* Starts recording as `torchrr record` asked through the environment: TORCHRR_OUTPUT (the trace;
+ * FILE.rankN.trr when RANK=N is set), TORCHRR_NATIVE_STACKS, TORCHRR_PYTHON_STACKS,
+ * TORCHRR_MAX_BUFFERED_BYTES, TORCHRR_WHEN_FULL (wait/drop), TORCHRR_VERIFY_SAVED,
+ * TORCHRR_CUDA_KERNELS, TORCHRR_ALL_OPS (switches: 0/1). An unset variable takes its default:
+ * RecorderOptions' (recorder.h), except C++ stacks, off when this process runs a Python
+ * interpreter. Returns 0 when recording; 1 when TORCHRR_OUTPUT is unset or empty (silently),
+ * already recording or the file could not be opened (a warning says which). A value not
+ * understood prints a warning and takes the default. Reads the environment as getenv does: not
+ * safe against a concurrent setenv. */
+int torchrr_start_from_environment(void);
+
+/* Stops the recording started by either function above and closes the trace. Returns 0, or 1 when
  * nothing was recording. */
 int torchrr_stop(void);
 
-/* 1 while a torchrr_start recording records. */
+/* 1 while a recording started by either function above records. */
 int torchrr_recording(void);
 
 /* Records an error (kind: 0 C++ exception, 1 Python exception, 2 uncaught) with its type name

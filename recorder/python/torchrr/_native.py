@@ -75,6 +75,8 @@ def library() -> ctypes.CDLL:
                                       ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_uint32]
         lib.torchrr_start.restype = ctypes.c_int
+        lib.torchrr_start_from_environment.argtypes = []
+        lib.torchrr_start_from_environment.restype = ctypes.c_int
         lib.torchrr_stop.argtypes = []
         lib.torchrr_stop.restype = ctypes.c_int
         lib.torchrr_recording.argtypes = []

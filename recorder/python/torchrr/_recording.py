@@ -51,6 +51,14 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True
     return rc == 0
 
 
+def start_from_environment() -> bool:
+    """Starts recording as ``torchrr record`` asked through its TORCHRR_* environment variables
+    (TORCHRR_OUTPUT the trace; parsed, with their defaults, by the recorder: c_api.h's
+    torchrr_start_from_environment). Returns True when recording; False when TORCHRR_OUTPUT is
+    unset, or the recorder printed why not. Imports torch."""
+    return _native.library().torchrr_start_from_environment() == 0
+
+
 def stop() -> bool:
     """Stops the recording and closes the trace (symbolizing native stacks first). Returns False
     when nothing was recording. Never imports torch."""

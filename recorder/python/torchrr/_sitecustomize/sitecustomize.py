@@ -1,10 +1,8 @@
 """torchrr's sitecustomize: records an unchanged Python program under ``torchrr record``.
 
 ``torchrr record -o FILE -- python ...`` puts this directory first on PYTHONPATH and sets
-TORCHRR_OUTPUT (absolute), TORCHRR_NATIVE_STACKS (0/1), TORCHRR_MAX_BUFFERED_BYTES,
-TORCHRR_WHEN_FULL (``drop``), TORCHRR_VERIFY_SAVED, TORCHRR_CUDA_KERNELS and
-TORCHRR_ALL_OPS (0/1). TORCHRR_PYTHON_STACKS (0/1) defaults
-to TORCHRR_NATIVE_STACKS, so ``--no-stacks`` turns off every stack. Here:
+TORCHRR_OUTPUT (absolute) and the TORCHRR_* variables of the options it was given, which the
+recorder reads (torchrr_start_from_environment in c_api.h says which, and their defaults). Here:
 
 - Any sitecustomize found later on sys.path (the user's, the distribution's) runs first, as if
   this one were not there.
@@ -67,20 +65,6 @@ def _is_torchrun_launcher():
     return False
 
 
-def _trace_path(output, rank):
-    if rank is None:
-        return output
-    stem, ext = os.path.splitext(output)
-    return f"{stem}.rank{rank}{ext or '.trr'}"
-
-
-def _flag(name, default):
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value not in ("0", "false", "no", "off")
-
-
 def _import_torchrr():
     try:
         import torchrr
@@ -92,23 +76,13 @@ def _import_torchrr():
 
 
 def _start_recording():
-    output = os.environ.get("TORCHRR_OUTPUT")
-    if not output or os.environ.get(_RECORDER_PID_ENV) or _is_torchrun_launcher():
+    if os.environ.get(_RECORDER_PID_ENV) or _is_torchrun_launcher():
         return
-    rank = os.environ.get("RANK")
     try:
         torchrr = _import_torchrr()
-        native = _flag("TORCHRR_NATIVE_STACKS", True)
-        started = torchrr.start(
-            _trace_path(output, rank),
-            native_stacks=native,
-            python_stacks=_flag("TORCHRR_PYTHON_STACKS", native),
-            max_buffered_bytes=int(os.environ.get("TORCHRR_MAX_BUFFERED_BYTES") or 0),
-            drop_when_full=os.environ.get("TORCHRR_WHEN_FULL") == "drop",
-            verify_saved=_flag("TORCHRR_VERIFY_SAVED", False),
-            cuda_kernels=_flag("TORCHRR_CUDA_KERNELS", True),
-            all_ops=_flag("TORCHRR_ALL_OPS", False),
-            rank=int(rank) if rank is not None and rank.isdigit() else None)
+        from torchrr import _recording
+
+        started = _recording.start_from_environment()  # Under torchrun, FILE.rankN.trr.
     except Exception as error:
         _warn(f"not recording: {error}")
         return
