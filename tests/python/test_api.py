@@ -38,7 +38,7 @@ def test_import_does_not_import_torch():
 def test_record_context_manager_records_the_exception(tmp_path):
     trace = tmp_path / "api.trr"
     with pytest.raises(RuntimeError, match=PYTORCH_INPLACE):
-        with torchrr.record(trace, native_stacks=False) as rec:
+        with torchrr.record(trace) as rec:
             assert rec.recording and torchrr.recording()
             sigmoid_bug()
     assert not torchrr.recording()
@@ -61,7 +61,7 @@ def test_record_context_manager_records_the_exception(tmp_path):
 def test_second_recording_names_the_same_code_again(tmp_path):
     # Code objects are interned for the process; each trace must still describe them.
     for name in ("first.trr", "second.trr"):
-        assert torchrr.start(tmp_path / name, native_stacks=False)
+        assert torchrr.start(tmp_path / name)
         try:
             sigmoid_bug()
         except RuntimeError:
@@ -108,7 +108,7 @@ def test_folded_ops_are_recorded_only_when_asked_for(tmp_path):
     found = {}
     for all_ops in (False, True):
         trace = tmp_path / f"all_ops_{all_ops}.trr"
-        with torchrr.record(trace, native_stacks=False, all_ops=all_ops):
+        with torchrr.record(trace, all_ops=all_ops):
             try:
                 program()
             except RuntimeError:
@@ -125,7 +125,7 @@ def test_folded_ops_are_recorded_only_when_asked_for(tmp_path):
 @needs_build
 def test_python_stacks_off(tmp_path):
     trace = tmp_path / "nostacks.trr"
-    with torchrr.record(trace, native_stacks=False, python_stacks=False):
+    with torchrr.record(trace, python_stacks=False):
         try:
             sigmoid_bug()
         except RuntimeError:
@@ -133,6 +133,23 @@ def test_python_stacks_off(tmp_path):
     v = torchrr.replay(trace).violations[0]
     assert v.culprit.op == "aten::add_"
     assert v.culprit.stack == [] and v.culprit.user_frame is None
+
+
+@needs_build
+def test_native_stacks_off_unless_asked(tmp_path):
+    # As under `torchrr record` for a Python program, whose C++ frames are the interpreter's and
+    # torch's: Python frames only, unless C++ stacks are asked for.
+    kinds = {}
+    for options in ({}, {"native_stacks": True}):
+        trace = tmp_path / f"native_{bool(options)}.trr"
+        with torchrr.record(trace, **options):
+            try:
+                sigmoid_bug()
+            except RuntimeError:
+                pass
+        stack = torchrr.replay(trace).violations[0].culprit.stack
+        kinds[bool(options)] = {"python" if f.python else "native" for f in stack}
+    assert kinds == {False: {"python"}, True: {"python", "native"}}
 
 
 WALKER_PROGRAM = """
@@ -180,7 +197,7 @@ def main():
     worker.start()
     worker.join()
 
-with torchrr.record(sys.argv[1], native_stacks=False):
+with torchrr.record(sys.argv[1]):
     main()
 print(_native.library().torchrr_python_stack_walker().decode())
 """
@@ -237,7 +254,7 @@ def test_python_stacks_read_from_frames_match_the_api(tmp_path):
 @needs_build
 def test_start_twice_and_stop_without_start(tmp_path):
     assert not torchrr.stop()
-    assert torchrr.start(tmp_path / "a.trr", native_stacks=False)
+    assert torchrr.start(tmp_path / "a.trr")
     try:
         assert not torchrr.start(tmp_path / "b.trr")  # Already recording: a warning, False.
     finally:

@@ -17,15 +17,17 @@ ERROR_PYTHON = 1
 ERROR_UNCAUGHT = 2
 
 
-def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = True,
+def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = False,
           python_stacks: bool = True, max_buffered_bytes: int = 0,
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
           all_ops: bool = False) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
-    native_stacks: a C++ stack per top-level op (symbolized when the trace closes; costly and
-    rarely useful from Python). python_stacks: the Python frames that issued each top-level op.
+    native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
+    default, as under ``torchrr record`` for a Python program: the user's lines are in the Python
+    frames, the C++ frames are the interpreter's and torch's, and unwinding them costs more than
+    the op. python_stacks: the Python frames that issued each top-level op.
     max_buffered_bytes: memory for records waiting for the writer thread (0: the default, 256
     MiB). drop_when_full: drop records (and say so in the trace) rather than wait for the writer.
     rank: the distributed rank written to the trace (None reads RANK). verify_saved: fingerprint
