@@ -5,8 +5,10 @@
 // imports torchrr through a sitecustomize directory put first on PYTHONPATH, which chains to any
 // sitecustomize already there; any other program (a C++ trainer linked against libtorch) gets
 // libtorchrr_preload.so through LD_PRELOAD. Only the started process records: children it spawns
-// inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID). Both read the options from the
-// TORCHRR_* variables set here (recorder/src/environment_options.h, where their defaults are).
+// inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID). Both are found relative to this
+// executable, in an install as in the build tree (RecorderLibDir), and both read the options
+// from the TORCHRR_* variables set here (recorder/src/environment_options.h, where their
+// defaults are).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,6 +54,18 @@ bool LooksLikePython(const std::string& program) {
          base == "accelerate" || base == "deepspeed";
 }
 
+// The directory of the recorder's libraries and of its Python package (torchrr/python/torchrr):
+// <prefix>/<libdir> for <prefix>/<bindir>/torchrr (TORCHRR_LIBDIR_FROM_BINDIR, set by CMake), or
+// <build>/lib for <build>/bin/torchrr. The first that holds the recorder; else the first.
+fs::path RecorderLibDir(const fs::path& exe) {
+  const fs::path candidates[] = {exe.parent_path() / TORCHRR_LIBDIR_FROM_BINDIR,
+                                 exe.parent_path().parent_path() / "lib"};
+  for (const fs::path& dir : candidates) {
+    if (fs::exists(dir / "libtorchrr_recorder.so")) return dir.lexically_normal();
+  }
+  return candidates[0].lexically_normal();
+}
+
 // The recorder's options (environment_options.h). Each is set only when the command line changes
 // it; the others are cleared, so that the recorder's default applies and not a value left over
 // in the caller's environment.
@@ -86,9 +100,9 @@ void PrependEnv(const char* name, const std::string& value, char separator) {
 
 int RunRecord(const RecordArgs& args) {
   std::error_code ec;
-  fs::path exe = fs::canonical("/proc/self/exe", ec);
-  fs::path preload = exe.parent_path().parent_path() / "lib" / "libtorchrr_preload.so";
-  fs::path site_dir = fs::path(TORCHRR_PYTHON_PACKAGE_DIR) / "torchrr" / "_sitecustomize";
+  fs::path lib_dir = RecorderLibDir(fs::canonical("/proc/self/exe", ec));
+  fs::path preload = lib_dir / "libtorchrr_preload.so";
+  fs::path site_dir = lib_dir / "torchrr" / "python" / "torchrr" / "_sitecustomize";
   fs::path output = fs::absolute(args.output, ec);
 
   bool python = args.force_python || (!args.force_native && LooksLikePython(args.command[0]));

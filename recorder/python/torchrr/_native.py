@@ -1,8 +1,12 @@
-"""Where the native build is, and the recorder library loaded with ctypes.
+"""Where the native parts are (the recorder library, the ``torchrr`` executable), and the
+recorder library loaded with ctypes.
 
-The build directory comes from ``TORCHRR_BUILD_DIR``, else from ``_build_dir.txt`` beside this
-file (written by ``tools/install_into_venv.sh``). ``TORCHRR_LIB`` overrides the recorder library
-and ``TORCHRR_CLI`` the ``torchrr`` executable.
+They are found, in this order: from ``TORCHRR_LIB`` (the recorder library) and ``TORCHRR_CLI``
+(the executable); from ``TORCHRR_BUILD_DIR`` (a build directory); beside this package when it
+sits at ``<libdir>/torchrr/python/torchrr`` (an install, or the build tree's link to the
+checkout's package, which is how ``torchrr record`` runs it), with the executable in
+``<prefix>/bin``; from ``_build_dir.txt`` beside this file (the checkout's package, written by
+``tools/install_into_venv.sh``); the executable also from PATH.
 """
 from __future__ import annotations
 
@@ -12,13 +16,15 @@ import shutil
 import threading
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
+# Not resolved: through the build tree's link, the package must find that build's libraries.
+_HERE = Path(os.path.abspath(__file__)).parent
+_RECORDER = "libtorchrr_recorder.so"
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None  # Guarded by _lock.
 
 
 def build_dir() -> Path | None:
-    """The native build directory, or None when it is not known."""
+    """The build directory named by TORCHRR_BUILD_DIR or _build_dir.txt, or None."""
     env = os.environ.get("TORCHRR_BUILD_DIR")
     if env:
         return Path(env)
@@ -30,26 +36,48 @@ def build_dir() -> Path | None:
     return Path(text) if text else None
 
 
+def _libdir_beside_package() -> Path | None:
+    """<libdir> when this package is <libdir>/torchrr/python/torchrr beside the recorder, and
+    TORCHRR_BUILD_DIR does not name another build; else None."""
+    parents = list(_HERE.parents)
+    if (os.environ.get("TORCHRR_BUILD_DIR") or len(parents) < 3 or parents[0].name != "python"
+            or parents[1].name != "torchrr"):
+        return None
+    libdir = parents[2]
+    return libdir if (libdir / _RECORDER).exists() else None
+
+
 def library_path() -> Path:
     env = os.environ.get("TORCHRR_LIB")
     if env:
         return Path(env)
+    libdir = _libdir_beside_package()
+    if libdir is not None:
+        return libdir / _RECORDER
     build = build_dir()
     if build is None:
         raise RuntimeError(
             "torchrr: the recorder library is not known: run tools/install_into_venv.sh BUILD_DIR "
-            "or set TORCHRR_LIB to libtorchrr_recorder.so")
-    return build / "lib" / "libtorchrr_recorder.so"
+            f"or set TORCHRR_LIB to {_RECORDER}")
+    return build / "lib" / _RECORDER
 
 
 def cli_path() -> str:
-    """The ``torchrr`` executable: TORCHRR_CLI, the build's bin/torchrr, or one on PATH."""
+    """The ``torchrr`` executable (see the module's comment for where it is looked for)."""
     env = os.environ.get("TORCHRR_CLI")
     if env:
         return env
+    candidates = []
+    libdir = _libdir_beside_package()
+    if libdir is not None:
+        # <prefix>/lib, or a multiarch <prefix>/lib/x86_64-linux-gnu.
+        candidates += [prefix / "bin" / "torchrr" for prefix in list(libdir.parents)[:2]]
     build = build_dir()
-    if build is not None and (build / "bin" / "torchrr").exists():
-        return str(build / "bin" / "torchrr")
+    if build is not None:
+        candidates.append(build / "bin" / "torchrr")
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
     found = shutil.which("torchrr")
     if found:
         return found

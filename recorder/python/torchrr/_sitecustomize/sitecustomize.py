@@ -7,7 +7,8 @@ recorder reads (torchrr_start_from_environment in c_api.h says which, and their 
 - Any sitecustomize found later on sys.path (the user's, the distribution's) runs first, as if
   this one were not there.
 - Recording starts right after ``import torch`` completes (an import hook on sys.meta_path),
-  before the program can run a tensor op.
+  before the program can run a tensor op, with the torchrr package this file belongs to (that of
+  the ``torchrr record`` running the program), imported as ``torchrr`` for the whole program.
 - Which process records: the first Python process of the run; under torchrun every worker (RANK
   set), each into FILE.rankN.trr. The torchrun launcher itself records nothing, and neither do
   processes the recording process starts (DataLoader workers, subprocesses).
@@ -66,12 +67,14 @@ def _is_torchrun_launcher():
 
 
 def _import_torchrr():
+    """The package this file belongs to: the recorder of the ``torchrr record`` that runs the
+    program, whichever other torchrr this interpreter could import."""
+    root = os.path.dirname(os.path.dirname(_HERE))
+    sys.path.insert(0, root)
     try:
         import torchrr
-    except ImportError:
-        # Not installed in this interpreter: use the package this file belongs to.
-        sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
-        import torchrr
+    finally:
+        sys.path.remove(root)
     return torchrr
 
 
