@@ -77,6 +77,14 @@ std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& l
       WarnIgnored("TORCHRR_MAX_BUFFERED_BYTES", bytes, "a number of bytes above 0");
     }
   }
+  if (const char* op = lookup("TORCHRR_FAIL_AT_OP"); op && *op) {
+    std::optional<unsigned long long> n = ParseCount(op);
+    if (n) {
+      options.fail_at_op = *n;
+    } else {
+      WarnIgnored("TORCHRR_FAIL_AT_OP", op, "a number of ops");
+    }
+  }
   if (const char* full = lookup("TORCHRR_WHEN_FULL"); full && *full) {
     const std::string v = full;
     if (v == "wait") {

@@ -37,16 +37,26 @@ TensorMetadata ReadMetadata(const at::Tensor& tensor, bool is_leaf, bool data_ad
   m.device_type = static_cast<int8_t>(device.type());
   m.device_index = device.has_index() ? device.index() : -1;
   m.dtype = static_cast<format::DType>(impl.dtype().toScalarType());
-  m.nbytes = impl.has_storage() ? impl.unsafe_storage().nbytes() : 0;
-  m.data_address = data_address && impl.has_storage()
-                       ? reinterpret_cast<uint64_t>(impl.unsafe_storage().data())
-                       : 0;
   m.requires_grad = impl.requires_grad();
   m.is_leaf = is_leaf;
-  m.storage_offset = m.strided ? impl.storage_offset() : 0;
-  if (m.strided) {
-    m.sizes = impl.sizes();
-    m.strides = impl.strides();
+  // Tensors whose sizes are custom (nested tensors, wrapper subclasses, FakeTensor's symbolic
+  // shapes) throw from these instead of answering: such a tensor is recorded without its shape,
+  // strides and bytes, which the replayer's checks do not need (ids and versions).
+  try {
+    m.nbytes = impl.has_storage() ? impl.unsafe_storage().nbytes() : 0;
+    m.data_address = data_address && impl.has_storage()
+                         ? reinterpret_cast<uint64_t>(impl.unsafe_storage().data())
+                         : 0;
+    m.storage_offset = m.strided ? impl.storage_offset() : 0;
+    if (m.strided) {
+      m.sizes = impl.sizes();
+      m.strides = impl.strides();
+    }
+  } catch (const c10::Error&) {
+    m.strided = false;
+    m.nbytes = m.data_address = 0;
+    m.storage_offset = 0;
+    m.sizes = m.strides = {};
   }
   return m;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -283,11 +284,29 @@ void Session::Stop() {
   });
 }
 
-void Session::Degrade(const std::string& why) {
+void Session::Degrade(const std::string& why, const ThreadState& ts) {
   if (!recording_.exchange(false)) return;
   std::fprintf(stderr,
                "torchrr: warning: recording stopped: %s; the run goes on without recording\n",
                why.c_str());
+  // The trace says so too, where it stopped and why: the replayer must not read what follows as
+  // a run with nothing to report.
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    ForgetInterned();  // The failed op's group, with what it defined, never reached the sink.
+    EncodedRecords group;
+    format::ErrorRecord stop;
+    stop.kind = format::ErrorKind::kRecorder;
+    stop.op = ts.op_stack.empty() ? 0 : ts.op_stack.back();
+    stop.thread = static_cast<uint32_t>(at::RecordFunction::currentThreadId());
+    stop.time_ns = NowNs();
+    stop.type = interner_->String("recording_stopped", group);
+    stop.message = why;
+    group.Add(stop);
+    PushGroupLocked(group);
+  } catch (const std::exception&) {
+    // Out of memory: the trace ends without saying why; the warning above did.
+  }
 }
 
 void Session::PushGroupLocked(EncodedRecords& group) {
@@ -478,7 +497,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     std::lock_guard<std::mutex> lock(mu_);
     StartLocked(fn, ts, *frame, stack);
   } catch (const std::exception& e) {
-    Degrade(std::string("internal error at an op's start: ") + e.what());
+    Degrade(std::string("internal error at the start of ") + fn.name() + ": " + e.what(), ts);
     frame.reset();
     ts.fingerprints.clear();
   }
@@ -565,6 +584,10 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   EncodedRecords& group = ts.group;
   group.AddAll(frame.before);
   frame.before.clear();
+  if (options_.fail_at_op != 0 &&
+      ops_recorded_.load(std::memory_order_relaxed) + 1 == options_.fail_at_op) {
+    throw std::runtime_error("fault injected at this op (RecorderOptions::fail_at_op)");
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     EndLocked(fn, frame, ts);
@@ -586,7 +609,7 @@ void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& t
     try {
       RecordEnd(fn, frame, ts);
     } catch (const std::exception& e) {
-      Degrade(std::string("internal error at an op's end: ") + e.what());
+      Degrade(std::string("internal error at the end of ") + fn.name() + ": " + e.what(), ts);
       ts.fingerprints.clear();
     }
   }

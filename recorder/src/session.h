@@ -80,8 +80,9 @@ class Session {
 
  private:
   explicit Session(const RecorderOptions& options);
-  // Stops with one warning; for failures inside callbacks.
-  void Degrade(const std::string& why);
+  // Stops with one warning and an ErrorRecord (kRecorder) that says why and in which op on `ts`'s
+  // thread; for failures inside callbacks. The callback's lock must not be held.
+  void Degrade(const std::string& why, const ThreadState& ts);
   // Hands `group` over and clears it. Called with mu_ held, so that groups reach the trace in the
   // order their definitions were made, on every thread. Groups gather in pending_ and go to the
   // sink pending_bytes_ at a time (one sink lock per batch, not per op); the writer thread takes

@@ -1,6 +1,7 @@
 // `torchrr info FILE`: who wrote the trace, whether it was closed cleanly, and what is in it.
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <variant>
@@ -41,14 +42,46 @@ std::string Join(const std::vector<std::string>& args) {
   return out;
 }
 
+// Whether the recording covers the whole run: the recorder's own stop (ErrorKind::kRecorder) and
+// the records it lost.
+struct Completeness {
+  std::optional<std::string> stopped;  // The recorder's reason.
+  uint64_t records_lost = 0;
+
+  void See(const format::Record& record) {
+    if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
+      if (error->kind == format::ErrorKind::kRecorder && !stopped) stopped = error->message;
+    } else if (const auto* loss = std::get_if<format::DataLossRecord>(&record)) {
+      records_lost += loss->records;
+    }
+  }
+  // "complete", or what is missing.
+  std::string Describe() const {
+    if (!stopped && records_lost == 0) return "complete";
+    std::string text = "incomplete";
+    if (stopped) text += ": stopped early: " + *stopped;
+    if (records_lost != 0) text += fmt::format("{} {} records lost", stopped ? ";" : ":", records_lost);
+    return text;
+  }
+  nlohmann::json ToJson() const {
+    return {{"complete", !stopped && records_lost == 0},
+            {"stopped", stopped ? nlohmann::json(*stopped) : nlohmann::json(nullptr)},
+            {"records_lost", records_lost}};
+  }
+};
+
 int RunInfo(const InfoOptions& options) {
   using format::ReadSummary;
-  // Records are counted by the reader; none is kept.
-  ReadSummary s = format::ReadTraceFile(options.path, nullptr);
+  // Records are counted by the reader; only what says whether the recording is whole is kept.
+  Completeness completeness;
+  ReadSummary s = format::ReadTraceFile(options.path,
+                                        [&](const format::Record& r) { completeness.See(r); });
   int rc = ReportRead(options.path, s);
   if (rc == 3 || rc == 6) return rc;
   if (options.json) {
-    fmt::print("{}\n", format::SummaryToJson(s).dump());
+    nlohmann::json j = format::SummaryToJson(s);
+    j["recording"] = completeness.ToJson();
+    fmt::print("{}\n", j.dump());
     return rc;
   }
   const format::FileInfo& info = s.info;
@@ -69,6 +102,7 @@ int RunInfo(const InfoOptions& options) {
   }
   fmt::print("closed cleanly:   {}\n", s.has_index ? "yes" : "no");
   fmt::print("status:           {}\n", s.status.ok() ? "ok" : s.status.message());
+  fmt::print("recording:        {}\n", completeness.Describe());
   fmt::print("chunks:           {}\n", s.chunks.size());
   fmt::print("records:          {}\n", s.records());
   for (size_t i = 0; i < format::kRecordKindCount; ++i) {

@@ -20,6 +20,8 @@ constexpr const char* kExitCodes = R"(Exit codes:
   5  trace corrupt (data that verifies still used)
   6  trace written by a newer torchrr format
   7  other error
+  8  replay: the recording is incomplete (the recorder stopped early or lost records)
+A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported.
 )";
 
 }  // namespace

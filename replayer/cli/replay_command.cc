@@ -62,7 +62,7 @@ int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_termi
     out << replayer::FormatText(report, color);
   }
   out.flush();
-  return report.violations.empty() ? read_code : kExitViolations;
+  return ReplayExitCode(read_code, report.incomplete(), !report.violations.empty());
 }
 
 void RegisterReplayCommand(CLI::App& app, int* exit_code) {

@@ -14,6 +14,7 @@
 #define TORCHRR_REPLAYER_SRC_ANALYSIS_STATE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -195,6 +196,7 @@ struct AnalysisState {
   uint64_t bump_count = 0;
   uint64_t data_loss_records = 0;
   uint64_t data_lost = 0;             // Records lost, summed over the data-loss records.
+  std::optional<RecordingStop> recording_stopped;  // The recorder's first kRecorder error.
   uint64_t unknown_node_execs = 0;    // Executions of nodes with no NodeRecord.
 
   // The interned string; "" for an unknown id.

@@ -322,10 +322,16 @@ SavedState Analyzer::Impl::MakeSavedState(const format::SavedTensor& saved,
 // --- Errors and the rest -----------------------------------------------------------------------
 
 void Analyzer::Impl::On(const format::ErrorRecord& r) {
+  if (r.kind == format::ErrorKind::kRecorder) {
+    if (!state_.recording_stopped) {
+      state_.recording_stopped = RecordingStop{r.op, r.thread, r.time_ns, r.message};
+    }
+    return;
+  }
   if (r.message.find(kVersionErrorPhrase) == std::string::npos) return;
   if (r.kind == format::ErrorKind::kCppException && r.op != 0) {
     state_.op_errors.emplace_back(r.op, r.message);
-  } else if (r.kind != format::ErrorKind::kRecorder) {
+  } else {
     state_.final_error = r.message;
   }
 }

@@ -96,7 +96,23 @@ json ViolationJson(const Violation& v) {
                                     : json(nullptr)},
       {"candidates", std::move(candidates)},
       {"kernels", std::move(kernels)},
+      {"recording_incomplete", v.recording_incomplete},
   };
+}
+
+// Whether the recording covers the whole run: {"complete", "stopped", "records_lost"}.
+json RecordingJson(const Report& report) {
+  json stopped = nullptr;
+  if (report.recording_stopped) {
+    const RecordingStop& stop = *report.recording_stopped;
+    stopped = {{"op", stop.op == 0 ? json(nullptr) : json(stop.op)},
+               {"thread", stop.thread},
+               {"time_ns", stop.time_ns},
+               {"message", stop.message}};
+  }
+  return {{"complete", !report.incomplete()},
+          {"stopped", std::move(stopped)},
+          {"records_lost", report.records_lost}};
 }
 
 }  // namespace
@@ -114,6 +130,7 @@ nlohmann::json ToJson(const Report& report) {
           {"backward_passes", report.backward_passes},
           {"version_bumps", report.version_bumps},
           {"data_loss_records", report.data_loss_records},
+          {"recording", RecordingJson(report)},
           {"warnings", report.warnings}};
 }
 

@@ -67,8 +67,11 @@ class ReportBuilder {
     report.backward_passes = state_.pass_count;
     report.version_bumps = state_.bump_count;
     report.data_loss_records = state_.data_loss_records;
+    report.records_lost = state_.data_lost;
+    report.recording_stopped = state_.recording_stopped;
     ExecMessages exec_messages = MessagesByBackwardOp();
     AddViolations(exec_messages, report);
+    for (Violation& v : report.violations) v.recording_incomplete = report.incomplete();
     AddWarnings(exec_messages, report);
     return report;
   }

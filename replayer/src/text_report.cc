@@ -96,6 +96,7 @@ class TextReport {
  public:
   explicit TextReport(bool color) : p_(color) {}
 
+  void EmitRecordingStop(const RecordingStop& stop);
   void EmitWarning(const std::string& warning);
   void EmitViolation(const Violation& v);
   void EmitSummary(const Report& report);
@@ -118,6 +119,7 @@ class TextReport {
   void EmitPytorch(const Violation& v);
   void EmitLaterCulprits(const Violation& v);
   void EmitHelp(const Violation& v);
+  void EmitIncomplete(const Violation& v);
 
   Painter p_;
   SourceCache sources_;
@@ -131,6 +133,16 @@ class TextReport {
 std::ostream& TextReport::Arrow() { return out_ << "  " << p_.Gutter("-->") << " "; }
 std::ostream& TextReport::Fact() { return out_ << "   " << p_.Gutter("=") << " "; }
 std::ostream& TextReport::Note() { return out_ << p_.Note("note") << ": "; }
+
+// First of all, when the recorder stopped early:
+//   warning: incomplete recording: the recorder stopped in op #41: internal error at the end of
+//   aten::add: ...; what ran after it was not recorded, and a violation there is not reported
+void TextReport::EmitRecordingStop(const RecordingStop& stop) {
+  out_ << p_.Warning("warning") << ": incomplete recording: the recorder stopped"
+       << (stop.op != 0 ? " in op #" + std::to_string(stop.op) : std::string()) << ": "
+       << stop.message
+       << "; what ran after it was not recorded, and a violation there is not reported\n";
+}
 
 //   warning: the recorder lost 7 records (1 data-loss records): culprits may be missing
 void TextReport::EmitWarning(const std::string& warning) {
@@ -152,19 +164,30 @@ void TextReport::EmitViolation(const Violation& v) {
   EmitFingerprint(v);
   EmitPytorch(v);
   EmitLaterCulprits(v);
+  EmitIncomplete(v);
   EmitHelp(v);
   out_ << "\n";
+}
+
+//    = recording incomplete: a write or use it missed could change this verdict
+void TextReport::EmitIncomplete(const Violation& v) {
+  if (!v.recording_incomplete) return;
+  Fact() << "recording incomplete: a write or use it missed could change this verdict\n";
 }
 
 // The last line, with what was looked at:
 //   1 violation (3 ops, 1 node executions in 1 backward pass)
 //   no saved tensor was modified (3 ops, 1 node executions in 1 backward pass)
+//   no saved tensor was modified in the recorded part, but the recording is incomplete (...)
 void TextReport::EmitSummary(const Report& report) {
   std::string counts = std::to_string(report.ops) + " ops, " +
                        std::to_string(report.node_executions) + " node executions in " +
                        std::to_string(report.backward_passes) + " backward pass" +
                        (report.backward_passes == 1 ? "" : "es");
-  if (report.violations.empty()) {
+  if (report.violations.empty() && report.incomplete()) {
+    out_ << "no saved tensor was modified in the recorded part, but the recording is incomplete ("
+         << counts << ")\n";
+  } else if (report.violations.empty()) {
     out_ << "no saved tensor was modified (" << counts << ")\n";
   } else {
     size_t n = report.violations.size();
@@ -390,6 +413,7 @@ void TextReport::EmitHelp(const Violation& v) {
 
 std::string FormatText(const Report& report, bool color) {
   TextReport text(color);
+  if (report.recording_stopped) text.EmitRecordingStop(*report.recording_stopped);
   for (const std::string& warning : report.warnings) text.EmitWarning(warning);
   for (const Violation& v : report.violations) text.EmitViolation(v);
   text.EmitSummary(report);

@@ -18,5 +18,14 @@ TEST(ExitCodes, EveryReadStatus) {
   EXPECT_EQ(ExitCodeFor(StatusCode::kInvalidArgument), 7);
 }
 
+TEST(ExitCodes, ReplayReportsTheLeastCleanOfWhatItFound) {
+  EXPECT_EQ(ReplayExitCode(0, false, false), 0);
+  EXPECT_EQ(ReplayExitCode(0, false, true), kExitViolations);
+  EXPECT_EQ(ReplayExitCode(0, true, false), kExitIncomplete);
+  EXPECT_EQ(ReplayExitCode(0, true, true), kExitIncomplete);
+  EXPECT_EQ(ReplayExitCode(4, false, true), 4);
+  EXPECT_EQ(ReplayExitCode(5, true, true), 5);
+}
+
 }  // namespace
 }  // namespace torchrr::cli

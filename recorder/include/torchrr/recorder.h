@@ -56,6 +56,9 @@ struct RecorderOptions {
   // for their CUDA kernels. Off by default: they are about 60% of a training step's ops. On with
   // verify_saved, whose writes that no counter sees may come from such an op.
   bool all_ops = false;
+  // For tests of what a stopped recording looks like: the end of the Nth recorded op fails as an
+  // internal error would, and the recording stops there (the trace says why). 0: never.
+  uint64_t fail_at_op = 0;
 };
 
 class Recorder {

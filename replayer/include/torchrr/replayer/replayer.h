@@ -139,11 +139,23 @@ struct Violation {
   uint64_t backward_pass = 0;           // Index of the backward pass, from 0.
   format::ObjectId node_exec_op = 0;    // The execution's OpRecord; 0 when simulated.
   SilentEvidence evidence = SilentEvidence::kNone;  // For kSilent: how it was found.
+  // The recording is incomplete (Report::incomplete()): a write or a use in the part that was
+  // not recorded could change this verdict.
+  bool recording_incomplete = false;
   std::optional<Fingerprints> fingerprint;          // When recorded and changed.
   // kFingerprint: the candidates, in trace order, and the kernels launched outside any op
   // between the save and the use.
   std::vector<SilentCandidate> candidates;
   std::vector<KernelRef> kernels;
+};
+
+// Where and why the recorder stopped before the program ended (an internal error, a tensor it
+// could not read): ops after that point were not recorded.
+struct RecordingStop {
+  format::ObjectId op = 0;  // The innermost op running on the thread that stopped, 0 if none.
+  uint32_t thread = 0;
+  int64_t time_ns = 0;
+  std::string message;      // The recorder's reason.
 };
 
 // What the analysis found, and how much it looked at.
@@ -159,6 +171,11 @@ struct Report {
   uint64_t backward_passes = 0;
   uint64_t version_bumps = 0;        // In-place writes seen (outermost op per write).
   uint64_t data_loss_records = 0;    // Records the recorder said it lost (DataLossRecord).
+  uint64_t records_lost = 0;         // How many records those say were lost.
+  std::optional<RecordingStop> recording_stopped;
+  // The recording misses part of the run: it stopped early or lost records. Its verdicts cover
+  // only what was recorded, and "nothing found" is not a clean bill of health.
+  bool incomplete() const { return recording_stopped.has_value() || data_loss_records != 0; }
   // What the analysis could not be sure of (nodes with unknown saved sets, lost records, a
   // PyTorch version error the trace does not explain), one line each.
   std::vector<std::string> warnings;

@@ -1,0 +1,96 @@
+"""A recording that stopped early says so: in `torchrr info`, before any verdict of `torchrr
+replay`, on each violation, in the JSON, and in replay's exit code (8). Never "nothing was
+modified" as if the run had been recorded whole. The stop is injected with TORCHRR_FAIL_AT_OP
+(RecorderOptions::fail_at_op), which fails the Nth op's end as an internal error would."""
+import json
+import subprocess
+import sys
+import textwrap
+
+from conftest import cli, needs_build, record
+
+pytestmark = needs_build
+
+EXIT_INCOMPLETE = 8
+
+LEGAL = textwrap.dedent("""\
+    import torch
+    w = torch.ones(8, requires_grad=True)
+    for _ in range(5):
+        torch.sigmoid(w * 2).sum().backward()
+    print("done")
+    """)
+
+# The bug comes first (ops 1-3), the stop later: the violation is found and still marked.
+BUG_THEN_STOP = textwrap.dedent("""\
+    import torch
+    w = torch.ones(8, requires_grad=True)
+    a = torch.sigmoid(w)
+    a.mul_(2)
+    try:
+        a.sum().backward()
+    except RuntimeError:
+        pass
+    for _ in range(5):
+        torch.sigmoid(w * 2).sum().backward()
+    print("done")
+    """)
+
+
+def _record(tmp_path, source, fail_at):
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script], env={"TORCHRR_FAIL_AT_OP": str(fail_at)})
+    assert proc.returncode == 0, proc.stderr  # The program is not affected.
+    assert proc.stdout.strip() == "done"
+    assert proc.stderr.count("recording stopped") == 1, proc.stderr
+    return trace
+
+
+def _replay(trace, *flags):
+    return subprocess.run([cli(), "replay", *flags, str(trace)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_stopped_recording_is_never_a_clean_verdict(tmp_path):
+    trace = _record(tmp_path, LEGAL, fail_at=6)
+    text = _replay(trace)
+    assert text.returncode == EXIT_INCOMPLETE, text.stdout + text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("warning: incomplete recording: the recorder stopped"), first
+    assert "fault injected" in first
+    assert "no saved tensor was modified in the recorded part, but the recording is incomplete" \
+        in text.stdout
+    doc = json.loads(_replay(trace, "--json").stdout)
+    assert doc["recording"]["complete"] is False
+    assert "fault injected" in doc["recording"]["stopped"]["message"]
+    info = subprocess.run([cli(), "info", str(trace)], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0
+    assert "recording:        incomplete: stopped early: " in info.stdout
+    info_json = json.loads(subprocess.run([cli(), "info", "--json", str(trace)],
+                                          capture_output=True, text=True, timeout=60).stdout)
+    assert info_json["recording"]["complete"] is False
+
+
+def test_violations_before_the_stop_are_reported_and_marked(tmp_path):
+    trace = _record(tmp_path, BUG_THEN_STOP, fail_at=12)
+    doc = json.loads(_replay(trace, "--json").stdout)
+    assert doc["violations"], doc
+    assert all(v["recording_incomplete"] for v in doc["violations"])
+    text = _replay(trace)
+    assert text.returncode == EXIT_INCOMPLETE
+    assert "recording incomplete: a write or use it missed could change this verdict" in text.stdout
+
+
+def test_a_whole_recording_is_complete(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(LEGAL)
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script])
+    assert proc.returncode == 0, proc.stderr
+    text = _replay(trace)
+    assert text.returncode == 0
+    assert "incomplete" not in text.stdout
+    assert json.loads(_replay(trace, "--json").stdout)["recording"] == {
+        "complete": True, "stopped": None, "records_lost": 0}
