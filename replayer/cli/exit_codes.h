@@ -10,7 +10,7 @@
 
 namespace torchrr::cli {
 
-inline constexpr int kExitViolations = 1;  // replay: violations found.
+inline constexpr int kExitViolations = 1;  // replay: violations or unexplained backward errors.
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitIncomplete = 8;  // replay: the recording misses part of the run.
 

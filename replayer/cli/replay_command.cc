@@ -62,7 +62,8 @@ int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_termi
     out << replayer::FormatText(report, color);
   }
   out.flush();
-  return ReplayExitCode(read_code, report.incomplete(), !report.violations.empty());
+  return ReplayExitCode(read_code, report.incomplete(),
+                        !report.violations.empty() || !report.unexplained_errors.empty());
 }
 
 void RegisterReplayCommand(CLI::App& app, int* exit_code) {

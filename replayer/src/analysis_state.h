@@ -186,6 +186,10 @@ struct AnalysisState {
   // the innermost op, and the last other one (what Python saw).
   std::vector<std::pair<format::ObjectId, std::string>> op_errors;
   std::string final_error;
+  // Errors whose message is not the version check's: by op (C++ exceptions out of recorded ops),
+  // and the program's last one. What a backward that threw for another reason said.
+  std::vector<std::pair<format::ObjectId, std::string>> other_op_errors;
+  std::string other_final_error;
   std::unordered_set<format::ObjectId> threw_execs;  // Backward ops whose node threw.
   // Nodes whose saved tensors the recorder could not see, by node name.
   std::unordered_map<format::InternId, uint64_t> unknown_saved_nodes;

@@ -328,7 +328,14 @@ void Analyzer::Impl::On(const format::ErrorRecord& r) {
     }
     return;
   }
-  if (r.message.find(kVersionErrorPhrase) == std::string::npos) return;
+  if (r.message.find(kVersionErrorPhrase) == std::string::npos) {
+    if (r.kind == format::ErrorKind::kCppException && r.op != 0) {
+      state_.other_op_errors.emplace_back(r.op, r.message);
+    } else {
+      state_.other_final_error = r.message;
+    }
+    return;
+  }
   if (r.kind == format::ErrorKind::kCppException && r.op != 0) {
     state_.op_errors.emplace_back(r.op, r.message);
   } else {

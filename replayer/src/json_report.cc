@@ -100,6 +100,16 @@ json ViolationJson(const Violation& v) {
   };
 }
 
+// Backward functions that threw with no violation to explain it: [{"backward_op", "message"}].
+json UnexplainedErrorsJson(const Report& report) {
+  json errors = json::array();
+  for (const UnexplainedError& e : report.unexplained_errors) {
+    errors.push_back({{"backward_op", OpJson(e.backward_op)},
+                      {"message", e.message.empty() ? json(nullptr) : json(e.message)}});
+  }
+  return errors;
+}
+
 // Whether the recording covers the whole run: {"complete", "stopped", "records_lost"}.
 json RecordingJson(const Report& report) {
   json stopped = nullptr;
@@ -131,6 +141,7 @@ nlohmann::json ToJson(const Report& report) {
           {"version_bumps", report.version_bumps},
           {"data_loss_records", report.data_loss_records},
           {"recording", RecordingJson(report)},
+          {"unexplained_errors", UnexplainedErrorsJson(report)},
           {"warnings", report.warnings}};
 }
 

@@ -73,6 +73,7 @@ class ReportBuilder {
     AddViolations(exec_messages, report);
     for (Violation& v : report.violations) v.recording_incomplete = report.incomplete();
     AddWarnings(exec_messages, report);
+    AddUnexplainedErrors(exec_messages, report);
     return report;
   }
 
@@ -86,6 +87,7 @@ class ReportBuilder {
   std::optional<size_t> FindStopped(const ExecMessages& exec_messages) const;
   void AddViolations(const ExecMessages& exec_messages, Report& report) const;
   void AddWarnings(const ExecMessages& exec_messages, Report& report) const;
+  void AddUnexplainedErrors(const ExecMessages& exec_messages, Report& report) const;
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
   SavedTensorRef MakeTensorRef(const SavedState& s) const;
@@ -233,6 +235,33 @@ void ReportBuilder::AddViolations(const ExecMessages& exec_messages, Report& rep
       }
     }
     report.violations.push_back(std::move(v));
+  }
+}
+
+// Each backward function that threw while no finding belongs to its execution, in op order, with
+// what PyTorch said: its own error when one came out of it, else the program's last error.
+void ReportBuilder::AddUnexplainedErrors(const ExecMessages& exec_messages,
+                                         Report& report) const {
+  std::vector<ObjectId> threw(state_.threw_execs.begin(), state_.threw_execs.end());
+  std::sort(threw.begin(), threw.end());
+  for (ObjectId op : threw) {
+    bool explained = std::any_of(state_.findings.begin(), state_.findings.end(),
+                                 [op](const Finding& f) { return f.exec_op == op; });
+    if (explained) continue;
+    UnexplainedError error;
+    error.backward_op = MakeOpRef(op);
+    if (auto it = exec_messages.find(op); it != exec_messages.end()) {
+      error.message = it->second;
+    } else {
+      for (const auto& [error_op, message] : state_.other_op_errors) {
+        if (BackwardOpOf(error_op) == op) error.message = message;
+      }
+    }
+    if (error.message.empty()) {
+      error.message = !state_.other_final_error.empty() ? state_.other_final_error
+                                                         : state_.final_error;
+    }
+    report.unexplained_errors.push_back(std::move(error));
   }
 }
 

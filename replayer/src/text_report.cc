@@ -99,6 +99,7 @@ class TextReport {
   void EmitRecordingStop(const RecordingStop& stop);
   void EmitWarning(const std::string& warning);
   void EmitViolation(const Violation& v);
+  void EmitUnexplainedError(const UnexplainedError& error);
   void EmitSummary(const Report& report);
   std::string Text() const { return out_.str(); }
 
@@ -175,6 +176,18 @@ void TextReport::EmitIncomplete(const Violation& v) {
   Fact() << "recording incomplete: a write or use it missed could change this verdict\n";
 }
 
+// A backward function that threw with no violation to explain it:
+//   error: backward raised an error that torchrr does not explain
+//     --> MulBackward0 (backward op #12)
+//      = pytorch: Trying to backward through the graph a second time ...
+void TextReport::EmitUnexplainedError(const UnexplainedError& error) {
+  out_ << p_.Error("error") << ": "
+       << p_.Bold("backward raised an error that torchrr does not explain") << "\n";
+  Arrow() << error.backward_op.name << " (backward op #" << error.backward_op.id << ")\n";
+  if (!error.message.empty()) Fact() << "pytorch: " << error.message << "\n";
+  out_ << "\n";
+}
+
 // The last line, with what was looked at:
 //   1 violation (3 ops, 1 node executions in 1 backward pass)
 //   no saved tensor was modified (3 ops, 1 node executions in 1 backward pass)
@@ -184,7 +197,11 @@ void TextReport::EmitSummary(const Report& report) {
                        std::to_string(report.node_executions) + " node executions in " +
                        std::to_string(report.backward_passes) + " backward pass" +
                        (report.backward_passes == 1 ? "" : "es");
-  if (report.violations.empty() && report.incomplete()) {
+  if (report.violations.empty() && !report.unexplained_errors.empty()) {
+    size_t n = report.unexplained_errors.size();
+    out_ << "no saved tensor was modified, but backward raised " << n << " error"
+         << (n == 1 ? "" : "s") << " that torchrr does not explain (" << counts << ")\n";
+  } else if (report.violations.empty() && report.incomplete()) {
     out_ << "no saved tensor was modified in the recorded part, but the recording is incomplete ("
          << counts << ")\n";
   } else if (report.violations.empty()) {
@@ -416,6 +433,7 @@ std::string FormatText(const Report& report, bool color) {
   if (report.recording_stopped) text.EmitRecordingStop(*report.recording_stopped);
   for (const std::string& warning : report.warnings) text.EmitWarning(warning);
   for (const Violation& v : report.violations) text.EmitViolation(v);
+  for (const UnexplainedError& e : report.unexplained_errors) text.EmitUnexplainedError(e);
   text.EmitSummary(report);
   return text.Text();
 }

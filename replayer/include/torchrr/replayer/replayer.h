@@ -149,6 +149,13 @@ struct Violation {
   std::vector<KernelRef> kernels;
 };
 
+// A backward function that raised an error no finding explains (a graph run a second time without
+// retain_graph, a saved tensor detached in place, anything else): PyTorch's message and the node.
+struct UnexplainedError {
+  OpRef backward_op;                    // The backward function's op; its name is the node's.
+  std::string message;                  // PyTorch's, when recorded; empty otherwise.
+};
+
 // Where and why the recorder stopped before the program ended (an internal error, a tensor it
 // could not read): ops after that point were not recorded.
 struct RecordingStop {
@@ -173,6 +180,8 @@ struct Report {
   uint64_t data_loss_records = 0;    // Records the recorder said it lost (DataLossRecord).
   uint64_t records_lost = 0;         // How many records those say were lost.
   std::optional<RecordingStop> recording_stopped;
+  // Backward functions that threw with no violation to explain it: never "nothing was modified".
+  std::vector<UnexplainedError> unexplained_errors;
   // The recording misses part of the run: it stopped early or lost records. Its verdicts cover
   // only what was recorded, and "nothing found" is not a clean bill of health.
   bool incomplete() const { return recording_stopped.has_value() || data_loss_records != 0; }
