@@ -9,6 +9,12 @@
 // executable, in an install as in the build tree (RecorderLibDir), and both read the options
 // from the TORCHRR_* variables set here (recorder/src/environment_options.h, where their
 // defaults are).
+//
+// Signals, as a shell's `system()` treats them: the program runs in this process group, so the
+// terminal's SIGINT and SIGQUIT (Ctrl-C, Ctrl-\) reach it directly; this process ignores them
+// while it waits, and never sends a second one. SIGTERM and SIGHUP sent to this process by
+// another (`kill PID`, a job scheduler) are forwarded to the program once; a SIGHUP from the
+// kernel (the terminal hung up) went to the program already.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,8 +50,39 @@ struct RecordArgs {
 
 pid_t g_child = 0;
 
-void ForwardSignal(int signal_number) {
-  if (g_child > 0) kill(g_child, signal_number);
+// SIGTERM or SIGHUP: forwarded to the program when a process sent it (si_code SI_USER, SI_QUEUE,
+// SI_TKILL: all <= 0), not when the kernel sent it to the whole foreground group.
+void ForwardSignal(int signal_number, siginfo_t* info, void*) {
+  if (g_child > 0 && info != nullptr && info->si_code <= 0) kill(g_child, signal_number);
+}
+
+// The dispositions RunRecord changes while it waits, to put back in the child before exec.
+struct SavedSignals {
+  struct sigaction interrupt, quit, terminate, hangup;
+};
+
+// Ignores SIGINT and SIGQUIT, forwards SIGTERM and SIGHUP; returns what was there.
+SavedSignals TakeSignalsWhileWaiting() {
+  SavedSignals saved;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGINT, &ignore, &saved.interrupt);
+  sigaction(SIGQUIT, &ignore, &saved.quit);
+  struct sigaction forward {};
+  forward.sa_sigaction = ForwardSignal;
+  forward.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&forward.sa_mask);
+  sigaction(SIGTERM, &forward, &saved.terminate);
+  sigaction(SIGHUP, &forward, &saved.hangup);
+  return saved;
+}
+
+void RestoreSignals(const SavedSignals& saved) {
+  sigaction(SIGINT, &saved.interrupt, nullptr);
+  sigaction(SIGQUIT, &saved.quit, nullptr);
+  sigaction(SIGTERM, &saved.terminate, nullptr);
+  sigaction(SIGHUP, &saved.hangup, nullptr);
 }
 
 bool LooksLikePython(const std::string& program) {
@@ -118,12 +155,26 @@ int RunRecord(const RecordArgs& args) {
   }
 
   std::fflush(nullptr);
+  // Taken before fork, so that no Ctrl-C between fork and exec reaches this process alone; the
+  // child puts them back (an ignored SIGINT would survive exec, and Python would then never
+  // raise KeyboardInterrupt).
+  const SavedSignals saved = TakeSignalsWhileWaiting();
+  // SIGTERM and SIGHUP wait until g_child is set, so that none is lost between fork and then.
+  sigset_t forwarded, old_mask;
+  sigemptyset(&forwarded);
+  sigaddset(&forwarded, SIGTERM);
+  sigaddset(&forwarded, SIGHUP);
+  sigprocmask(SIG_BLOCK, &forwarded, &old_mask);
   pid_t pid = fork();
   if (pid < 0) {
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    RestoreSignals(saved);
     std::fprintf(stderr, "torchrr: error: fork: %s\n", std::strerror(errno));
     return 7;
   }
   if (pid == 0) {
+    RestoreSignals(saved);
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
     SetOptionVariables(args);
     if (python) {
@@ -140,8 +191,7 @@ int RunRecord(const RecordArgs& args) {
     _exit(127);
   }
   g_child = pid;
-  signal(SIGINT, ForwardSignal);
-  signal(SIGTERM, ForwardSignal);
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) {
@@ -149,6 +199,8 @@ int RunRecord(const RecordArgs& args) {
       return 7;
     }
   }
+  g_child = 0;
+  RestoreSignals(saved);
   if (!python && fs::exists(output)) {
     std::fprintf(stderr, "torchrr: trace written to %s\n", output.c_str());
   }
@@ -187,7 +239,9 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("command", args->command, "The program and its arguments, after --")
       ->required();
   cmd->footer("The exit status is the program's (128+N when signal N ended it); 127 when it "
-              "could not be run, 7 when torchrr itself failed.");
+              "could not be run, 7 when torchrr itself failed. "
+              "Ctrl-C reaches the program once, from the terminal; SIGTERM and SIGHUP sent to "
+              "torchrr are passed on.");
   cmd->callback([args, exit_code] { *exit_code = RunRecord(*args); });
 }
 
