@@ -1,5 +1,8 @@
 #include "trace_sink.h"
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <chrono>
 #include <algorithm>
 #include <cstdio>
@@ -26,12 +29,47 @@ constexpr auto kFlushInterval = std::chrono::milliseconds(500);
 constexpr size_t kWakeBytes = 1u << 20;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
+// Blocks SIGXFSZ on the calling thread while it lives, so that a write past the file-size limit
+// (ulimit -f, RLIMIT_FSIZE) fails with EFBIG, and the sink fails with one warning, instead of the
+// signal's default action killing the program. The kernel directs that SIGXFSZ at the writing
+// thread: one raised while blocked stays pending there and is discarded before the old mask comes
+// back, unless one was already pending (then it is not the sink's). Every write of the trace
+// happens under one: on the writer thread for its life, and on the thread that opens the sink.
+class FileSizeSignalBlocked {
+ public:
+  FileSizeSignalBlocked() {
+    sigemptyset(&file_size_);
+    sigaddset(&file_size_, SIGXFSZ);
+    pthread_sigmask(SIG_BLOCK, &file_size_, &old_mask_);
+    was_pending_ = Pending();
+  }
+  ~FileSizeSignalBlocked() {
+    if (!was_pending_ && Pending()) {
+      const timespec now{0, 0};
+      sigtimedwait(&file_size_, nullptr, &now);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+  FileSizeSignalBlocked(const FileSizeSignalBlocked&) = delete;
+  FileSizeSignalBlocked& operator=(const FileSizeSignalBlocked&) = delete;
+
+ private:
+  static bool Pending() {
+    sigset_t pending;
+    return sigpending(&pending) == 0 && sigismember(&pending, SIGXFSZ) == 1;
+  }
+  sigset_t file_size_;
+  sigset_t old_mask_;
+  bool was_pending_ = false;
+};
+
 }  // namespace
 
 std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format::FileInfo& info,
                                            std::string* error) {
   format::WriterOptions writer_options;
   writer_options.zstd_level = options.zstd_level;
+  FileSizeSignalBlocked blocked;  // Open writes the header and the FileInfo chunk.
   auto writer = format::TraceWriter::Open(options.path, info, writer_options);
   if (!writer.ok()) {
     *error = writer.status().message();
@@ -99,6 +137,7 @@ void TraceSink::Fail(const std::string& why) {
 }
 
 void TraceSink::WriterLoop() {
+  FileSizeSignalBlocked blocked;
   ByteBuffer batch;
   auto last_flush = std::chrono::steady_clock::now();
   for (;;) {
@@ -125,8 +164,13 @@ void TraceSink::WriterLoop() {
     }
     if (closing) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) return;
+      if (queue_.empty()) break;
     }
+  }
+  // The index and the trailer, from this thread like every other write.
+  if (!failed()) {
+    format::Status status = writer_->Close();
+    if (!status.ok()) Fail(status.message());
   }
 }
 
@@ -214,11 +258,7 @@ bool TraceSink::Close() {
   }
   has_work_.notify_one();
   has_room_.notify_all();
-  if (thread_.joinable()) thread_.join();
-  if (!failed()) {
-    format::Status status = writer_->Close();
-    if (!status.ok()) Fail(status.message());
-  }
+  if (thread_.joinable()) thread_.join();  // It closes the trace last.
   return !failed();
 }
 

@@ -5,8 +5,10 @@
 // frames, encodes them in the trace format, compresses and writes. The queue holds at most
 // max_buffered_bytes: when it is full a producer either waits for the writer (kWait, no data lost)
 // or drops the group and counts it (kDrop); the count becomes a DataLossRecord in the trace.
-// A write that fails (disk full, path gone) prints one warning and fails the sink: every later
-// Push() returns false and the recorder stops recording. The training run is never interrupted.
+// A write that fails (disk full, path gone, past the file-size limit) prints one warning and fails
+// the sink: every later Push() returns false and the recorder stops recording. The training run is
+// never interrupted: SIGXFSZ is blocked wherever the trace is written (Open's header on the
+// caller's thread, everything after on the writer thread), so the limit fails the write instead.
 #ifndef TORCHRR_RECORDER_TRACE_SINK_H_
 #define TORCHRR_RECORDER_TRACE_SINK_H_
 
@@ -54,7 +56,7 @@ class TraceSink {
   // go over the bound instead.
   PushResult Push(const EncodedRecords& records, bool may_wait = true);
 
-  // Drains the queue, closes the trace (index and trailer) and joins the writer thread.
+  // Drains the queue and joins the writer thread, which closes the trace (index and trailer).
   // Idempotent. Returns false if the trace could not be written whole.
   bool Close();
 
@@ -82,7 +84,7 @@ class TraceSink {
 
   const Options options_;
   const size_t wake_bytes_;  // Queued bytes that wake the writer before its next poll.
-  std::unique_ptr<format::TraceWriter> writer_;  // Writer thread only (and Close after join).
+  std::unique_ptr<format::TraceWriter> writer_;  // Writer thread only.
 
   std::mutex mu_;
   std::condition_variable has_work_;   // Writer waits on it.
