@@ -12,8 +12,12 @@ namespace torchrr::format {
 // returned from is in the kernel and survives the process being killed.
 class FileSink : public ByteSink {
  public:
-  // Creates or truncates `path`. kIoError "path: strerror" on failure.
+  // Creates or truncates `path`, a regular file, and holds an exclusive flock on it until Close,
+  // so that a second writer of the same path fails instead of truncating this one's file.
+  // Errors as TraceWriter::Open says.
   static StatusOr<std::unique_ptr<FileSink>> Open(const std::string& path);
+  // TraceWriter::CheckPath.
+  static Status CheckPath(const std::string& path);
   ~FileSink() override;
 
   Status Write(const void* data, size_t size) override;

@@ -188,6 +188,8 @@ StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path
   return Create(std::move(sink.value()), info, options);
 }
 
+Status TraceWriter::CheckPath(const std::string& path) { return FileSink::CheckPath(path); }
+
 StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(std::unique_ptr<ByteSink> sink,
                                                            const FileInfo& info,
                                                            const WriterOptions& options) {

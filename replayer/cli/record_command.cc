@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "torchrr/format/writer.h"
 
 namespace torchrr::cli {
 namespace {
@@ -47,6 +48,9 @@ struct RecordArgs {
   bool force_native = false;
   std::vector<std::string> command;
 };
+
+// --max-buffer-mb's bounds: at least one record group must fit; 1 TiB keeps `<< 20` in range.
+constexpr size_t kMaxBufferMbLimit = size_t{1} << 20;
 
 pid_t g_child = 0;
 
@@ -135,12 +139,28 @@ void PrependEnv(const char* name, const std::string& value, char separator) {
   setenv(name, joined.c_str(), 1);
 }
 
+// Refuses, with one line, an output the recorder could never write (empty, a FIFO, a directory,
+// a device: kExitUsage) or cannot write now (another recording holds it, its directory takes no
+// new file: 7), before the program runs. The recorder checks again when it opens the file.
+int CheckOutput(const std::string& output) {
+  format::Status usable = format::TraceWriter::CheckPath(output);
+  if (usable.ok()) return 0;
+  std::fprintf(stderr, "torchrr: error: %s\n", usable.message().c_str());
+  return usable.code() == format::StatusCode::kInvalidArgument ? kExitUsage : 7;
+}
+
 int RunRecord(const RecordArgs& args) {
+  if (args.output.empty()) {
+    std::fprintf(stderr, "torchrr: error: -o: the trace's path is empty\n");
+    return kExitUsage;
+  }
   std::error_code ec;
   fs::path lib_dir = RecorderLibDir(fs::canonical("/proc/self/exe", ec));
   fs::path preload = lib_dir / "libtorchrr_preload.so";
   fs::path site_dir = lib_dir / "torchrr" / "python" / "torchrr" / "_sitecustomize";
   fs::path output = fs::absolute(args.output, ec);
+
+  if (int refused = CheckOutput(output.string())) return refused;
 
   bool python = args.force_python || (!args.force_native && LooksLikePython(args.command[0]));
   if (python && !fs::exists(site_dir / "sitecustomize.py")) {
@@ -215,14 +235,16 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<RecordArgs>();
   CLI::App* cmd = app.add_subcommand(
       "record", "Run a program with the recorder attached: torchrr record -o run.trr -- CMD ...");
-  cmd->add_option("-o,--output", args->output, "Trace file to write (torchrun: one per rank, "
-                                               "FILE.rankN.trr)");
+  cmd->add_option("-o,--output", args->output,
+                  "Trace file to write: a new or regular file, locked while recorded (torchrun: "
+                  "one per rank, FILE.rankN.trr)");
   cmd->add_flag("--no-stacks", args->no_stacks, "Do not capture stacks (faster, no lines)");
   cmd->add_flag("--native-stacks", args->native_stacks,
                 "Python programs: also capture C++ stacks (off by default: slow, and all "
                 "framework frames)");
   cmd->add_option("--max-buffer-mb", args->max_buffer_mb,
-                  "Memory for records waiting to be written (default 256)");
+                  "Memory for records waiting to be written (default 256)")
+      ->check(CLI::Range(size_t{1}, kMaxBufferMbLimit));
   cmd->add_flag("--verify-saved", args->verify_saved,
                 "Fingerprint each saved tensor at save and at use, to catch writes no version "
                 "counter sees (raw kernels, numpy, extensions); costs a pass over saved bytes");
@@ -239,7 +261,8 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("command", args->command, "The program and its arguments, after --")
       ->required();
   cmd->footer("The exit status is the program's (128+N when signal N ended it); 127 when it "
-              "could not be run, 7 when torchrr itself failed. "
+              "could not be run, 7 when torchrr itself failed. The program is not run when the "
+              "output is empty or not a regular file (2) or another recording is writing it (7). "
               "Ctrl-C reaches the program once, from the terminal; SIGTERM and SIGHUP sent to "
               "torchrr are passed on.");
   cmd->callback([args, exit_code] { *exit_code = RunRecord(*args); });

@@ -1,6 +1,8 @@
 // The trace format: round trips, codec branches, and a reader that survives cuts, flips and any
 // piece size.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -156,6 +158,53 @@ TEST(Writer, OpenReportsThePath) {
   ASSERT_FALSE(writer.ok());
   EXPECT_EQ(writer.status().code(), StatusCode::kIoError);
   EXPECT_NE(writer.status().message().find("/nonexistent-dir/x.trr"), std::string::npos);
+}
+
+TEST(Writer, OpenRefusesAFifoWithoutBlocking) {
+  // Opening a FIFO for writing blocks until a reader comes: the writer must not try.
+  std::string path = ::testing::TempDir() + "/format_test_fifo.trr";
+  ::unlink(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto writer = TraceWriter::Open(path, SampleFileInfo());
+  ASSERT_FALSE(writer.ok());
+  EXPECT_EQ(writer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(writer.status().message().find("not a regular file (a FIFO)"), std::string::npos)
+      << writer.status().message();
+  EXPECT_EQ(TraceWriter::CheckPath(path).code(), StatusCode::kInvalidArgument);
+  ::unlink(path.c_str());
+}
+
+TEST(Writer, ASecondWriterOfOnePathFailsAndLeavesTheFirstWhole) {
+  std::string path = ::testing::TempDir() + "/format_test_locked.trr";
+  std::vector<Record> records = ManySteps(2);
+  {
+    auto first = TraceWriter::Open(path, SampleFileInfo());
+    ASSERT_TRUE(first.ok());
+    for (const Record& r : records) ASSERT_TRUE((*first)->Append(r).ok());
+    ASSERT_TRUE((*first)->Flush().ok());
+    auto second = TraceWriter::Open(path, SampleFileInfo());
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), StatusCode::kIoError);
+    EXPECT_NE(second.status().message().find("another recording is writing it"),
+              std::string::npos) << second.status().message();
+    EXPECT_EQ(TraceWriter::CheckPath(path).code(), StatusCode::kIoError);
+    ASSERT_TRUE((*first)->Close().ok());
+  }
+  Trace trace = ReadTraceFileAll(path);
+  EXPECT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  ExpectSameRecords(records, trace.records);
+  EXPECT_TRUE(TraceWriter::CheckPath(path).ok());  // Closed: the lock went with it.
+  EXPECT_TRUE(TraceWriter::Open(path, SampleFileInfo()).ok());
+}
+
+TEST(Writer, CheckPathChangesNothing) {
+  std::string path = ::testing::TempDir() + "/format_test_unborn.trr";
+  ::unlink(path.c_str());
+  EXPECT_TRUE(TraceWriter::CheckPath(path).ok());
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "CheckPath created " << path;
+  EXPECT_EQ(TraceWriter::CheckPath("").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(TraceWriter::CheckPath(::testing::TempDir()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(TraceWriter::CheckPath("/nonexistent-dir/x.trr").code(), StatusCode::kIoError);
 }
 
 TEST(Writer, FileRoundTripAndCounters) {

@@ -37,10 +37,19 @@ class ByteSink {
 
 class TraceWriter {
  public:
-  // Creates (truncates) `path` and writes the file header and the FileInfo chunk.
-  // Errors: kIoError with the path and strerror.
+  // Creates (truncates) `path` and writes the file header and the FileInfo chunk. The file is
+  // locked (flock LOCK_EX) until the writer closes: a second writer of the same path fails, and
+  // leaves the first one's file whole (it is truncated only once locked).
+  // Errors: kInvalidArgument for an empty path or one that names anything but a regular file (a
+  // FIFO, a directory, a device: never opened in a way that could block); kIoError "path:
+  // another recording is writing it" when locked, else the path and strerror.
   static StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path, const FileInfo& info,
                                                      const WriterOptions& options = {});
+  // Whether Open(path) would succeed now, for a command line that refuses a bad output before it
+  // starts the program that writes it: Open's errors, and kIoError when `path` does not exist
+  // and its directory cannot take a new file. Creates, locks and changes nothing (it takes the
+  // lock and lets it go at once when the file exists). Thread-safe.
+  static Status CheckPath(const std::string& path);
   // Same, into any sink (the writer owns it).
   static StatusOr<std::unique_ptr<TraceWriter>> Create(std::unique_ptr<ByteSink> sink,
                                                        const FileInfo& info,

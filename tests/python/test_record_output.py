@@ -1,0 +1,132 @@
+"""The trace's path, checked before anything runs: `torchrr record` refuses an output that can
+never hold a trace, options out of range, and an output another recording is writing; the
+recorder's own open (torchrr.start, the C API) refuses the same, and never truncates another
+recording's file."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from conftest import REPO, cli, needs_build, record
+
+pytestmark = needs_build
+
+PROGRAM = [sys.executable, "-c", "import torch; torch.ones(2).add(1); print('ran')"]
+
+
+def _errors(stderr):
+    return [line for line in stderr.splitlines() if line.startswith("torchrr: error:")]
+
+
+def _python_api(code, timeout=60):
+    """Runs `code` in a fresh interpreter that imports the checkout's torchrr package."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "recorder" / "python"), OMP_NUM_THREADS="1")
+    env.pop("TORCHRR_OUTPUT", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_a_fifo_is_refused_before_the_program_runs(tmp_path):
+    # The recorder would block in open() until something read the FIFO: the program never ran.
+    fifo = tmp_path / "run.trr"
+    os.mkfifo(fifo)
+    proc = record(fifo, PROGRAM, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert "ran" not in proc.stdout
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1 and "not a regular file" in errors[0], proc.stderr
+
+
+def test_a_directory_is_refused(tmp_path):
+    proc = record(tmp_path, PROGRAM, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert len(_errors(proc.stderr)) == 1 and "ran" not in proc.stdout, proc.stderr
+
+
+def test_an_empty_output_is_refused(tmp_path):
+    proc = record("", PROGRAM, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert len(_errors(proc.stderr)) == 1 and "ran" not in proc.stdout, proc.stderr
+
+
+def test_out_of_range_options_are_refused(tmp_path):
+    for value in ["-5", "0", "99999999999"]:
+        proc = record(tmp_path / "run.trr", PROGRAM, timeout=30, flags=["--max-buffer-mb", value])
+        assert proc.returncode == 2, f"--max-buffer-mb {value}: {proc.returncode} {proc.stderr}"
+        assert "ran" not in proc.stdout
+        assert not (tmp_path / "run.trr").exists()
+
+
+def test_the_python_api_refuses_a_fifo_without_blocking(tmp_path):
+    fifo = tmp_path / "api.trr"
+    os.mkfifo(fifo)
+    proc = _python_api(f"import torchrr; print(torchrr.start({str(fifo)!r}))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False"]
+    assert "not a regular file" in proc.stderr
+
+
+class _FirstRecording:
+    """`torchrr record -o TRACE` of a program that records, then waits for GO to exist."""
+
+    def __init__(self, tmp_path, trace):
+        self.ready = tmp_path / "ready"
+        self.go = tmp_path / "go"
+        script = tmp_path / "first.py"
+        script.write_text(textwrap.dedent("""\
+            import os, sys, time, torch
+            x = torch.ones(4, requires_grad=True)
+            (x * 2).sum().backward()
+            open(sys.argv[1], "w").close()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (x * 3).sum().backward()
+            print("first done")
+            """))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop("TORCHRR_OUTPUT", None)
+        self.proc = subprocess.Popen(
+            [cli(), "record", "-o", str(trace), "--", sys.executable, str(script),
+             str(self.ready), str(self.go)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        deadline = time.monotonic() + 60
+        while not self.ready.exists():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.finish()
+            time.sleep(0.05)
+
+    def finish(self):
+        self.go.touch()
+        try:
+            return self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def test_a_second_recording_to_the_same_path_is_refused(tmp_path):
+    trace = tmp_path / "run.trr"
+    first = _FirstRecording(tmp_path, trace)
+    second = record(trace, PROGRAM, timeout=60)
+    out, err = first.finish()
+    assert first.proc.returncode == 0 and "first done" in out, err
+    assert second.returncode == 7, second.stderr
+    assert "ran" not in second.stdout
+    errors = _errors(second.stderr)
+    assert len(errors) == 1 and "another recording" in errors[0], second.stderr
+    info = subprocess.run([cli(), "info", str(trace)], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+
+
+def test_the_recorder_never_truncates_a_file_another_recording_writes(tmp_path):
+    # torchrr.start reaches the recorder's open directly, past the command line's checks.
+    trace = tmp_path / "run.trr"
+    first = _FirstRecording(tmp_path, trace)
+    second = _python_api(f"import torchrr; print(torchrr.start({str(trace)!r}))")
+    out, err = first.finish()
+    assert first.proc.returncode == 0, err
+    assert second.stdout.split() == ["False"], second.stderr
+    assert "another recording" in second.stderr
+    info = subprocess.run([cli(), "info", str(trace)], capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
