@@ -24,6 +24,33 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
+// Payload bytes that may fail their checksum, in all, before the reader stops checking candidates:
+// kChecksumSlack plus kChecksumPerByte for each byte of the file read so far. A damaged file fails
+// a checksum once per damaged chunk (its bytes are then passed), far below this; a crafted file
+// whose every few bytes are a chunk header claiming the rest of the file would otherwise cost
+// time quadratic in its size. The slack is two chunks of the largest size.
+constexpr uint64_t kChecksumSlack = 2 * uint64_t{kMaxChunkBytes};
+constexpr uint64_t kChecksumPerByte = 8;
+
+// Why a chunk header cannot be one the writer wrote, from its fields alone; "" when it could be.
+std::string ImplausibleHeader(const ChunkHeader& h) {
+  if (h.compressed_len > kMaxChunkBytes || h.raw_len > kMaxChunkBytes) return "length over 64 MiB";
+  if (h.flags != 0) return "unknown flags " + Hex(h.flags);
+  if (h.compressed_len > ZSTD_compressBound(h.raw_len)) {
+    return "compressed length over zstd's bound for its raw length";
+  }
+  return "";
+}
+
+// Why a whole chunk's payload cannot be the zstd frame its header describes, from the frame's
+// header alone (a few bytes); "" when it could be.
+std::string ImplausibleFrame(const ChunkHeader& h, const uint8_t* payload) {
+  unsigned long long size = ZSTD_getFrameContentSize(payload, h.compressed_len);
+  if (size == ZSTD_CONTENTSIZE_ERROR) return "not a zstd frame";
+  if (size != ZSTD_CONTENTSIZE_UNKNOWN && size != h.raw_len) return "raw length mismatch";
+  return "";
+}
+
 }  // namespace
 
 uint64_t ReadSummary::records() const {
@@ -33,7 +60,9 @@ uint64_t ReadSummary::records() const {
 // The parser walks a buffer of not-yet-consumed bytes. In order: the 16-byte file header, then
 // chunks. After a chunk that fails (bad magic, bad length, checksum, zstd, verifier) it reports
 // the chunk once and resyncs: it moves one byte on and scans for the next chunk magic whose chunk
-// verifies, silently skipping candidates that do not.
+// verifies, silently skipping candidates that do not. A candidate's header fields and its zstd
+// frame header are checked before its payload is checksummed, and the bytes that fail their
+// checksum are bounded (kChecksumPerByte), so resyncing is linear in the file's size.
 class TraceParser::Impl {
  public:
   explicit Impl(RecordCallback on_record) : on_record_(std::move(on_record)) {}
@@ -87,8 +116,10 @@ class TraceParser::Impl {
   size_t Available() const { return buf_.size() - pos_; }
   const uint8_t* At() const { return buf_.data() + pos_; }
 
+  // Drops the consumed bytes once they are at least half the buffer, so that each byte is moved
+  // at most once on average, also while a long chunk is waited for.
   void Compact() {
-    if (pos_ > 0 && (pos_ >= buf_.size() / 2 || pos_ >= (1u << 20))) {
+    if (pos_ > 0 && pos_ >= buf_.size() / 2) {
       buf_.erase(buf_.begin(), buf_.begin() + static_cast<ptrdiff_t>(pos_));
       buf_offset_ += pos_;
       pos_ = 0;
@@ -251,46 +282,36 @@ class TraceParser::Impl {
     }
     const uint8_t* p = At();
     ChunkHeader h = ParseChunkHeader(p);
-    if (h.compressed_len > kMaxChunkBytes || h.raw_len > kMaxChunkBytes) {
-      attempt.reason = "length over 64 MiB";
-      return attempt;
-    }
+    attempt.reason = ImplausibleHeader(h);
+    if (!attempt.reason.empty()) return attempt;
     size_t whole = kChunkHeaderSize + h.compressed_len;
     if (available < whole) {
       attempt.outcome = Outcome::kNeedMore;
       return attempt;
     }
-    if (ChunkChecksum(p, p + kChunkHeaderSize, h.compressed_len) != h.checksum) {
+    const uint8_t* payload = p + kChunkHeaderSize;
+    attempt.reason = ImplausibleFrame(h, payload);
+    if (!attempt.reason.empty()) return attempt;
+    if (failed_checksum_bytes_ + h.compressed_len > kChecksumSlack + kChecksumPerByte * Offset()) {
+      PassedOver();
+      attempt.reason = "not checked: over the work limit for damaged input";
+      return attempt;
+    }
+    summary_.checksummed_bytes += h.compressed_len;
+    if (ChunkChecksum(p, payload, h.compressed_len) != h.checksum) {
+      failed_checksum_bytes_ += h.compressed_len;
       attempt.reason = "checksum mismatch";
       return attempt;
     }
     attempt.size = whole;  // From here on the framing is trusted.
-    if (h.flags != 0) {
-      attempt.reason = "unknown flags " + Hex(h.flags);
-      return attempt;
-    }
-    if (dctx_ == nullptr) dctx_ = ZSTD_createDCtx();
-    if (dctx_ == nullptr) {
-      attempt.reason = "zstd: out of memory";
-      return attempt;
-    }
-    raw_.resize(h.raw_len);
-    size_t n = ZSTD_decompressDCtx(dctx_, raw_.data(), raw_.size(), p + kChunkHeaderSize,
-                                   h.compressed_len);
-    if (ZSTD_isError(n)) {
-      attempt.reason = std::string("zstd: ") + ZSTD_getErrorName(n);
-      return attempt;
-    }
-    if (n != h.raw_len) {
-      attempt.reason = "raw length mismatch";
-      return attempt;
-    }
-    if (!VerifyPayload(h.type, raw_.data(), raw_.size())) {
+    attempt.reason = Decompress(payload, h.compressed_len, h.raw_len);
+    if (attempt.reason.empty() && !VerifyPayload(h.type, raw_.data(), raw_.size())) {
       attempt.reason = "FlatBuffer fails verification";
-      return attempt;
     }
+    if (!attempt.reason.empty()) return attempt;
     ReportCut();
     ++chunk_number_;
+    attempt.outcome = Outcome::kDone;
     ChunkInfo chunk{Offset(), h.type, h.compressed_len, h.raw_len, 0};
     switch (h.type) {
       case kChunkFileInfo:
@@ -331,8 +352,27 @@ class TraceParser::Impl {
         break;  // A newer minor version's chunk type.
     }
     summary_.chunks.push_back(chunk);
-    attempt.outcome = Outcome::kDone;
     return attempt;
+  }
+
+  // Decompresses a zstd frame of exactly raw_len bytes into raw_; "" or why not.
+  std::string Decompress(const uint8_t* payload, size_t compressed_len, uint32_t raw_len) {
+    if (dctx_ == nullptr) dctx_ = ZSTD_createDCtx();
+    if (dctx_ == nullptr) return "zstd: out of memory";
+    raw_.resize(raw_len);
+    size_t n = ZSTD_decompressDCtx(dctx_, raw_.data(), raw_.size(), payload, compressed_len);
+    if (ZSTD_isError(n)) return std::string("zstd: ") + ZSTD_getErrorName(n);
+    if (n != raw_len) return "raw length mismatch";
+    return "";
+  }
+
+  // Says, once, that a candidate went unchecked for the work limit (kChecksumPerByte).
+  void PassedOver() {
+    if (warned_work_limit_) return;
+    warned_work_limit_ = true;
+    Problem(StatusCode::kCorrupt, "@ " + Hex(Offset()) +
+                                      ": chunk candidates passed over unchecked (work limit for "
+                                      "damaged input) (corrupt)");
   }
 
   void ParseTrailer() {
@@ -403,6 +443,8 @@ class TraceParser::Impl {
   std::optional<Cut> cut_;
   std::optional<uint64_t> index_offset_;
   std::vector<ChunkInfo> index_entries_;
+  uint64_t failed_checksum_bytes_ = 0;  // Payload bytes whose checksum did not match, in all.
+  bool warned_work_limit_ = false;
   ZSTD_DCtx* dctx_ = nullptr;
   std::vector<uint8_t> raw_;  // The decompressed payload of the current chunk.
   ReadSummary summary_;
