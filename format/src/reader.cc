@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <span>
+#include <unordered_map>
 
 #include "container.h"
 #include "record_codec.h"
@@ -31,6 +33,10 @@ std::string Hex(uint64_t v) {
 // time quadratic in its size. The slack is two chunks of the largest size.
 constexpr uint64_t kChecksumSlack = 2 * uint64_t{kMaxChunkBytes};
 constexpr uint64_t kChecksumPerByte = 8;
+
+// 256 MiB: the most compressed bytes of out-of-order chunks held, waiting for the chunk they
+// continue; past it the held chunk that comes first in sequence is read without it.
+constexpr size_t kMaxHeldBytes = 256u << 20;
 
 // Why a chunk header cannot be one the writer wrote, from its fields alone; "" when it could be.
 std::string ImplausibleHeader(const ChunkHeader& h) {
@@ -63,6 +69,11 @@ uint64_t ReadSummary::records() const {
 // verifies, silently skipping candidates that do not. A candidate's header fields and its zstd
 // frame header are checked before its payload is checksummed, and the bytes that fail their
 // checksum are bounded (kChecksumPerByte), so resyncing is linear in the file's size.
+//
+// Record chunks are handed on in the order the writer wrote them, which their cursors give (each
+// batch starts where the one before it ended: SPEC.md, "Id and time coding"): a chunk that does
+// not continue the last one read is held until the one it continues has been read, or until the
+// end; a chunk that is a byte-for-byte copy of an earlier one is dropped.
 class TraceParser::Impl {
  public:
   explicit Impl(RecordCallback on_record) : on_record_(std::move(on_record)) {}
@@ -85,6 +96,10 @@ class TraceParser::Impl {
     finished_ = true;
     eof_ = true;
     if (!stopped_) Process();
+    while (!held_.empty()) {
+      ReadHeld(FirstHeld(), 0);
+      ReadHeldThatContinue();
+    }
     summary_.file_size = fed_;
     if (!stopped_) Settle();
     return summary_;
@@ -98,6 +113,22 @@ class TraceParser::Impl {
     Outcome outcome = Outcome::kBad;
     std::string reason;
     size_t size = 0;        // kDone, or kBad with a verified checksum: the chunk's whole size.
+  };
+
+  // Where a batch's id and time cursors start or end (SPEC.md, "Id and time coding").
+  struct Cursors {
+    uint64_t high = 0;
+    int64_t time_ns = 0;
+    bool operator==(const Cursors&) const = default;
+  };
+
+  // A verified record chunk that does not continue the last batch read, held until one does.
+  struct HeldChunk {
+    uint64_t number;               // Its chunk number (file order).
+    size_t index;                  // Its entry in summary_.chunks.
+    Cursors base;
+    bool neutral;                  // It ends where it starts (definitions only, say).
+    std::vector<uint8_t> payload;  // Its zstd frame.
   };
 
   void Problem(StatusCode code, std::string message) {
@@ -166,6 +197,7 @@ class TraceParser::Impl {
           ++chunk_number_;
           Problem(StatusCode::kCorrupt, ChunkPlace(chunk_number_, Offset()) + ": " +
                                             attempt.reason + " (corrupt)");
+          gap_ = true;
           pos_ += attempt.size;
           resyncing_ = false;
           continue;
@@ -200,6 +232,7 @@ class TraceParser::Impl {
       Problem(StatusCode::kCorrupt,
               ChunkPlace(chunk_number_, Offset()) + ": " + reason + " (corrupt)");
       resyncing_ = true;
+      gap_ = true;
     }
     ++pos_;
   }
@@ -214,6 +247,7 @@ class TraceParser::Impl {
     ++chunk_number_;
     Problem(StatusCode::kCorrupt, ChunkPlace(cut_->number, cut_->offset) +
                                       ": length runs past the end of the file (corrupt)");
+    gap_ = true;
     cut_.reset();
   }
 
@@ -312,34 +346,26 @@ class TraceParser::Impl {
     ReportCut();
     ++chunk_number_;
     attempt.outcome = Outcome::kDone;
-    ChunkInfo chunk{Offset(), h.type, h.compressed_len, h.raw_len, 0};
+    size_t index = summary_.chunks.size();
+    summary_.chunks.push_back(ChunkInfo{Offset(), h.type, h.compressed_len, h.raw_len, 0});
+    auto [copy, fresh] = checksums_.try_emplace(h.checksum, chunk_number_);
+    if (!fresh) {
+      Problem(StatusCode::kCorrupt, ChunkPlace(chunk_number_, Offset()) + ": a copy of chunk " +
+                                        std::to_string(copy->second) + ", skipped (corrupt)");
+      return attempt;
+    }
     switch (h.type) {
       case kChunkFileInfo:
         summary_.info = DecodeFileInfo(*flatbuffers::GetRoot<fb::FileInfo>(raw_.data()));
         summary_.has_info = true;
         break;
-      case kChunkRecordBatch: {
-        const auto* batch = flatbuffers::GetRoot<fb::RecordBatch>(raw_.data());
-        uint32_t records = 0;
-        size_t unknown = DecodeBatch(*batch, [&](const Record& record) {
-          ++records;
-          ++summary_.records_per_kind[record.index()];
-          if (on_record_) on_record_(record);
-        });
-        if (unknown > 0 && !warned_unknown_) {
-          warned_unknown_ = true;
-          summary_.warnings.push_back(ChunkPlace(chunk_number_, Offset()) +
-                                      ": skipped records of kinds newer than this torchrr");
-        }
-        chunk.records = records;
-        summary_.compressed_bytes += h.compressed_len;
-        summary_.raw_bytes += h.raw_len;
+      case kChunkRecordBatch:
+        OrderBatch(index, std::span<const uint8_t>(payload, h.compressed_len));
         break;
-      }
       case kChunkIndex: {
-        const auto* index = flatbuffers::GetRoot<fb::Index>(raw_.data());
+        const auto* index_table = flatbuffers::GetRoot<fb::Index>(raw_.data());
         index_entries_.clear();
-        if (const auto* entries = index->chunks()) {
+        if (const auto* entries = index_table->chunks()) {
           for (const fb::ChunkEntry* e : *entries) {
             index_entries_.push_back(ChunkInfo{e->offset(), e->type(), e->compressed_len(),
                                                e->raw_len(), e->records()});
@@ -351,7 +377,6 @@ class TraceParser::Impl {
       default:
         break;  // A newer minor version's chunk type.
     }
-    summary_.chunks.push_back(chunk);
     return attempt;
   }
 
@@ -373,6 +398,99 @@ class TraceParser::Impl {
     Problem(StatusCode::kCorrupt, "@ " + Hex(Offset()) +
                                       ": chunk candidates passed over unchecked (work limit for "
                                       "damaged input) (corrupt)");
+  }
+
+  // The verified RecordBatch chunk summary_.chunks[index] (its payload decompressed in raw_):
+  // read now when it continues the last batch read, else held (SPEC.md, "Reading").
+  void OrderBatch(size_t index, std::span<const uint8_t> payload) {
+    const auto* batch = flatbuffers::GetRoot<fb::RecordBatch>(raw_.data());
+    Cursors base{batch->base_high(), batch->base_time_ns()};
+    if (Continues(base)) {
+      ReadBatch(*batch, chunk_number_, index);
+    } else {
+      DecodedBatch decoded = DecodeBatch(*batch, [](const Record&) {});
+      bool neutral = Cursors{decoded.end_high, decoded.end_time_ns} == base;
+      held_bytes_ += payload.size();
+      held_.push_back(HeldChunk{chunk_number_, index, base, neutral,
+                                std::vector<uint8_t>(payload.begin(), payload.end())});
+      if (held_bytes_ <= kMaxHeldBytes) return;
+      ReadHeld(FirstHeld(), 0);
+    }
+    ReadHeldThatContinue();
+  }
+
+  // Whether a batch starting at `base` comes next: it starts where the last batch read ended, or,
+  // when that end is not known exactly (a damaged chunk or unknown records in between), no earlier.
+  bool Continues(const Cursors& base) const {
+    return next_exact_ && !gap_ ? base == next_ : base.high >= next_.high;
+  }
+
+  // Reads the held chunks that continue the last batch read, each in turn. Of two that start at
+  // the same place, one that ends there too (definitions only) was written first: the writer's
+  // next batch starts where the other ends.
+  void ReadHeldThatContinue() {
+    while (next_exact_ && !gap_) {
+      size_t next = held_.size();
+      for (size_t i = 0; i < held_.size(); ++i) {
+        if (held_[i].base == next_ && (next == held_.size() || (held_[i].neutral &&
+                                                                 !held_[next].neutral))) {
+          next = i;
+        }
+      }
+      if (next == held_.size()) return;
+      ReadHeld(next, last_read_);
+    }
+  }
+
+  // The held chunk that comes first in sequence (the lowest base cursors, then file order).
+  size_t FirstHeld() const {
+    size_t first = 0;
+    for (size_t i = 1; i < held_.size(); ++i) {
+      const Cursors& a = held_[i].base;
+      const Cursors& b = held_[first].base;
+      if (a.high < b.high || (a.high == b.high && a.time_ns < b.time_ns)) first = i;
+    }
+    return first;
+  }
+
+  // Reads held_[i] and drops it. `after`: the chunk it continues (0: it continues none read).
+  void ReadHeld(size_t i, uint64_t after) {
+    HeldChunk held = std::move(held_[i]);
+    held_.erase(held_.begin() + static_cast<ptrdiff_t>(i));
+    held_bytes_ -= held.payload.size();
+    const ChunkInfo& chunk = summary_.chunks[held.index];
+    std::string place = ChunkPlace(held.number, chunk.offset);
+    std::string where = last_read_ == 0 ? "first" : "after chunk " + std::to_string(last_read_);
+    Problem(StatusCode::kCorrupt,
+            place + (after != 0 ? ": out of order, read " + where + ", which it continues"
+                                : ": out of order and continues no chunk read, read " + where) +
+                " (corrupt)");
+    // The same bytes decompressed and verified when the chunk was read.
+    (void)Decompress(held.payload.data(), held.payload.size(), chunk.raw_bytes);
+    ReadBatch(*flatbuffers::GetRoot<fb::RecordBatch>(raw_.data()), held.number, held.index);
+  }
+
+  // Hands on the records of a batch that is next in sequence; its end is where the next begins.
+  void ReadBatch(const fb::RecordBatch& batch, uint64_t number, size_t index) {
+    ChunkInfo& chunk = summary_.chunks[index];
+    uint32_t records = 0;
+    DecodedBatch decoded = DecodeBatch(batch, [&](const Record& record) {
+      ++records;
+      ++summary_.records_per_kind[record.index()];
+      if (on_record_) on_record_(record);
+    });
+    if (decoded.unknown > 0 && !warned_unknown_) {
+      warned_unknown_ = true;
+      summary_.warnings.push_back(ChunkPlace(number, chunk.offset) +
+                                  ": skipped records of kinds newer than this torchrr");
+    }
+    chunk.records = records;
+    summary_.compressed_bytes += chunk.compressed_bytes;
+    summary_.raw_bytes += chunk.raw_bytes;
+    next_ = Cursors{decoded.end_high, decoded.end_time_ns};
+    next_exact_ = decoded.unknown == 0;
+    gap_ = false;
+    last_read_ = number;
   }
 
   void ParseTrailer() {
@@ -445,6 +563,14 @@ class TraceParser::Impl {
   std::vector<ChunkInfo> index_entries_;
   uint64_t failed_checksum_bytes_ = 0;  // Payload bytes whose checksum did not match, in all.
   bool warned_work_limit_ = false;
+  // Checksum -> number of every chunk read, to drop copies.
+  std::unordered_map<uint64_t, uint64_t> checksums_;
+  Cursors next_;               // Where the next batch in sequence starts...
+  bool next_exact_ = true;     // ...exactly, or (false: unknown records) at the earliest.
+  bool gap_ = false;           // A damaged chunk since the last batch read: its end is unknown.
+  uint64_t last_read_ = 0;     // The number of the last batch read.
+  std::vector<HeldChunk> held_;
+  size_t held_bytes_ = 0;
   ZSTD_DCtx* dctx_ = nullptr;
   std::vector<uint8_t> raw_;  // The decompressed payload of the current chunk.
   ReadSummary summary_;

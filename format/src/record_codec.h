@@ -128,10 +128,18 @@ struct EncodedSize {
 EncodedSize EstimateEncodedSize(const Record& record);
 EncodedSize EstimateEncodedSize(const FileInfo& info);
 
+// What decoding a batch found: the records of unknown kinds (a newer minor version's), which are
+// skipped, and where the cursors ended, which is where the next batch the writer wrote starts
+// (its base_high and base_time_ns) unless unknown records moved them.
+struct DecodedBatch {
+  size_t unknown = 0;
+  uint64_t end_high = 0;
+  int64_t end_time_ns = 0;
+};
+
 // Decodes a verified RecordBatch, calling `emit` for each record of a known kind in order.
-// Returns the number of records of unknown kinds (a newer minor version's), which are skipped.
 template <typename Emit>
-size_t DecodeBatch(const fb::RecordBatch& batch, Emit&& emit);
+DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit);
 
 // Verifies a payload of the given chunk type. Bounded work: depth 64, one table per 4 bytes.
 bool VerifyPayload(uint16_t chunk_type, const uint8_t* data, size_t size);
@@ -144,22 +152,26 @@ void EncodeIndex(const std::vector<ChunkInfo>& chunks, flatbuffers::FlatBufferBu
 bool DecodeRecord(fb::Record type, const void* table, IdCoder& ids, TimeCoder& times, Record& out);
 
 template <typename Emit>
-size_t DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
+DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
   IdCoder ids(batch.base_high());
   TimeCoder times(batch.base_time_ns());
+  DecodedBatch decoded;
   const auto* types = batch.records_type();
   const auto* tables = batch.records();
-  if (types == nullptr || tables == nullptr) return 0;
-  size_t unknown = 0;
-  Record record;
-  for (flatbuffers::uoffset_t i = 0; i < tables->size(); ++i) {
-    if (DecodeRecord(static_cast<fb::Record>(types->Get(i)), tables->Get(i), ids, times, record)) {
-      emit(record);
-    } else {
-      ++unknown;
+  if (types != nullptr && tables != nullptr) {
+    Record record;
+    for (flatbuffers::uoffset_t i = 0; i < tables->size(); ++i) {
+      if (DecodeRecord(static_cast<fb::Record>(types->Get(i)), tables->Get(i), ids, times,
+                       record)) {
+        emit(record);
+      } else {
+        ++decoded.unknown;
+      }
     }
   }
-  return unknown;
+  decoded.end_high = ids.high();
+  decoded.end_time_ns = times.cursor();
+  return decoded;
 }
 
 }  // namespace torchrr::format

@@ -1,9 +1,11 @@
 // The reader on files crafted to hurt it: fake chunk headers that would make resynchronizing
-// quadratic. Whatever the file, the work stays linear.
+// quadratic, and chunks moved or copied so that records would be read out of the order they were
+// written in. Whatever the file, the work stays linear and the records come in sequence.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@ namespace torchrr::format {
 namespace {
 
 using testing::FakeChunkHeaders;
+using testing::Rechunk;
 
 // 16 MiB of fake chunk headers: without a bound on the work per candidate, one pass checksums
 // terabytes (over 60 s already at 16 MiB). The bound (reader.h): 9 x the size + 128 MiB.
@@ -43,7 +46,7 @@ TEST(HostileInput, FakeChunkHeadersResyncInLinearWork) {
   }
 }
 
-// A trace in many small chunks: the file info, record batches, the index.
+// A trace in many small chunks: chunk 0 the file info, 1 .. n-2 record batches, n-1 the index.
 struct Chunked {
   std::vector<Record> records;
   std::string bytes;
@@ -63,6 +66,13 @@ const Chunked& Small() {
     return c;
   }();
   return *small;
+}
+
+// 0, 1, ..., n-1.
+std::vector<size_t> InFileOrder(size_t n) {
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  return order;
 }
 
 // Records compare field by field; on a difference, says where.
@@ -91,6 +101,103 @@ std::vector<Record> ReadInPieces(const std::string& bytes, ReadSummary* summary)
   }
   *summary = whole.summary;
   return whole.records;
+}
+
+using Orders = std::vector<std::pair<std::string, std::vector<size_t>>>;
+
+// Each of `orders` (a name, then Rechunk's chunks) reads back every record of `t` in sequence,
+// kCorrupt, with the file info, and with a warning that contains `warning` (unless "").
+void ExpectEachReadsWhole(const Chunked& t, const Orders& orders, const std::string& warning) {
+  for (const auto& [name, chunks] : orders) {
+    SCOPED_TRACE(name);
+    ReadSummary summary;
+    ExpectSameRecords(t.records, ReadInPieces(Rechunk(t.bytes, chunks), &summary));
+    EXPECT_EQ(summary.status.code(), StatusCode::kCorrupt) << summary.status.message();
+    EXPECT_TRUE(summary.has_info);
+    if (!warning.empty()) {
+      EXPECT_TRUE(AnyWarningHas(summary, warning)) << ::testing::PrintToString(summary.warnings);
+    }
+  }
+}
+
+TEST(HostileInput, MovedChunksAreReadInSequence) {
+  const Chunked& t = Small();
+  ASSERT_GE(t.chunks, 8u);
+  const size_t n = t.chunks;
+  Orders cases;
+  std::vector<size_t> order = InFileOrder(n);
+  std::swap(order[2], order[3]);
+  cases.emplace_back("two neighbours swapped", order);
+  order = InFileOrder(n);
+  std::rotate(order.begin() + 1, order.begin() + 2, order.end() - 1);
+  cases.emplace_back("the first batch moved last", order);
+  order = InFileOrder(n);
+  std::reverse(order.begin() + 1, order.end() - 1);
+  cases.emplace_back("every batch reversed", order);
+  order = InFileOrder(n - 1);  // No index: as if cut before it.
+  std::swap(order[4], order[5]);
+  cases.emplace_back("two batches swapped, no index", order);
+  ExpectEachReadsWhole(t, cases, "out of order, read after chunk ");
+  // The file info is no record chunk: moved, it is read where it is, and nothing is out of order.
+  order = InFileOrder(n);
+  std::rotate(order.begin(), order.begin() + 1, order.end() - 1);
+  ExpectEachReadsWhole(t, {{"the file info moved last", order}}, "");
+}
+
+TEST(HostileInput, CopiedChunksAreDropped) {
+  const Chunked& t = Small();
+  const size_t n = t.chunks;
+  Orders cases;
+  std::vector<size_t> order = InFileOrder(n);
+  order.insert(order.begin() + 3, 3);
+  cases.emplace_back("a batch twice in a row", order);
+  order = InFileOrder(n);
+  for (size_t i = 1; i + 1 < n; ++i) order.insert(order.end() - 1, i);
+  cases.emplace_back("every batch again", order);
+  order = InFileOrder(n);
+  order.insert(order.begin() + 2, 0);
+  cases.emplace_back("the file info twice", order);
+  ExpectEachReadsWhole(t, cases, ": a copy of chunk ");
+}
+
+// The records of every chunk of `t` but chunk `lost` (0-based, file order), in order.
+std::vector<Record> RecordsWithout(const Chunked& t, size_t lost) {
+  std::vector<Record> out;
+  size_t first = 0;
+  ReadSummary clean = ReadTraceBytes(t.bytes, nullptr);
+  for (size_t i = 0; i < clean.chunks.size(); ++i) {
+    if (i != lost) {
+      out.insert(out.end(), t.records.begin() + first,
+                 t.records.begin() + first + clean.chunks[i].records);
+    }
+    first += clean.chunks[i].records;
+  }
+  return out;
+}
+
+// A damaged chunk breaks the chain of cursors: the next chunk that verifies is read next, and
+// nothing is held. A chunk cut out without a trace breaks it too: what follows is held to the
+// end, then read in sequence.
+TEST(HostileInput, AChunkLostDoesNotLoseTheRest) {
+  const Chunked& t = Small();
+  ReadSummary clean = ReadTraceBytes(t.bytes, nullptr);
+  // A batch in the middle that moves the cursors (one of definitions only would not be missed).
+  size_t lost = 2;
+  for (size_t i = 3; i + 2 < clean.chunks.size(); ++i) {
+    if (clean.chunks[i].records > clean.chunks[lost].records) lost = i;
+  }
+  const ChunkInfo& c = clean.chunks[lost];
+  std::string damaged = t.bytes;
+  damaged[c.offset + 24 + c.compressed_bytes / 2] ^= 0x20;
+  ReadSummary summary;
+  ExpectSameRecords(RecordsWithout(t, lost), ReadInPieces(damaged, &summary));
+  EXPECT_FALSE(AnyWarningHas(summary, "out of order")) << ::testing::PrintToString(summary.warnings);
+
+  std::vector<size_t> order = InFileOrder(t.chunks);
+  order.erase(order.begin() + lost);
+  ExpectSameRecords(RecordsWithout(t, lost), ReadInPieces(Rechunk(t.bytes, order), &summary));
+  EXPECT_TRUE(AnyWarningHas(summary, "out of order and continues no chunk read"))
+      << ::testing::PrintToString(summary.warnings);
 }
 
 // The work limit is never reached by a file that is only damaged: with every other record chunk

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "torchrr/format/reader.h"
 
 namespace torchrr::format::testing {
 namespace {
@@ -47,6 +48,19 @@ std::string FakeChunkHeaders(size_t size, bool plausible) {
     }
   }
   out.resize(size);
+  return out;
+}
+
+std::string Rechunk(const std::string& trace, const std::vector<size_t>& chunks) {
+  ReadSummary summary = ReadTraceBytes(trace, nullptr);
+  std::string out = trace.substr(0, 16);
+  uint64_t end = 16;
+  for (const ChunkInfo& c : summary.chunks) end = std::max(end, c.offset + kChunkHeader + c.compressed_bytes);
+  for (size_t i : chunks) {
+    const ChunkInfo& c = summary.chunks.at(i);
+    out += trace.substr(c.offset, kChunkHeader + c.compressed_bytes);
+  }
+  out += trace.substr(end);
   return out;
 }
 

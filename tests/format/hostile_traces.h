@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace torchrr::format::testing {
 
@@ -15,6 +16,11 @@ namespace torchrr::format::testing {
 // too small for its compressed length. Without a bound on the work per candidate, reading it
 // costs time quadratic in `size`.
 std::string FakeChunkHeaders(size_t size, bool plausible);
+
+// `trace` (a file as the writer wrote it) with its chunks in the order `chunks` gives: indexes
+// into its chunks in file order (ReadSummary::chunks), an index given twice copies the chunk.
+// The file header comes first and the bytes after the last chunk (the trailer) last, unchanged.
+std::string Rechunk(const std::string& trace, const std::vector<size_t>& chunks);
 
 }  // namespace torchrr::format::testing
 

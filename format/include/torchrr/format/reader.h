@@ -6,6 +6,10 @@
 // chunk N"); a corrupt chunk is reported with its number and byte offset and the reader resumes at
 // the next chunk that verifies (status kCorrupt), so a broken trace gives back all that still
 // verifies. A newer major format is refused (kTooNew) with both versions in the message.
+//
+// Records come in the order the writer wrote them, also when chunks were moved: a record chunk
+// that does not continue the one read before it (SPEC.md, "Reading") is held until the one it
+// continues has been read, and a chunk that is a copy of an earlier one is dropped (both kCorrupt).
 // The work is linear in the file's size whatever the input (checksummed_bytes).
 #ifndef TORCHRR_FORMAT_READER_H_
 #define TORCHRR_FORMAT_READER_H_
@@ -53,7 +57,7 @@ struct ReadSummary {
   uint64_t file_size = 0;
   uint64_t compressed_bytes = 0; // Sum over record chunks of the compressed payload.
   uint64_t raw_bytes = 0;
-  std::vector<ChunkInfo> chunks; // Every chunk that verified.
+  std::vector<ChunkInfo> chunks; // Every chunk that verified, in file order.
   // Bytes run through the chunk checksum, whether they matched or not: at most
   // 9 x file_size + 128 MiB, however the file was damaged or crafted.
   uint64_t checksummed_bytes = 0;
@@ -64,7 +68,9 @@ struct ReadSummary {
 using RecordCallback = std::function<void(const Record&)>;
 
 // A push parser: feed it the file's bytes in pieces of any size; it calls `on_record` for each
-// record of each chunk as soon as the chunk is whole and verified. Finish() says how the file ended.
+// record of each chunk as soon as the chunk is whole and verified and comes next in sequence (one
+// out of order waits for the chunk it continues, or for Finish()). Finish() says how the file
+// ended. The records and the summary do not depend on the size of the pieces.
 class TraceParser {
  public:
   explicit TraceParser(RecordCallback on_record);
