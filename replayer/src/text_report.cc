@@ -2,13 +2,12 @@
 // the victim, then the facts, then a fix). TextReport writes it one section at a time, each by its
 // own short emitter, whose comment shows what it writes.
 #include <cstdio>
-#include <fstream>
-#include <map>
 #include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "source_files.h"
 #include "torchrr/replayer/replayer.h"
 
 namespace torchrr::replayer {
@@ -29,26 +28,6 @@ class Painter {
 
  private:
   bool color_;
-};
-
-// Source lines of the recorded files that exist on this machine; read once each.
-class SourceCache {
- public:
-  // The line (1-based), or nullptr when the file or line is not there.
-  const std::string* Line(const std::string& path, uint32_t line) {
-    if (path.empty() || line == 0) return nullptr;
-    auto [it, inserted] = files_.try_emplace(path);
-    if (inserted) {
-      std::ifstream in(path);
-      std::string text;
-      while (in && std::getline(in, text)) it->second.push_back(text);
-    }
-    if (line > it->second.size()) return nullptr;
-    return &it->second[line - 1];
-  }
-
- private:
-  std::map<std::string, std::vector<std::string>> files_;
 };
 
 // "aten::add_.Tensor"; "an unrecorded op" when the op has no name.

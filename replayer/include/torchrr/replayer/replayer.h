@@ -215,8 +215,9 @@ class Analyzer {
 Report Analyze(const std::vector<format::Record>& records);
 
 // The human report, one compiler-style diagnostic per violation (ANSI colours when `color`).
-// Source lines are quoted when the recorded file is readable on this machine. Ends with a summary
-// line; says "no saved tensor was modified" when there is nothing to report.
+// Source lines are quoted when the recorded file is a regular file readable on this machine, of at
+// most 8 MiB; never a special or kernel file (a FIFO, a device, /proc), whatever the trace names.
+// Ends with a summary line; says "no saved tensor was modified" when there is nothing to report.
 std::string FormatText(const Report& report, bool color);
 
 // The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).

@@ -1,0 +1,91 @@
+// The text report quotes the culprit's and the victim's lines from the files a trace names, on the
+// machine that replays it. A trace from a stranger can name any path: only regular source files
+// are read, never a special or kernel file (replayer/src/source_files.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <string>
+
+#include "torchrr/replayer/replayer.h"
+#include "trace_builder.h"
+
+namespace torchrr::replayer {
+namespace {
+
+using testing::kOutput;
+using testing::TraceBuilder;
+
+// The report of a violation whose culprit (line 1) and victim (line 2) are in `path`, made on
+// another thread: nullopt when it takes over 10 s (it blocked on the file).
+std::optional<std::string> ReportNaming(const std::string& path) {
+  auto report = std::async(std::launch::async, [path] {
+    TraceBuilder b;
+    auto x = b.Leaf({4});
+    auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}},
+                       b.At(2, path));
+    b.Inplace("aten::mul_", y.out, {}, b.At(1, path), false);
+    b.Backward({y.node}, y.node);
+    return FormatText(Analyze(b.records), /*color=*/false);
+  });
+  if (report.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return report.get();
+  // Unblock a reader waiting for a FIFO's writer, so that the thread can end.
+  int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+  if (fd >= 0) ::close(fd);
+  report.wait();
+  return std::nullopt;
+}
+
+// A path in the test's temporary directory, removed first.
+std::string TempPath(const std::string& name) {
+  std::string path = ::testing::TempDir() + "/torchrr_source_quote_" + name;
+  std::remove(path.c_str());
+  return path;
+}
+
+TEST(SourceQuoteTest, ARegularFileIsQuoted) {
+  std::string path = TempPath("train.py");
+  std::ofstream(path) << "    y.mul_(2)\r\n    y = torch.sigmoid(x)\n";
+  std::optional<std::string> text = ReportNaming(path);
+  ASSERT_TRUE(text);
+  EXPECT_NE(text->find("1 |     y.mul_(2)\n"), std::string::npos) << *text;  // CR dropped.
+  EXPECT_NE(text->find("2 |     y = torch.sigmoid(x)\n"), std::string::npos) << *text;
+  std::remove(path.c_str());
+}
+
+TEST(SourceQuoteTest, SpecialAndKernelFilesAreNeverRead) {
+  std::string fifo = TempPath("fifo.py");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string environ_link = TempPath("environ.py");
+  ASSERT_EQ(::symlink("/proc/self/environ", environ_link.c_str()), 0);
+  std::string large = TempPath("large.py");  // A sparse file one byte over 8 MiB, line 1 "x".
+  {
+    std::ofstream(large) << "x\n";
+    ASSERT_EQ(::truncate(large.c_str(), (8 << 20) + 1), 0);
+  }
+  for (const std::string& path : {std::string("/proc/self/environ"), environ_link,
+                                  std::string("/proc/self/cmdline"), std::string("/dev/zero"),
+                                  std::string("/dev/urandom"), std::string("/dev/stdin"), fifo,
+                                  large}) {
+    SCOPED_TRACE(path);
+    std::optional<std::string> text = ReportNaming(path);
+    ASSERT_TRUE(text) << "blocked reading " << path;
+    EXPECT_EQ(text->find(" |     "), std::string::npos) << "a line was quoted:\n" << *text;
+    EXPECT_NE(text->find("= culprit: aten::mul_ changed the version 0 -> 1"), std::string::npos)
+        << *text;
+    EXPECT_EQ(text->find("PATH="), std::string::npos);
+  }
+  std::remove(fifo.c_str());
+  std::remove(environ_link.c_str());
+  std::remove(large.c_str());
+}
+
+}  // namespace
+}  // namespace torchrr::replayer
