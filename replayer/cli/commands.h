@@ -18,6 +18,14 @@ void RegisterInfoCommand(CLI::App& app, int* exit_code);
 void RegisterDumpCommand(CLI::App& app, int* exit_code);
 void RegisterRecordCommand(CLI::App& app, int* exit_code);
 
+// `json` as text (compact, or indented by `indent`), valid JSON whatever its strings hold: a byte
+// that is not valid UTF-8 becomes U+FFFD (replayer/SCHEMA.md, "Strings"), where dump() would
+// throw. Every JSON output of the command line goes through it.
+template <typename Json>
+std::string JsonText(const Json& json, int indent = -1) {
+  return json.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
 // Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
 // after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.
 int ReportRead(const std::string& path, const format::ReadSummary& summary);

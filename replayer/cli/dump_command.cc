@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "torchrr/format/json.h"
 #include "torchrr/format/reader.h"
+#include "torchrr/replayer/printable.h"
 
 namespace torchrr::cli {
 namespace {
@@ -25,6 +26,9 @@ bool IsStringField(const std::string& kind, const std::string& field) {
   return field == "type" && kind == "error";
 }
 
+// One line per record: its kind, then field=value, StringDef ids resolved to their text. Every
+// string is quoted and escaped (replayer::Printable), so that a record stays one line whatever
+// its strings hold.
 class TextDumper {
  public:
   void Print(const format::Record& record) {
@@ -45,14 +49,21 @@ class TextDumper {
   }
 
  private:
-  void Append(const std::string& kind, const std::string& field, const nlohmann::ordered_json& value) {
+  // Appends `value`: a StringDef id as its text and any string quoted, both escaped; an array
+  // element by element ([1,2], [{a=1 b=2}, {a=3 b=4}]); anything else as its JSON.
+  void Append(const std::string& kind, const std::string& field,
+              const nlohmann::ordered_json& value) {
     if (IsStringField(kind, field) && value.is_number_unsigned()) {
       auto id = value.get<format::InternId>();
       auto it = strings_.find(id);
       if (id != 0 && it != strings_.end()) {
-        line_ += nlohmann::ordered_json(it->second).dump();  // Quoted and escaped.
+        AppendString(it->second);
         return;
       }
+    }
+    if (value.is_string()) {
+      AppendString(value.get_ref<const std::string&>());
+      return;
     }
     if (value.is_array() && !value.empty() && value.front().is_object()) {
       // Tensor uses, edges, saved tensors, values: resolve names inside them too.
@@ -75,7 +86,23 @@ class TextDumper {
       line_ += ']';
       return;
     }
-    line_ += value.dump();
+    if (value.is_array()) {
+      line_ += '[';
+      for (size_t i = 0; i < value.size(); ++i) {
+        if (i > 0) line_ += ',';
+        Append(kind, field, value[i]);
+      }
+      line_ += ']';
+      return;
+    }
+    line_ += value.dump();  // A number, a boolean or null.
+  }
+
+  // "text", escaped.
+  void AppendString(const std::string& text) {
+    line_ += '"';
+    line_ += replayer::Printable(text, '"');
+    line_ += '"';
   }
 
   std::unordered_map<format::InternId, std::string> strings_;
@@ -90,9 +117,9 @@ int RunDump(const DumpOptions& options) {
     summary = format::ReadTraceFile(options.path, nullptr);
     int rc = ReportRead(options.path, summary);
     if (rc == 3 || rc == 6) return rc;
-    std::printf("%s\n", format::SummaryToJson(summary).dump().c_str());
+    std::printf("%s\n", JsonText(format::SummaryToJson(summary)).c_str());
     (void)format::ReadTraceFile(options.path, [](const format::Record& record) {
-      std::string line = format::RecordToJson(record).dump();
+      std::string line = JsonText(format::RecordToJson(record));
       line += '\n';
       std::fwrite(line.data(), 1, line.size(), stdout);
     });

@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "torchrr/format/json.h"
 #include "torchrr/format/reader.h"
+#include "torchrr/replayer/printable.h"
 
 namespace torchrr::cli {
 namespace {
@@ -33,11 +34,14 @@ std::string UtcTime(int64_t unix_ns) {
   return buf;
 }
 
+// The command line as one printable line: each argument escaped (replayer::Printable), quoted
+// when it holds a space or a quote.
 std::string Join(const std::vector<std::string>& args) {
   std::string out;
   for (const std::string& a : args) {
     if (!out.empty()) out += ' ';
-    out += a.find_first_of(" \t\"'") == std::string::npos ? a : "'" + a + "'";
+    std::string shown = replayer::Printable(a);
+    out += a.find_first_of(" \t\"'") == std::string::npos ? shown : "'" + shown + "'";
   }
   return out;
 }
@@ -59,7 +63,7 @@ struct Completeness {
   std::string Describe() const {
     if (!stopped && records_lost == 0) return "complete";
     std::string text = "incomplete";
-    if (stopped) text += ": stopped early: " + *stopped;
+    if (stopped) text += ": stopped early: " + replayer::Printable(*stopped);
     if (records_lost != 0) text += fmt::format("{} {} records lost", stopped ? ";" : ":", records_lost);
     return text;
   }
@@ -81,19 +85,21 @@ int RunInfo(const InfoOptions& options) {
   if (options.json) {
     nlohmann::json j = format::SummaryToJson(s);
     j["recording"] = completeness.ToJson();
-    fmt::print("{}\n", j.dump());
+    fmt::print("{}\n", JsonText(j));
     return rc;
   }
   const format::FileInfo& info = s.info;
-  fmt::print("file:             {} ({} bytes)\n", options.path, s.file_size);
+  fmt::print("file:             {} ({} bytes)\n", replayer::Printable(options.path), s.file_size);
   fmt::print("format:           {}.{} (oldest reader {}.{})\n", s.header.major, s.header.minor,
              s.header.oldest_reader_major, s.header.oldest_reader_minor);
   if (s.has_info) {
-    fmt::print("written by:       torchrr {}, torch {}, cuda {}\n", info.torchrr_version,
-               info.torch_version, info.cuda_version.empty() ? "none" : info.cuda_version);
+    fmt::print("written by:       torchrr {}, torch {}, cuda {}\n",
+               replayer::Printable(info.torchrr_version), replayer::Printable(info.torch_version),
+               info.cuda_version.empty() ? "none" : replayer::Printable(info.cuda_version));
     std::string rank = info.rank < 0 ? "not distributed"
                                      : fmt::format("rank {} of {}", info.rank, info.world_size);
-    fmt::print("host:             {}, pid {}, {}\n", info.host, info.pid, rank);
+    fmt::print("host:             {}, pid {}, {}\n", replayer::Printable(info.host), info.pid,
+               rank);
     fmt::print("started:          {} ({} ns)\n", UtcTime(info.start_time_unix_ns),
                info.start_time_unix_ns);
     fmt::print("command line:     {}\n", Join(info.command_line));

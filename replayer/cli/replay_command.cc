@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "torchrr/format/reader.h"
+#include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
 
 namespace torchrr::cli {
@@ -46,7 +47,8 @@ int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_termi
   if (!Analysable(code)) return read_code;
   replayer::Report report = analyzer.Finish();
   if (code != format::StatusCode::kOk) {
-    std::cerr << "torchrr: warning: " << options.path << ": analysed the " << summary.records()
+    std::cerr << "torchrr: warning: " << replayer::Printable(options.path) << ": analysed the "
+              << summary.records()
               << " records that could be read; culprits after the damage may be missing\n";
   }
   if (options.json) {
@@ -55,7 +57,7 @@ int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_termi
                   {"status", StatusName(code)},
                   {"message", summary.status.message()},
                   {"warnings", summary.warnings}};
-    out << j.dump(2) << "\n";
+    out << JsonText(j, 2) << "\n";
   } else {
     bool color = options.color == ColorMode::kAlways ||
                  (options.color == ColorMode::kAuto && out_is_terminal);

@@ -1,6 +1,7 @@
 // The human report: one diagnostic per violation, laid out like a compiler's (culprit first, then
 // the victim, then the facts, then a fix). TextReport writes it one section at a time, each by its
-// own short emitter, whose comment shows what it writes.
+// own short emitter, whose comment shows what it writes. Every string from the trace (names,
+// files, messages, source lines) goes through Printable where it enters the report.
 #include <cstdio>
 #include <ostream>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "source_files.h"
+#include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
 
 namespace torchrr::replayer {
@@ -32,8 +34,8 @@ class Painter {
 
 // "aten::add_.Tensor"; "an unrecorded op" when the op has no name.
 std::string OpName(const OpRef& op) {
-  std::string name = op.name.empty() ? "an unrecorded op" : op.name;
-  if (!op.overload.empty()) name += "." + op.overload;
+  std::string name = op.name.empty() ? "an unrecorded op" : Printable(op.name);
+  if (!op.overload.empty()) name += "." + Printable(op.overload);
   return name;
 }
 
@@ -41,9 +43,9 @@ std::string OpName(const OpRef& op) {
 std::string Location(const OpRef& op) {
   if (!op.user_frame) return "<no user frame recorded>";
   const UserFrame& f = *op.user_frame;
-  std::string s = f.file.empty() ? "<unknown file>" : f.file;
+  std::string s = f.file.empty() ? "<unknown file>" : Printable(f.file);
   if (f.line != 0) s += ":" + std::to_string(f.line);
-  if (!f.function.empty()) s += " in " + f.function;
+  if (!f.function.empty()) s += " in " + Printable(f.function);
   return s;
 }
 
@@ -58,7 +60,9 @@ std::string Shape(const std::vector<int64_t>& shape) {
 // "aten::foo (wrote through aten::add_) wrote into its storage".
 std::string CulpritLabel(const Violation& v) {
   std::string label = OpName(*v.culprit);
-  if (!v.culprit->detail.empty()) label += " (wrote through " + v.culprit->detail + ")";
+  if (!v.culprit->detail.empty()) {
+    label += " (wrote through " + Printable(v.culprit->detail) + ")";
+  }
   if (v.kind != ViolationKind::kSilent) {
     label += " changed the version " + std::to_string(v.saved_version) + " -> " +
              std::to_string(v.current_version);
@@ -120,13 +124,13 @@ std::ostream& TextReport::Note() { return out_ << p_.Note("note") << ": "; }
 void TextReport::EmitRecordingStop(const RecordingStop& stop) {
   out_ << p_.Warning("warning") << ": incomplete recording: the recorder stopped"
        << (stop.op != 0 ? " in op #" + std::to_string(stop.op) : std::string()) << ": "
-       << stop.message
+       << Printable(stop.message)
        << "; what ran after it was not recorded, and a violation there is not reported\n";
 }
 
 //   warning: the recorder lost 7 records (1 data-loss records): culprits may be missing
 void TextReport::EmitWarning(const std::string& warning) {
-  out_ << p_.Warning("warning") << ": " << warning << "\n";
+  out_ << p_.Warning("warning") << ": " << Printable(warning) << "\n";
 }
 
 // One diagnostic, section by section, and a blank line after it.
@@ -162,8 +166,9 @@ void TextReport::EmitIncomplete(const Violation& v) {
 void TextReport::EmitUnexplainedError(const UnexplainedError& error) {
   out_ << p_.Error("error") << ": "
        << p_.Bold("backward raised an error that torchrr does not explain") << "\n";
-  Arrow() << error.backward_op.name << " (backward op #" << error.backward_op.id << ")\n";
-  if (!error.message.empty()) Fact() << "pytorch: " << error.message << "\n";
+  Arrow() << Printable(error.backward_op.name) << " (backward op #" << error.backward_op.id
+          << ")\n";
+  if (!error.message.empty()) Fact() << "pytorch: " << Printable(error.message) << "\n";
   out_ << "\n";
 }
 
@@ -204,7 +209,7 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   std::string number = std::to_string(op.user_frame->line);
   std::string pad(number.size(), ' ');
   size_t indent = line->find_first_not_of(" \t");
-  std::string code = indent == std::string::npos ? "" : line->substr(indent);
+  std::string code = indent == std::string::npos ? "" : Printable(line->substr(indent));
   out_ << pad << " " << p_.Gutter("|") << "\n";
   out_ << p_.Gutter(number + " |") << "     " << code << "\n";
   out_ << pad << " " << p_.Gutter("|") << "     "
@@ -283,7 +288,8 @@ void TextReport::EmitCandidates(const Violation& v) {
     i = j;
   }
   for (const KernelRef& k : v.kernels) {
-    Note() << "candidate: " << k.name << " on cuda:" << k.device << ", launched outside any op\n";
+    Note() << "candidate: " << Printable(k.name) << " on cuda:" << k.device
+           << ", launched outside any op\n";
   }
 }
 
@@ -306,12 +312,12 @@ void TextReport::EmitVictim(const Violation& v) {
 //      = needed by SigmoidBackward0 (saved `result`, an output of its op)
 //      = needed by CatBackward0 (saved `tensors[1]`, an input of its op), in the part of the ...
 void TextReport::EmitNeededBy(const Violation& v) {
-  std::string member = v.tensor.saved_name.empty() ? "?" : v.tensor.saved_name;
+  std::string member = v.tensor.saved_name.empty() ? "?" : Printable(v.tensor.saved_name);
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";
   }
-  Fact() << "needed by " << p_.Bold(v.backward_node.name) << " (saved `" << member << "`, "
-         << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
+  Fact() << "needed by " << p_.Bold(Printable(v.backward_node.name)) << " (saved `" << member
+         << "`, " << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
          << (v.simulated ? ", in the part of the backward pass that did not run" : "") << "\n";
 }
 
@@ -328,12 +334,13 @@ void TextReport::EmitVersions(const Violation& v) {
 void TextReport::EmitTensor(const Violation& v) {
   Fact() << "tensor: ";
   if (!v.tensor.dtype.empty()) {
-    out_ << v.tensor.dtype << Shape(v.tensor.shape) << " on " << v.tensor.device;
+    out_ << Printable(v.tensor.dtype) << Shape(v.tensor.shape) << " on "
+         << Printable(v.tensor.device);
   } else {
     out_ << "metadata not recorded";
   }
   if (v.tensor.id != 0) out_ << " (tensor #" << v.tensor.id << ")";
-  if (v.pytorch_names) out_ << ", which PyTorch calls \"" << *v.pytorch_names << "\"";
+  if (v.pytorch_names) out_ << ", which PyTorch calls \"" << Printable(*v.pytorch_names) << "\"";
   out_ << "\n";
 }
 
@@ -360,7 +367,7 @@ void TextReport::EmitPytorch(const Violation& v) {
     if (v.pytorch_message) {
       std::string message = *v.pytorch_message;
       if (size_t cut = message.find(" Hint:"); cut != std::string::npos) message.resize(cut);
-      out_ << ": " << message;
+      out_ << ": " << Printable(message);
     }
   } else if (v.kind == ViolationKind::kSilent) {
     out_ << "no error: the write bypassed the version counter, so gradients are silently wrong";
