@@ -3,6 +3,7 @@
 // ones keep failing the same way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <variant>
@@ -152,6 +153,14 @@ TEST(Golden, ErrorFiles) {
       {"too_new.trr", StatusCode::kTooNew,
        "written by torchrr format 2.0; this torchrr reads up to 1.1"},
       {"not_a_trace.trr", StatusCode::kNotATrace, "not a torchrr trace"},
+      // Crafted (make_golden --hostile).
+      {"reordered.trr", StatusCode::kCorrupt,
+       "chunk 2 @ 0xb6: out of order, read after chunk 3, which it continues (corrupt)"},
+      {"duplicated.trr", StatusCode::kCorrupt, "chunk 3 @ 0x1cc: a copy of chunk 2, skipped"},
+      {"fake_headers.trr", StatusCode::kCorrupt, "chunk 1 @ 0x10: checksum mismatch (corrupt)"},
+      {"source_paths.trr", StatusCode::kOk, ""},
+      {"escapes.trr", StatusCode::kOk, ""},
+      {"non_utf8.trr", StatusCode::kOk, ""},
   };
   for (const Case& c : cases) {
     Trace trace = ReadTraceFileAll(kGolden + "/errors/" + c.file);
@@ -164,6 +173,21 @@ TEST(Golden, ErrorFiles) {
   Trace corrupt = ReadTraceFileAll(kGolden + "/errors/corrupt.trr");
   EXPECT_GT(corrupt.records.size(), 0u);
   EXPECT_TRUE(corrupt.summary.has_index);
+}
+
+// The crafted files keep what verifies: the training loop's records, in the order written, from
+// its chunks swapped or copied; and 256 KiB of fake chunk headers cost bounded work.
+TEST(Golden, CraftedFilesKeepWhatVerifies) {
+  Trace reordered = ReadTraceFileAll(kGolden + "/errors/reordered.trr");
+  Trace duplicated = ReadTraceFileAll(kGolden + "/errors/duplicated.trr");
+  EXPECT_GT(reordered.records.size(), 100u);
+  EXPECT_EQ(reordered.records, duplicated.records);
+  ReadSummary fake = ReadTraceFileAll(kGolden + "/errors/fake_headers.trr").summary;
+  EXPECT_TRUE(fake.chunks.empty());
+  EXPECT_LE(fake.checksummed_bytes, 9 * fake.file_size + (128u << 20));
+  EXPECT_NE(std::find_if(fake.warnings.begin(), fake.warnings.end(),
+                         [](const std::string& w) { return w.find("work limit") != w.npos; }),
+            fake.warnings.end());
 }
 
 }  // namespace
