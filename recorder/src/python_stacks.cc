@@ -1,6 +1,7 @@
 #include "python_stacks.h"
 
 #include <dlfcn.h>
+#include <sys/types.h>
 
 #include <array>
 #include <atomic>
@@ -20,7 +21,8 @@
 // with dlsym(RTLD_DEFAULT) the first time a stack is captured. The functions used are all in the
 // stable ABI of CPython 3.9+ (PyFrame_GetCode, PyFrame_GetBack, PyThreadState_GetFrame), except
 // PyUnicode_AsUTF8 (exported by every CPython 3 build) and the finalization check, which is
-// optional (_Py_IsFinalizing until 3.12, Py_IsFinalizing from 3.13).
+// optional (_Py_IsFinalizing until 3.12, Py_IsFinalizing from 3.13). PyUnicode_EncodeFSDefault and
+// PyBytes_AsStringAndSize, for paths that are not UTF-8, are optional too.
 
 namespace torchrr::recorder {
 namespace {
@@ -48,6 +50,9 @@ struct CPython {
   void (*Py_DecRef)(PyObject*) = nullptr;
   PyObject* (*PyObject_GetAttrString)(PyObject*, const char*) = nullptr;  // New reference.
   const char* (*PyUnicode_AsUTF8)(PyObject*) = nullptr;
+  // Optional: a path whose bytes are not UTF-8 (a str with surrogate escapes) as those bytes.
+  PyObject* (*PyUnicode_EncodeFSDefault)(PyObject*) = nullptr;  // New reference.
+  int (*PyBytes_AsStringAndSize)(PyObject*, char**, ssize_t*) = nullptr;
   void (*PyErr_Clear)() = nullptr;
   const unsigned long* Py_Version = nullptr;  // Optional (3.11+): PY_VERSION_HEX of the runtime.
   PyObject* (*PySys_GetObject)(const char*) = nullptr;  // Borrowed reference.
@@ -70,6 +75,11 @@ const CPython& Api() {
     if (!ok) return a;
     if (!Resolve(a.IsFinalizing, "Py_IsFinalizing")) Resolve(a.IsFinalizing, "_Py_IsFinalizing");
     Resolve(a.Py_Version, "Py_Version");
+    if (!Resolve(a.PyUnicode_EncodeFSDefault, "PyUnicode_EncodeFSDefault") ||
+        !Resolve(a.PyBytes_AsStringAndSize, "PyBytes_AsStringAndSize")) {
+      a.PyUnicode_EncodeFSDefault = nullptr;
+      a.PyBytes_AsStringAndSize = nullptr;
+    }
     if (!Resolve(a.PyFrame_GetLasti, "PyFrame_GetLasti") ||
         !Resolve(a.PyCode_Addr2Line, "PyCode_Addr2Line")) {
       a.PyFrame_GetLasti = nullptr;
@@ -123,7 +133,29 @@ struct FrameworkDirs {
 };
 FrameworkDirs* g_framework = nullptr;  // Guarded by the GIL.
 
-// A str attribute of `object` as UTF-8, or "" (clearing the error) when missing.
+// The bytes of a str that is not UTF-8: a path Python decoded with surrogate escapes (a directory
+// named in Latin-1) encoded back the way it was decoded; "" (clearing the error) when it cannot be.
+std::string FileSystemBytes(const CPython& py, PyObject* str) {
+  if (py.PyUnicode_EncodeFSDefault == nullptr) return {};
+  PyObject* bytes = py.PyUnicode_EncodeFSDefault(str);
+  if (bytes == nullptr) {
+    py.PyErr_Clear();
+    return {};
+  }
+  char* data = nullptr;
+  ssize_t size = 0;
+  std::string text;
+  if (py.PyBytes_AsStringAndSize(bytes, &data, &size) == 0 && data != nullptr && size >= 0) {
+    text.assign(data, static_cast<size_t>(size));
+  } else {
+    py.PyErr_Clear();
+  }
+  py.Py_DecRef(bytes);
+  return text;
+}
+
+// A str attribute of `object` as UTF-8 (a file path that is not UTF-8: its bytes), or "" (clearing
+// the error) when missing.
 std::string StrAttr(const CPython& py, PyObject* object, const char* name) {
   PyObject* value = py.PyObject_GetAttrString(object, name);
   if (value == nullptr) {
@@ -131,8 +163,13 @@ std::string StrAttr(const CPython& py, PyObject* object, const char* name) {
     return {};
   }
   const char* utf8 = py.PyUnicode_AsUTF8(value);
-  std::string text = utf8 != nullptr ? utf8 : "";
-  if (utf8 == nullptr) py.PyErr_Clear();
+  std::string text;
+  if (utf8 != nullptr) {
+    text = utf8;
+  } else {
+    py.PyErr_Clear();
+    text = FileSystemBytes(py, value);
+  }
   py.Py_DecRef(value);
   return text;
 }
