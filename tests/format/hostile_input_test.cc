@@ -191,7 +191,8 @@ TEST(HostileInput, AChunkLostDoesNotLoseTheRest) {
   damaged[c.offset + 24 + c.compressed_bytes / 2] ^= 0x20;
   ReadSummary summary;
   ExpectSameRecords(RecordsWithout(t, lost), ReadInPieces(damaged, &summary));
-  EXPECT_FALSE(AnyWarningHas(summary, "out of order")) << ::testing::PrintToString(summary.warnings);
+  EXPECT_FALSE(AnyWarningHas(summary, "out of order"))
+      << ::testing::PrintToString(summary.warnings);
 
   std::vector<size_t> order = InFileOrder(t.chunks);
   order.erase(order.begin() + lost);
@@ -226,7 +227,8 @@ TEST(HostileInput, DamageAloneStaysUnderTheWorkLimit) {
   ExpectSameRecords(kept, ReadInPieces(bytes, &summary));
   EXPECT_EQ(summary.status.code(), StatusCode::kCorrupt);
   EXPECT_FALSE(AnyWarningHas(summary, "work limit")) << ::testing::PrintToString(summary.warnings);
-  EXPECT_FALSE(AnyWarningHas(summary, "out of order")) << ::testing::PrintToString(summary.warnings);
+  EXPECT_FALSE(AnyWarningHas(summary, "out of order"))
+      << ::testing::PrintToString(summary.warnings);
 }
 
 }  // namespace

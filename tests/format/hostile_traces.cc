@@ -55,7 +55,9 @@ std::string Rechunk(const std::string& trace, const std::vector<size_t>& chunks)
   ReadSummary summary = ReadTraceBytes(trace, nullptr);
   std::string out = trace.substr(0, 16);
   uint64_t end = 16;
-  for (const ChunkInfo& c : summary.chunks) end = std::max(end, c.offset + kChunkHeader + c.compressed_bytes);
+  for (const ChunkInfo& c : summary.chunks) {
+    end = std::max(end, c.offset + kChunkHeader + c.compressed_bytes);
+  }
   for (size_t i : chunks) {
     const ChunkInfo& c = summary.chunks.at(i);
     out += trace.substr(c.offset, kChunkHeader + c.compressed_bytes);
