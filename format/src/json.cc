@@ -31,6 +31,7 @@ json ToJson(FrameKind v) { return FrameKindName(v); }
 json ToJson(ValueKind v) { return ValueKindName(v); }
 json ToJson(OpScope v) { return OpScopeName(v); }
 json ToJson(SavedSetKind v) { return SavedSetKindName(v); }
+json ToJson(SavedHook v) { return SavedHookName(v); }
 json ToJson(ErrorKind v) { return ErrorKindName(v); }
 json ToJson(CudaCopyKind v) { return CudaCopyKindName(v); }
 json ToJson(FingerprintWhen v) { return FingerprintWhenName(v); }
@@ -150,6 +151,11 @@ const char* OpScopeName(OpScope scope) {
 const char* SavedSetKindName(SavedSetKind kind) {
   static constexpr std::array<const char*, 4> kNames = {"exact", "none", "custom", "unknown"};
   return NameOr(kNames, static_cast<size_t>(kind));
+}
+const char* SavedHookName(SavedHook hook) {
+  static constexpr std::array<const char*, 4> kNames = {"none", "opaque", "packed_tensor",
+                                                        "checkpoint"};
+  return NameOr(kNames, static_cast<size_t>(hook));
 }
 const char* ErrorKindName(ErrorKind kind) {
   static constexpr std::array<const char*, 4> kNames = {"cpp_exception", "python_exception",

@@ -5,6 +5,7 @@
 #include <string>
 #include <typeinfo>
 
+#include <ATen/SavedTensorHooks.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -38,7 +39,13 @@ ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creat
 }
 
 void GraphCapture::RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
-                                   EncodedRecords& defs, NodeScratch& nodes) {
+                                   const SavedHooks& hooks, EncodedRecords& defs,
+                                   NodeScratch& nodes) {
+  hooks_ = &hooks;
+  struct Reset {
+    ~Reset() { *hooks = nullptr; }
+    const SavedHooks** hooks;
+  } reset{&hooks_};
   for (const OpOutput& output : outputs) {
     const at::Tensor& t = *output.tensor;
     torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
@@ -73,7 +80,7 @@ void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
     auto* accumulate = static_cast<torch::autograd::AccumulateGrad*>(node);
     record.variable = ids_.RefTensor(accumulate->variable, defs);
   }
-  RecordSavedTensors(*node, state, record, defs);
+  RecordSavedTensors(*node, state, record, defs, pending);
   if (record.created_by == 0 && sequence_nr != UINT64_MAX) {
     record.created_by = CreatorOf(node->thread_id(), sequence_nr,
                                   record.saved_kind == format::SavedSetKind::kCustom);
@@ -84,7 +91,8 @@ void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
 }
 
 void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,
-                                      format::NodeRecord& record, EncodedRecords& defs) {
+                                      format::NodeRecord& record, EncodedRecords& defs,
+                                      std::vector<torch::autograd::Node*>& pending) {
   const bool verify = fingerprints_.enabled();
   const ObjectId id = record.node;
   record.saved_kind = VisitSavedVariables(
@@ -99,6 +107,8 @@ void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::N
         saved.is_leaf = facts.is_leaf;
         saved.saved_version = facts.saved_version;
         saved.output_nr = facts.output_nr;
+        saved.checked = !facts.has_hooks;  // SavedVariable::unpack skips the check under hooks.
+        if (facts.has_hooks) RecordHook(sv, saved, state, defs, pending);
         if (facts.data != nullptr) {
           const c10::TensorImpl& impl = *facts.data->unsafeGetTensorImpl();
           // A saved output is a shallow copy sharing the output's storage and counter; the op's
@@ -122,6 +132,32 @@ void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::N
     if (type.find("CppNode") != std::string::npos || type.find("PyNode") != std::string::npos) {
       record.saved_kind = format::SavedSetKind::kCustom;
     }
+  }
+}
+
+void GraphCapture::RecordHook(const torch::autograd::SavedVariable& sv, format::SavedTensor& saved,
+                              IdRegistry::NodeState* state, EncodedRecords& defs,
+                              std::vector<torch::autograd::Node*>& pending) {
+  saved.hook = format::SavedHook::kOpaque;
+  if (hooks_ == nullptr) return;
+  auto it = std::find_if(hooks_->begin(), hooks_->end(),
+                         [&sv](const auto& entry) { return entry.first == &sv; });
+  if (it == hooks_->end()) return;
+  const SavedHookFacts& facts = it->second;
+  saved.hook = facts.kind;
+  if (facts.kind == format::SavedHook::kPackedTensor && facts.packed.defined()) {
+    // What backward will get back: the saved tensor itself (a write to it in between changes the
+    // gradient, unchecked) or a copy (later writes to the original do not matter). Its version
+    // now, at the end of the op that saved it, is the one to compare against.
+    const c10::TensorImpl& impl = *facts.packed.unsafeGetTensorImpl();
+    saved.tensor = ids_.RefTensor(facts.packed, defs, nullptr, &saved.version_counter);
+    saved.storage = ids_.StorageId(impl, state);
+    saved.saved_version = ReadVersionCounter(VersionCounterOf(impl));
+  } else if (facts.kind == format::SavedHook::kCheckpoint && facts.recompute_from) {
+    bool created = false;
+    torch::autograd::Node* inputs_node = facts.recompute_from.get();
+    saved.recompute_from = ids_.LookupNode(inputs_node, created).id;
+    if (created) pending.push_back(inputs_node);
   }
 }
 
@@ -227,6 +263,35 @@ void GraphCapture::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr
                             ids_.StorageId(*facts.data->unsafeGetTensorImpl()),
                             format::FingerprintWhen::kAtUse);
       });
+}
+
+namespace {
+
+void ReadSavedHooksOf(torch::autograd::Node* node, SavedHooks& hooks) {
+  if (node == nullptr) return;
+  VisitSavedVariables(*node, [&hooks](const char*, uint32_t,
+                                      const torch::autograd::SavedVariable& sv) {
+    if (ReadSavedVariable(sv).has_hooks) hooks.emplace_back(&sv, ReadSavedHook(sv));
+  });
+}
+
+}  // namespace
+
+void ReadSavedHooks(const std::vector<OpOutput>& outputs, SavedHooks& hooks) {
+  // Default hooks attach to what the ops inside the hooks' context save: none registered on this
+  // thread, none packed by this op. (A node seen again at an enclosing op's end is read again;
+  // the registry, which would know, needs the lock.)
+if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) return;
+  for (const OpOutput& output : outputs) {
+    const at::Tensor& t = *output.tensor;
+    ReadSavedHooksOf(torch::autograd::impl::grad_fn_unsafe(t), hooks);
+    if (!t.is_view()) continue;
+    auto* view_meta = torch::autograd::impl::get_view_autograd_meta(t);
+    if (view_meta != nullptr && view_meta->has_bw_view()) {
+      ReadSavedHooksOf(
+          torch::autograd::impl::grad_fn_unsafe(view_meta->get_backward_view().base_), hooks);
+    }
+  }
 }
 
 void NameSavedOutputs(NodeScratch& nodes, const std::vector<OpOutput>& outputs,

@@ -42,8 +42,9 @@ class GraphCapture {
   // The nodes the op of `creator` created, through its outputs: their grad_fn, and for an
   // in-place op on a view the CopySlices autograd put on the view's base (whose TensorInfo goes
   // to `defs` too).
+  // `hooks`: what the saved-tensor hooks of their saved tensors packed (ReadSavedHooks).
   void RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
-                       EncodedRecords& defs, NodeScratch& nodes);
+                       const SavedHooks& hooks, EncodedRecords& defs, NodeScratch& nodes);
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is
   // not running it; `name` receives the node's name and `address` its address.
@@ -75,9 +76,15 @@ class GraphCapture {
                        IdRegistry::NodeState* state, const OpFrame* creator,
                        std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
                        NodeScratch& nodes);
-  // Fills record.saved (and saved_kind) from what the node saved.
+  // Fills record.saved (and saved_kind) from what the node saved; a checkpoint's input node seen
+  // for the first time goes to `pending`.
   void RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,
-                          format::NodeRecord& record, EncodedRecords& defs);
+                          format::NodeRecord& record, EncodedRecords& defs,
+                          std::vector<torch::autograd::Node*>& pending);
+  // A saved tensor with hooks: what they packed, when ReadSavedHooks read it.
+  void RecordHook(const torch::autograd::SavedVariable& sv, format::SavedTensor& saved,
+                  IdRegistry::NodeState* state, EncodedRecords& defs,
+                  std::vector<torch::autograd::Node*>& pending);
   // Fills record.edges; nodes seen for the first time go to `pending`.
   void RecordEdges(torch::autograd::Node& node, format::NodeRecord& record,
                    std::vector<torch::autograd::Node*>& pending);
@@ -86,6 +93,7 @@ class GraphCapture {
 
   Interner& interner_;
   IdRegistry& ids_;
+  const SavedHooks* hooks_ = nullptr;  // RefCreatedNodes's, while it runs.
   SavedFingerprints& fingerprints_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.
   struct NodeKeyHash {
@@ -112,6 +120,11 @@ class GraphCapture {
   std::array<RecentOp, kRecentOps> recent_ops_{};
   uint64_t recent_ops_count_ = 0;
 };
+
+// Reads what the saved-tensor hooks of the nodes the op created (the outputs' grad_fn, and the
+// CopySlices on a view's base) packed, into `hooks`. Nothing to do, and nothing done, unless the
+// thread has hooks registered. Takes the GIL: call it with no lock held.
+void ReadSavedHooks(const std::vector<OpOutput>& outputs, SavedHooks& hooks);
 
 // A saved output names the output tensor the program holds: autograd saves a shallow copy that
 // shares the output's storage and version counter, which RefNode could not name.

@@ -17,11 +17,13 @@ namespace torchrr::recorder {
 namespace {
 
 using VisitPyNodeFn = void (*)(torch::autograd::Node&, const SavedVariableVisitor&);
+using ReadSavedHookFn = void (*)(const torch::autograd::SavedVariable&, SavedHookFacts*);
 
-// libtorchrr_python_nodes.so reads THPFunction, which needs Python's headers and symbols; it sits
-// beside this library and is loaded only in a process that has Python (where PyNodes exist).
-VisitPyNodeFn PythonNodeVisitor() {
-  static VisitPyNodeFn visitor = [] () -> VisitPyNodeFn {
+// libtorchrr_python_nodes.so reads THPFunction and Python objects, which needs Python's headers
+// and symbols; it sits beside this library and is loaded only in a process that has Python (where
+// PyNodes and Python hooks exist). nullptr when it cannot be loaded.
+void* PythonNodesSymbol(const char* name) {
+  static void* handle = [] () -> void* {
     Dl_info self{};
     if (dladdr(reinterpret_cast<void*>(&VisitSavedVariables), &self) == 0 ||
         self.dli_fname == nullptr) {
@@ -29,10 +31,13 @@ VisitPyNodeFn PythonNodeVisitor() {
     }
     std::string path = self.dli_fname;
     path = path.substr(0, path.rfind('/') + 1) + "libtorchrr_python_nodes.so";
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return nullptr;
-    return reinterpret_cast<VisitPyNodeFn>(dlsym(handle, "torchrr_visit_py_node"));
+    return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   }();
+  return handle != nullptr ? dlsym(handle, name) : nullptr;
+}
+
+VisitPyNodeFn PythonNodeVisitor() {
+  static auto visitor = reinterpret_cast<VisitPyNodeFn>(PythonNodesSymbol("torchrr_visit_py_node"));
   return visitor;
 }
 
@@ -87,6 +92,14 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
     return format::SavedSetKind::kNone;
   }
   return format::SavedSetKind::kUnknown;
+}
+
+SavedHookFacts ReadSavedHook(const torch::autograd::SavedVariable& saved) {
+  static auto read =
+      reinterpret_cast<ReadSavedHookFn>(PythonNodesSymbol("torchrr_read_saved_hook"));
+  SavedHookFacts facts;
+if (read != nullptr) read(saved, &facts);
+  return facts;
 }
 
 }  // namespace torchrr::recorder

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <typeindex>
 #include <unordered_map>
 
@@ -43,6 +44,21 @@ bool IsPythonNode(const std::type_info& type);
 // wraps. Must run while the node is alive; does not unpack anything (no version check, no hooks).
 format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
                                          const SavedVariableVisitor& visit);
+
+// What the saved-tensor hooks of a SavedVariable packed (torch.autograd.graph.saved_tensors_hooks):
+// a tensor (the saved tensor itself, or a copy, as save_on_cpu makes on a GPU), activation
+// checkpointing's placeholder (recomputed in backward from what the checkpoint's input node
+// saved), or an object the recorder cannot follow (kOpaque).
+struct SavedHookFacts {
+  format::SavedHook kind = format::SavedHook::kOpaque;
+  at::Tensor packed;                                        // kPackedTensor.
+  std::shared_ptr<torch::autograd::Node> recompute_from;   // kCheckpoint.
+};
+
+// Reads it through Python, taking the GIL: never call it with a lock held that a thread holding
+// the GIL could wait for. kOpaque outside Python. Drop the result without that lock too (the
+// last reference to a Python node takes the GIL).
+SavedHookFacts ReadSavedHook(const torch::autograd::SavedVariable& saved);
 
 }  // namespace torchrr::recorder
 

@@ -416,7 +416,13 @@ bool Session::BeginOp(const at::RecordFunction& fn, ThreadState& ts, OpFrame& fr
   // An engine wrapper around only its node's backward function says nothing that function's
   // record does not: it is recorded when another op runs in it (RecordDeferredWrapper).
   if (engine_wrapper && !records_all_ops()) Defer(fn, ts, frame);
-  return outermost && !is_backward && !engine_wrapper;
+  // Directly inside a backward function with grad mode on: the user's forward code run again by
+  // activation checkpointing's recomputation (or a create_graph formula): its lines are the
+  // user's.
+  const bool recomputed = !is_backward && op.grad_mode && ts.backward_depth > 0 &&
+                          !ts.op_scopes.empty() &&
+                          ts.op_scopes.back() == format::OpScope::kBackwardFunction;
+  return (outermost && !is_backward && !engine_wrapper) || recomputed;
 }
 
 void Session::Defer(const at::RecordFunction& fn, ThreadState& ts, OpFrame& frame) {
@@ -535,9 +541,8 @@ bool Session::EndOnThread(OpFrame& frame, ThreadState& ts) {
 void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts) {
   format::OpRecord& op = frame.op;
   EncodedRecords& after = ts.after;  // Also the definitions the nodes name.
-  CollectOutputs(fn.outputs(), ts.outputs);
   // The nodes this op created, first, so the outputs' TensorInfo can name them.
-  graph_->RefCreatedNodes(ts.outputs, frame, after, ts.nodes);
+  graph_->RefCreatedNodes(ts.outputs, frame, ts.saved_hooks, after, ts.nodes);
   RecordOutputs(ts.outputs, frame, ids_, after);
   NameSavedOutputs(ts.nodes, ts.outputs, op.outputs);
   // Order: the fingerprints taken at the start (before), the definitions and the outputs'
@@ -578,6 +583,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
       state.after.clear();
       state.nodes.size = 0;
       state.outputs.clear();
+      state.saved_hooks.clear();  // Outside mu_: dropping a Python node takes the GIL.
     }
     ThreadState& state;
   } clear_scratch{ts};
@@ -588,6 +594,8 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
       ops_recorded_.load(std::memory_order_relaxed) + 1 == options_.fail_at_op) {
     throw std::runtime_error("fault injected at this op (RecorderOptions::fail_at_op)");
   }
+  CollectOutputs(fn.outputs(), ts.outputs);
+  ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
   {
     std::lock_guard<std::mutex> lock(mu_);
     EndLocked(fn, frame, ts);

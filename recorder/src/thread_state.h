@@ -23,6 +23,7 @@
 
 #include "python_stacks.h"
 #include "record_bytes.h"
+#include "saved_variables.h"
 #include "torchrr/format/records.h"
 
 namespace torchrr::recorder {
@@ -94,6 +95,8 @@ struct PendingFingerprint {
   at::Tensor data;
 };
 
+using SavedHooks = std::vector<std::pair<const torch::autograd::SavedVariable*, SavedHookFacts>>;
+
 // One of an op's output tensors, with where it came from and its ids.
 struct OpOutput {
   // Borrowed from the RecordFunction's outputs (no reference count traffic); owned for the
@@ -132,6 +135,9 @@ struct ThreadState {
   EncodedRecords after;
   NodeScratch nodes;
   std::vector<OpOutput> outputs;  // An op's output tensors, in order.
+  // What the saved-tensor hooks of the nodes an op created packed, read before the session's lock
+  // is taken (reading them takes the GIL), by SavedVariable.
+  SavedHooks saved_hooks;
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under the session's lock, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;

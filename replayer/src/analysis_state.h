@@ -34,8 +34,17 @@ namespace torchrr::replayer {
 inline bool IsAutogradEngineName(std::string_view name) { return name.starts_with("autograd::"); }
 
 // autograd's SavedVariable::unpack checks the version of a defined saved tensor without saved
-// tensor hooks (hooks hand back whatever they packed, so there is no counter to compare).
-inline bool IsVersionChecked(const format::SavedTensor& s) { return s.defined && !s.has_hooks; }
+// tensor hooks (hooks hand back whatever they packed, so there is no counter to compare), and
+// torch.compile's AOTAutograd saves some tensors with no check at all.
+inline bool IsVersionChecked(const format::SavedTensor& s) {
+  return s.defined && !s.has_hooks && s.checked;
+}
+// A saved tensor that backward uses unchecked, and whose tensor the trace names (what a hook
+// packed, or what AOTAutograd saved): a write to it in between is a silently wrong gradient.
+inline bool IsUncheckedButKnown(const format::SavedTensor& s) {
+  return s.defined && !IsVersionChecked(s) && s.version_counter != 0 &&
+         (!s.has_hooks || s.hook == format::SavedHook::kPackedTensor);
+}
 
 struct OpInfo {
   format::ObjectId parent = 0;
@@ -123,6 +132,10 @@ struct NodeState {
   uint32_t edges_begin = 0, edges_count = 0;   // In AnalysisState::edges.
   uint32_t saved_begin = 0, saved_count = 0;   // In AnalysisState::saved.
   uint64_t last_pass = UINT64_MAX;             // Last backward pass that ran it.
+  // Activation checkpointing: the checkpoint's input node its saved tensors recompute from (0
+  // when none), and which node of its name it is among that checkpoint's, from 0.
+  format::ObjectId checkpoint = 0;
+  uint32_t checkpoint_occurrence = 0;
   bool watched = false;                        // Its saved tensors are in their storages' lists.
 };
 
@@ -143,6 +156,15 @@ struct Finding {
   uint32_t current_version = 0;
   std::vector<format::ObjectId> writers;  // Innermost ops, in order; 0 for an unrecorded write.
   bool simulated = false;
+  // The saved tensor was used unchecked (IsUncheckedButKnown): its counter moved, PyTorch is
+  // silent.
+  bool unchecked = false;
+  // Activation checkpointing: the node whose saved tensors backward was recomputing (slot in
+  // AnalysisState::nodes) when it read this one; IdIndex::kAbsent otherwise.
+  uint32_t recomputing = IdIndex::kAbsent;
+  // The saved tensor is the one checkpointing's recomputation in backward saved (the node's own
+  // was a placeholder).
+  bool recomputed = false;
   uint64_t pass = 0;
   format::ObjectId exec_op = 0;
   bool exec_threw = false;
@@ -191,6 +213,8 @@ struct AnalysisState {
   std::vector<std::pair<format::ObjectId, std::string>> other_op_errors;
   std::string other_final_error;
   std::unordered_set<format::ObjectId> threw_execs;  // Backward ops whose node threw.
+  // Activation checkpointing: how many nodes of a name each checkpoint made (BackwardReplay).
+  std::unordered_map<uint64_t, uint32_t> checkpoint_ranks;
   // Nodes whose saved tensors the recorder could not see, by node name.
   std::unordered_map<format::InternId, uint64_t> unknown_saved_nodes;
 

@@ -294,6 +294,7 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
   state_.nodes.push_back(node);
   state_.index.Set(r.node, IdKind::kNode, slot);
   silent_.Watch(slot);
+  backward_.OnNode(slot);
 }
 
 // The saved tensor, with its tensor's metadata at the save (the latest TensorInfo before the

@@ -19,7 +19,49 @@ uint32_t VersionAt(const CounterState& counter, uint64_t seq, uint32_t fallback)
   return counter.seen ? counter.first_version : fallback;
 }
 
+// A recomputed saved tensor's place: checkpoint, node name, rank of the node among the
+// checkpoint's of that name, member name, list index.
+uint64_t RecomputeKey(ObjectId checkpoint, format::InternId node_name, uint32_t occurrence,
+                      const format::SavedTensor& saved) {
+  uint64_t h = checkpoint * 0x9e3779b97f4a7c15ULL;
+  for (uint64_t part : {uint64_t{node_name}, uint64_t{occurrence}, uint64_t{saved.name},
+                        uint64_t{saved.list_index}}) {
+    h = (h ^ part) * 0x100000001b3ULL + (h >> 29);
+  }
+  return h;
+}
+
+bool HasHook(const AnalysisState& state, const NodeState& node, format::SavedHook hook) {
+  for (uint32_t i = 0; i < node.saved_count; ++i) {
+    if (state.saved[node.saved_begin + i].saved.hook == hook) return true;
+  }
+  return false;
+}
+
+// Bounds the unmatched packed nodes of a program that packs everything (save_on_cpu) and never
+// checkpoints.
+constexpr size_t kMaxPackedNodes = 1 << 16;
+
 }  // namespace
+
+void BackwardReplay::OnNode(uint32_t node_slot) {
+  NodeState& node = state_.nodes[node_slot];
+  for (uint32_t i = 0; i < node.saved_count; ++i) {
+    const format::SavedTensor& saved = state_.saved[node.saved_begin + i].saved;
+    if (saved.recompute_from == 0) continue;
+    node.checkpoint = saved.recompute_from;
+    // Mixing 64-bit ids into one key: a collision would only pair two other members.
+    node.checkpoint_occurrence =
+        state_.checkpoint_ranks[RecomputeKey(saved.recompute_from, node.name, 0, {})]++;
+    break;
+  }
+  if (node.checkpoint == 0 && HasHook(state_, node, format::SavedHook::kPackedTensor)) {
+    if (packed_nodes_.size() >= kMaxPackedNodes) {
+      packed_nodes_.erase(packed_nodes_.begin(), packed_nodes_.begin() + kMaxPackedNodes / 2);
+    }
+    packed_nodes_.push_back(node_slot);
+  }
+}
 
 void BackwardReplay::OnForwardOp(const format::OpRecord& r) {
   if (!pass_open_ || forward_seen_) return;
@@ -160,20 +202,27 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
 
 // autograd's SavedVariable::unpack check for every saved tensor of the node, at record `seq`.
 void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated, ObjectId exec_op,
-                               bool threw) {
+                               bool threw, uint32_t recomputing) {
   const NodeState& node = state_.nodes[node_slot];
   for (uint32_t i = 0; i < node.saved_count; ++i) {
     uint32_t saved_slot = node.saved_begin + i;
     SavedState& s = state_.saved[saved_slot];
-    if (!IsVersionChecked(s.saved)) continue;
-    const size_t findings_before = state_.findings.size();
     Finding base;
     base.node = node_slot;
     base.saved = saved_slot;
     base.simulated = simulated;
+    base.recomputing = recomputing;
     base.pass = pass_index_;
     base.exec_op = exec_op;
     base.exec_threw = threw;
+    if (s.saved.recompute_from != 0) {
+      CheckRecomputeInputs(s.saved.recompute_from, node_slot, seq, simulated, exec_op, threw);
+      if (!simulated) CheckRecomputed(node_slot, s, base, seq);
+      continue;
+    }
+    const bool unchecked = IsUncheckedButKnown(s.saved);
+    if (!IsVersionChecked(s.saved) && !unchecked) continue;
+    const size_t findings_before = state_.findings.size();
     base.current_version = s.saved.saved_version;
     if (const TensorState* t = state_.FindTensor(s.saved.tensor)) {
       base.use_known = true;
@@ -181,6 +230,14 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
       base.use_output_nr = t->output_nr;
     }
     CheckVersion(s, base, seq);
+    if (unchecked) {
+      // No check at unpack: the counter moving is PyTorch's silence, not its error.
+      for (size_t k = findings_before; k < state_.findings.size(); ++k) {
+        state_.findings[k].kind = ViolationKind::kSilent;
+        state_.findings[k].unchecked = true;
+        state_.findings[k].exec_threw = false;
+      }
+    }
     std::vector<ObjectId> silent_writers = silent_.SilentWritersBefore(s, seq);
     if (!silent_writers.empty()) {
       Finding f = base;
@@ -189,6 +246,63 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
       state_.findings.push_back(std::move(f));
     }
     if (!simulated && s.use_pending) CheckFingerprint(s, base, seq, findings_before);
+  }
+}
+
+void BackwardReplay::CheckRecomputeInputs(ObjectId inputs_node, uint32_t node_slot, uint64_t seq,
+                                          bool simulated, ObjectId exec_op, bool threw) {
+  uint32_t inputs_slot = state_.index.Find(inputs_node, IdKind::kNode);
+  if (inputs_slot == IdIndex::kAbsent || inputs_slot == node_slot) return;
+  if (std::find(pass_recomputed_.begin(), pass_recomputed_.end(), inputs_slot) !=
+      pass_recomputed_.end()) {
+    return;
+  }
+  pass_recomputed_.push_back(inputs_slot);
+  if (!simulated) ClaimRecomputation(inputs_node, exec_op);
+  CheckNode(inputs_slot, seq, simulated, exec_op, threw, node_slot);
+}
+
+void BackwardReplay::ClaimRecomputation(ObjectId inputs_node, ObjectId exec_op) {
+  std::unordered_map<format::InternId, uint32_t> ranks;
+  std::vector<uint32_t> keep;
+  for (uint32_t slot : packed_nodes_) {
+    const NodeState& node = state_.nodes[slot];
+    if (node.created_by != 0 && state_.IsDescendant(node.created_by, exec_op)) {
+      const uint32_t rank = ranks[node.name]++;
+      for (uint32_t i = 0; i < node.saved_count; ++i) {
+        const format::SavedTensor& saved = state_.saved[node.saved_begin + i].saved;
+        if (saved.hook != format::SavedHook::kPackedTensor) continue;
+        recomputed_[RecomputeKey(inputs_node, node.name, rank, saved)] = node.saved_begin + i;
+      }
+    } else if (node.created_by == 0 || state_.FindOp(node.created_by) == nullptr) {
+      keep.push_back(slot);  // Its op is still running: maybe a recomputation not checked yet.
+    }
+  }
+  packed_nodes_ = std::move(keep);
+}
+
+void BackwardReplay::CheckRecomputed(uint32_t node_slot, const SavedState& s, const Finding& base,
+                                     uint64_t seq) {
+  const NodeState& node = state_.nodes[node_slot];
+  auto it = recomputed_.find(
+      RecomputeKey(s.saved.recompute_from, node.name, node.checkpoint_occurrence, s.saved));
+  if (it == recomputed_.end()) return;
+  const SavedState& recomputed = state_.saved[it->second];
+  Finding f = base;
+  f.saved = it->second;
+  f.recomputed = true;
+  f.current_version = recomputed.saved.saved_version;
+  if (const TensorState* t = state_.FindTensor(recomputed.saved.tensor)) {
+    f.use_known = true;
+    f.use_grad_fn = t->is_leaf ? 0 : t->grad_fn;
+    f.use_output_nr = t->output_nr;
+  }
+  const size_t findings_before = state_.findings.size();
+  CheckVersion(recomputed, f, seq);
+  for (size_t k = findings_before; k < state_.findings.size(); ++k) {
+    state_.findings[k].kind = ViolationKind::kSilent;
+    state_.findings[k].unchecked = true;
+    state_.findings[k].exec_threw = false;
   }
 }
 
@@ -260,6 +374,8 @@ void BackwardReplay::EndPass() {
   pass_root_ = IdIndex::kAbsent;
   pass_executed_.clear();
   pass_threads_.clear();
+  pass_recomputed_.clear();
+  recomputed_.clear();
   candidates_.clear();
 }
 

@@ -28,6 +28,8 @@ class BackwardReplay {
   BackwardReplay(AnalysisState& state, SilentWriteWatch& silent)
       : state_(state), silent_(silent) {}
 
+  // A node's first record (its slot in AnalysisState::nodes).
+  void OnNode(uint32_t node_slot);
   // A forward op: evidence for the pass rule (forward work ends the open pass).
   void OnForwardOp(const format::OpRecord& r);
   // A backward function's op; `subtree_first` is the seq of the first record of its subtree.
@@ -60,8 +62,21 @@ class BackwardReplay {
   void RunExec(format::ObjectId exec_op, const PendingExec& exec);
   bool NewPassNeeded(uint32_t node_slot, format::ObjectId exec_op, uint32_t thread);
   Chain Classify(format::ObjectId op, format::ObjectId exec_op) const;
+  // `recomputing`: the node whose checkpointed saved tensors made backward read this node's (a
+  // checkpoint's inputs), IdIndex::kAbsent when the node itself runs.
   void CheckNode(uint32_t node_slot, uint64_t seq, bool simulated, format::ObjectId exec_op,
-                 bool threw);
+                 bool threw, uint32_t recomputing = IdIndex::kAbsent);
+  // Activation checkpointing: backward recomputes from the checkpoint's inputs, which node
+  // `inputs_node` saved (with their version check), once per pass.
+  void CheckRecomputeInputs(format::ObjectId inputs_node, uint32_t node_slot, uint64_t seq,
+                            bool simulated, format::ObjectId exec_op, bool threw);
+  // The recomputation backward ran inside `exec_op` for checkpoint `inputs_node`: the nodes it
+  // made, whose saved tensors stand in for the forward's, matched to them by node name, rank and
+  // member.
+  void ClaimRecomputation(format::ObjectId inputs_node, format::ObjectId exec_op);
+  // What backward got back for saved tensor `s` of a checkpointed node: the recomputed tensor,
+  // unchecked by PyTorch; a write to it after the recomputation saved it changes the gradient.
+  void CheckRecomputed(uint32_t node_slot, const SavedState& s, const Finding& base, uint64_t seq);
   void CheckVersion(const SavedState& s, const Finding& base, uint64_t seq);
   void CheckFingerprint(SavedState& s, const Finding& base, uint64_t seq, size_t findings_before);
   void EndPass();
@@ -82,6 +97,11 @@ class BackwardReplay {
   std::vector<uint32_t> pass_executed_;
   std::vector<uint32_t> pass_threads_;
   std::vector<Candidate> candidates_;
+  std::vector<uint32_t> pass_recomputed_;  // Checkpoint input nodes read in the open pass.
+  // Nodes with tensors packed by saved-tensor hooks, not yet matched to a recomputation.
+  std::vector<uint32_t> packed_nodes_;
+  // The open pass's recomputed saved tensors (saved slots), by RecomputeKey.
+  std::unordered_map<uint64_t, uint32_t> recomputed_;
 };
 
 }  // namespace torchrr::replayer

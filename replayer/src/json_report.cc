@@ -43,6 +43,13 @@ std::string Hex64(uint64_t value) {
   return s;
 }
 
+json NodeJson(const NodeRef& node) {
+  return {{"id", node.id},
+          {"name", node.name},
+          {"sequence_nr", node.sequence_nr},
+          {"forward_thread", node.forward_thread}};
+}
+
 json ViolationJson(const Violation& v) {
   json later = json::array();
   for (const OpRef& op : v.later_culprits) later.push_back(OpJson(op));
@@ -63,11 +70,9 @@ json ViolationJson(const Violation& v) {
       {"culprit", OptionalOpJson(v.culprit)},
       {"later_culprits", std::move(later)},
       {"victim", OptionalOpJson(v.victim)},
-      {"backward_node",
-       {{"id", v.backward_node.id},
-        {"name", v.backward_node.name},
-        {"sequence_nr", v.backward_node.sequence_nr},
-        {"forward_thread", v.backward_node.forward_thread}}},
+      {"backward_node", NodeJson(v.backward_node)},
+      {"recomputing", v.recomputing ? NodeJson(*v.recomputing) : json(nullptr)},
+      {"recomputed", v.recomputed},
       {"saved_version", v.saved_version},
       {"current_version", v.current_version},
       {"tensor",

@@ -311,7 +311,14 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   v.tensor = MakeTensorRef(s);
   v.pytorch_names = PytorchNames(f, node, s);
   if (f.kind == ViolationKind::kSilent) {
-    v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint : SilentEvidence::kAliasedWrite;
+    v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint
+                 : f.unchecked    ? SilentEvidence::kUncheckedSave
+                                  : SilentEvidence::kAliasedWrite;
+  }
+  v.recomputed = f.recomputed;
+  if (f.recomputing != IdIndex::kAbsent) {
+    const NodeState& r = state_.nodes[f.recomputing];
+    v.recomputing = NodeRef{r.id, state_.Str(r.name), r.sequence_nr, r.forward_thread};
   }
   if (f.has_hashes) v.fingerprint = Fingerprints{f.hash_at_save, f.hash_at_use};
   if (f.by_fingerprint) AddFingerprintEvidence(f, v);

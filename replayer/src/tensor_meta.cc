@@ -57,6 +57,7 @@ const char* SilentEvidenceName(SilentEvidence evidence) {
   switch (evidence) {
     case SilentEvidence::kAliasedWrite: return "aliased_write";
     case SilentEvidence::kFingerprint: return "fingerprint";
+    case SilentEvidence::kUncheckedSave: return "unchecked_save";
     default: return "";
   }
 }

@@ -68,6 +68,9 @@ std::string CulpritLabel(const Violation& v) {
              std::to_string(v.current_version);
   } else if (v.evidence == SilentEvidence::kFingerprint) {
     label += " wrote into its memory through another tensor over it";
+  } else if (v.evidence == SilentEvidence::kUncheckedSave) {
+    label += " changed it (version " + std::to_string(v.saved_version) + " -> " +
+             std::to_string(v.current_version) + "), unchecked by PyTorch";
   } else {
     label += " wrote into its storage";
   }
@@ -219,13 +222,19 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
 
 //   error: saved tensor modified in place
 //   error: saved tensor's memory overwritten without a version bump (PyTorch cannot detect this)
+//   error: saved tensor modified in place where PyTorch does not check (the gradient used the
+//   modified value)
 void TextReport::EmitHeading(const Violation& v) {
   bool silent = v.kind == ViolationKind::kSilent;
-  out_ << p_.Error("error")
-       << p_.Bold(silent ? ": saved tensor's memory overwritten without a version bump (PyTorch "
-                           "cannot detect this)"
-                         : ": saved tensor modified in place")
-       << "\n";
+  const char* heading = ": saved tensor modified in place";
+  if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
+    heading = ": saved tensor modified in place where PyTorch does not check (the gradient used "
+              "the modified value)";
+  } else if (silent) {
+    heading = ": saved tensor's memory overwritten without a version bump (PyTorch cannot detect "
+              "this)";
+  }
+  out_ << p_.Error("error") << p_.Bold(heading) << "\n";
 }
 
 // Where the culprit was called and what it did, its line quoted when readable here (else a
@@ -319,6 +328,17 @@ void TextReport::EmitNeededBy(const Violation& v) {
   Fact() << "needed by " << p_.Bold(Printable(v.backward_node.name)) << " (saved `" << member
          << "`, " << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
          << (v.simulated ? ", in the part of the backward pass that did not run" : "") << "\n";
+  if (v.recomputing) {
+    Fact() << "activation checkpointing: backward read it to recompute what "
+           << Printable(v.recomputing->name) << " saved\n";
+  }
+  if (v.evidence == SilentEvidence::kUncheckedSave && v.recomputed) {
+    Fact() << "activation checkpointing recomputed it in backward, where the recomputed write "
+              "changed it after it was saved; PyTorch does not check recomputed tensors\n";
+  } else if (v.evidence == SilentEvidence::kUncheckedSave) {
+    Fact() << "backward used it without PyTorch's version check (a saved-tensor hook packed the "
+              "tensor itself, or torch.compile saved it without a check)\n";
+  }
 }
 
 //      = saved at version 0, used at version 1
@@ -358,6 +378,7 @@ void TextReport::EmitFingerprint(const Violation& v) {
 // What PyTorch did: raised (with its message, cut before its hint), or why it did not:
 //      = pytorch: raised: one of the variables needed for gradient computation has been modif...
 //      = pytorch: no error: the write bypassed the version counter, so gradients are silently ...
+//      = pytorch: no error: it does not check this saved tensor, so gradients are silently wrong
 //      = pytorch: did not get here (an earlier node threw); it raises once that one is fixed
 //      = pytorch: did not raise here
 void TextReport::EmitPytorch(const Violation& v) {
@@ -369,6 +390,8 @@ void TextReport::EmitPytorch(const Violation& v) {
       if (size_t cut = message.find(" Hint:"); cut != std::string::npos) message.resize(cut);
       out_ << ": " << Printable(message);
     }
+  } else if (v.evidence == SilentEvidence::kUncheckedSave) {
+    out_ << "no error: it does not check this saved tensor, so gradients are silently wrong";
   } else if (v.kind == ViolationKind::kSilent) {
     out_ << "no error: the write bypassed the version counter, so gradients are silently wrong";
   } else if (v.simulated) {
@@ -396,6 +419,11 @@ void TextReport::EmitHelp(const Violation& v) {
   if (silent && v.evidence == SilentEvidence::kFingerprint) {
     out_ << "find what writes into this memory between the two points (a raw kernel, numpy, an "
             "extension on data_ptr); write into a .clone() instead\n";
+    return;
+  }
+  if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
+    out_ << "make the in-place op out of place, or .clone() the tensor before modifying it; "
+            "PyTorch will not raise for it\n";
     return;
   }
   if (silent) {

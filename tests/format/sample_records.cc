@@ -91,6 +91,9 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   saved.has_hooks = true;
   saved.is_leaf = true;
   saved.output_nr = 1;
+  saved.hook = SavedHook::kCheckpoint;
+  saved.checked = false;
+  saved.recompute_from = id(21);
   node.saved = {saved, SavedTensor{}};
   out.push_back(node);
 

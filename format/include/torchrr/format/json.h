@@ -28,6 +28,7 @@ const char* FrameKindName(FrameKind kind);
 const char* ValueKindName(ValueKind kind);
 const char* OpScopeName(OpScope scope);
 const char* SavedSetKindName(SavedSetKind kind);
+const char* SavedHookName(SavedHook hook);
 const char* ErrorKindName(ErrorKind kind);
 const char* CudaCopyKindName(CudaCopyKind kind);
 const char* FingerprintWhenName(FingerprintWhen when);

@@ -175,6 +175,14 @@ struct Edge {
 };
 
 // A tensor an autograd node saved for backward (a SavedVariable), as it was at save time.
+// What a saved-tensor hook (torch.autograd.graph.saved_tensors_hooks) made of a saved tensor.
+enum class SavedHook : uint8_t {
+  kNone = 0,          // No hook.
+  kOpaque = 1,        // A hook packed something the recorder cannot follow.
+  kPackedTensor = 2,  // The hook packed a tensor (`tensor` names it): the tensor itself, or a copy.
+  kCheckpoint = 3,    // Activation checkpointing: recomputed in backward from `recompute_from`.
+};
+
 struct SavedTensor {
   InternId name = 0;             // The member as autograd declares it: "self", "result", "other".
   uint32_t list_index = TensorUse::kNotInList;  // For std::vector<SavedVariable> members.
@@ -188,6 +196,14 @@ struct SavedTensor {
   bool has_hooks = false;        // Saved-tensor hooks: PyTorch skips the version check.
   bool is_leaf = false;
   uint32_t output_nr = 0;
+  SavedHook hook = SavedHook::kNone;
+  // False where PyTorch will not compare versions at unpack: saved-tensor hooks, or a tensor that
+  // torch.compile's AOTAutograd saved without a version check. A write in between is then a
+  // silently wrong gradient, not an error.
+  bool checked = true;
+  // kCheckpoint: the node whose saved tensors (the checkpointed call's inputs) backward reads,
+  // with their version check, to recompute this one.
+  ObjectId recompute_from = 0;
   bool operator==(const SavedTensor&) const = default;
 };
 

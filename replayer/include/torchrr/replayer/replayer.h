@@ -71,8 +71,11 @@ enum class SilentEvidence : uint8_t {
   kAliasedWrite = 1,  // A recorded op wrote its bytes through a tensor with another counter.
   kFingerprint = 2,   // --verify-saved: its bytes' fingerprint changed between save and use, and
                       // no recorded write explains it (numpy, a raw kernel, an extension).
+  kUncheckedSave = 3, // Its counter moved, but backward used it without PyTorch's version check
+                      // (a saved-tensor hook packed the tensor itself; AOTAutograd saved it).
 };
-const char* SilentEvidenceName(SilentEvidence evidence);  // "", "aliased_write", "fingerprint"
+// "", "aliased_write", "fingerprint", "unchecked_save"
+const char* SilentEvidenceName(SilentEvidence evidence);
 
 // The saved tensor's bytes' fingerprints (kernels/fingerprint.h), when --verify-saved was on and
 // they differ.
@@ -127,6 +130,12 @@ struct Violation {
   std::vector<OpRef> later_culprits;    // Later writes before the use, in trace order.
   std::optional<OpRef> victim;          // The forward op that created the node (saved the tensor).
   NodeRef backward_node;                // The node that needed the tensor.
+  // Activation checkpointing: backward needed the tensor (an input of the checkpointed call) to
+  // recompute what this node saved.
+  std::optional<NodeRef> recomputing;
+  // Activation checkpointing: the tensor is the one backward recomputed for the node (what the
+  // node saved in forward was a placeholder), written after the recomputation saved it.
+  bool recomputed = false;
   uint32_t saved_version = 0;
   uint32_t current_version = 0;         // The counter's version when the node ran (or would have).
   SavedTensorRef tensor;
