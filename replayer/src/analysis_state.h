@@ -82,6 +82,7 @@ struct Bump {
 struct CounterState {
   bool seen = false;
   uint32_t first_version = 0;  // version_before at its first recorded use.
+  uint64_t first_seq = 0;      // The record that first used it.
   uint32_t last_version = 0;   // Highest version seen so far.
   std::vector<Bump> bumps;     // In record order.
 };
@@ -165,6 +166,10 @@ struct Finding {
   // The saved tensor is the one checkpointing's recomputation in backward saved (the node's own
   // was a placeholder).
   bool recomputed = false;
+  // The version to compare against when it is not the saved tensor's own saved_version (a
+  // parameter the recomputation saved: its version in forward).
+  bool has_baseline = false;
+  uint32_t baseline = 0;
   uint64_t pass = 0;
   format::ObjectId exec_op = 0;
   bool exec_threw = false;

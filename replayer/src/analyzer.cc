@@ -142,7 +142,7 @@ CounterState& Analyzer::Impl::GetCounter(ObjectId id) {
   uint32_t slot = state_.index.Find(id, IdKind::kCounter);
   if (slot == IdIndex::kAbsent) {
     slot = static_cast<uint32_t>(state_.counters.size());
-    state_.counters.emplace_back();
+    state_.counters.emplace_back().first_seq = state_.seq;
     state_.index.Set(id, IdKind::kCounter, slot);
   }
   return state_.counters[slot];

@@ -287,8 +287,18 @@ void BackwardReplay::CheckRecomputed(uint32_t node_slot, const SavedState& s, co
   auto it = recomputed_.find(
       RecomputeKey(s.saved.recompute_from, node.name, node.checkpoint_occurrence, s.saved));
   if (it == recomputed_.end()) return;
-  const SavedState& recomputed = state_.saved[it->second];
+  // A tensor the forward had too (a parameter, a view of one), whose counter predates the
+  // recomputation: a write in between (an optimizer step) makes the recomputation differ from
+  // the forward, so the baseline is its version in forward. Tensors new in the recomputation are
+  // compared with their version when it saved them.
+  SavedState recomputed = state_.saved[it->second];
   Finding f = base;
+  const CounterState* counter = state_.FindCounter(recomputed.saved.version_counter);
+  if (counter != nullptr && counter->first_seq < seq) {
+    recomputed.saved.saved_version = s.saved.saved_version;
+    f.has_baseline = true;
+    f.baseline = s.saved.saved_version;
+  }
   f.saved = it->second;
   f.recomputed = true;
   f.current_version = recomputed.saved.saved_version;

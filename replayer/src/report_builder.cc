@@ -306,7 +306,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   AddCulprits(f, v);
   if (node.created_by != 0) v.victim = UserOpRef(node.created_by);
   v.backward_node = {node.id, state_.Str(node.name), node.sequence_nr, node.forward_thread};
-  v.saved_version = s.saved.saved_version;
+  v.saved_version = f.has_baseline ? f.baseline : s.saved.saved_version;
   v.current_version = f.current_version;
   v.tensor = MakeTensorRef(s);
   v.pytorch_names = PytorchNames(f, node, s);

@@ -333,8 +333,8 @@ void TextReport::EmitNeededBy(const Violation& v) {
            << Printable(v.recomputing->name) << " saved\n";
   }
   if (v.evidence == SilentEvidence::kUncheckedSave && v.recomputed) {
-    Fact() << "activation checkpointing recomputed it in backward, where the recomputed write "
-              "changed it after it was saved; PyTorch does not check recomputed tensors\n";
+    Fact() << "activation checkpointing recomputed it in backward; it was written between the "
+              "forward and its use, and PyTorch does not check recomputed tensors\n";
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     Fact() << "backward used it without PyTorch's version check (a saved-tensor hook packed the "
               "tensor itself, or torch.compile saved it without a check)\n";

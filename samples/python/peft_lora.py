@@ -24,6 +24,7 @@ line whose saved tensor it breaks carries ``# VICTIM(<name>)`` when it is in thi
 | silent_dlpack | ``scale_through_dlpack(up, 0.5)`` in mlp_forward: an extension-style kernel rescales the up projection through a DLPack alias (another storage, another version counter) | ``act * up`` (aten::mul saved ``up``) | none: nothing raises, the gradients are silently wrong; ``torchrr record --verify-saved`` reports a ``silent`` violation for MulBackward0 |
 
     peft_lora.py [--device cuda|cpu] [--steps 3] [--bug none|NAME] [--list-bugs] [--seed 0]
+                 [--gradient-checkpointing] [--compile [BACKEND]]
 
 Prints ``step N loss L`` per step. Exit status: 0 trained; 1 PyTorch raised (stderr: ``error:
 <message>``); 2 usage.
@@ -128,6 +129,11 @@ def add_model_arguments(parser, hidden=64, vocab=256, seq=32, batch=2):
     parser.add_argument("--vocab", type=int, default=vocab)
     parser.add_argument("--seq", type=int, default=seq)
     parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute each decoder layer in backward (torch.utils.checkpoint)")
+    parser.add_argument("--compile", nargs="?", const="inductor", default=None,
+                        metavar="BACKEND", help="torch.compile the model (default backend: "
+                                                "inductor)")
 
 
 def build_model(args):
@@ -149,12 +155,20 @@ def build_model(args):
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                       "up_proj", "down_proj"])
     model = get_peft_model(model, lora)
+    if args.gradient_checkpointing:
+        # As transformers' Trainer does: each decoder layer under torch.utils.checkpoint
+        # (non-reentrant), recomputed in backward.
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
     # PEFT initialises B to zero; a small B makes every adapter matter from the first step.
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, 0.02)
-    return model.to(args.device)
+    model = model.to(args.device)
+    if args.compile:
+        model = torch.compile(model, backend=args.compile)
+    return model
 
 
 def train(args):

@@ -203,10 +203,14 @@ def check_trace_order(errors, torchrr, trace):
                 need("node", r["node"], f"the execution in op {r.get('op')}")
         elif kind == "error":
             need("string", r.get("type", 0), "an error record")
-    # Only a node run by another node's backward (CopySlices runs the node it wraps) has none.
+    # Only a node run by another node's backward (CopySlices runs the node it wraps) has none, or
+    # a node called directly in grad mode, outside autograd's engine (torch.compile wraps a
+    # compiled region's outputs in a DelayedError node that it calls).
     for op in unnamed:
-        parent = ops.get((ops.get(op) or {}).get("parent"))
-        if not parent or parent.get("scope") != "backward_function":
+        record = ops.get(op) or {}
+        parent = ops.get(record.get("parent"))
+        in_backward = parent and parent.get("scope") == "backward_function"
+        if not in_backward and not record.get("grad_mode"):
             problem(f"the execution in op {op} names no node")
     errors.extend(problems)
 

@@ -33,22 +33,26 @@ HF_MISSING = _have_hf()
 BUGS = ["none"] + sorted(set(re.findall(r"# BUG\((\w+)\)", SAMPLE.read_text())))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def record_bugs(base, bugs, sample_flags=(), timeout=180):
+    """{bug: (process, trace)}: the sample recorded once per bug, two at a time."""
     if HF_MISSING is not None:
         pytest.skip(f"transformers/peft not importable: {HF_MISSING}")
-    base = tmp_path_factory.mktemp("peft")
 
     def run(bug):
         trace = base / f"{bug}.trr"
         steps = "2" if bug in ("none", "optimizer_before_backward") else "1"
         flags = ["--verify-saved"] if bug.startswith("silent_") else []
         proc = record(trace, [sys.executable, SAMPLE, "--device", "cpu", "--steps", steps,
-                              "--bug", bug], timeout=180, flags=flags)
+                              "--bug", bug, *sample_flags], timeout=timeout, flags=flags)
         return bug, (proc, trace)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, BUGS))
+        return dict(pool.map(run, bugs))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return record_bugs(tmp_path_factory.mktemp("peft"), BUGS)
 
 
 def test_list_bugs():
@@ -108,3 +112,88 @@ def test_planted_bug(runs, bug):
     assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
     assert same_file(v.culprit.user_frame.file, SAMPLE)
     assert v.culprit.user_frame.line == marker_line(SAMPLE, rf"BUG\({bug}\)")
+
+
+# --gradient-checkpointing: each decoder layer is recomputed in backward (non-reentrant, as
+# transformers' Trainer runs it), and PyTorch no longer checks the tensors saved inside a layer.
+# What each bug becomes there (the gradients are checked by test_gradient_checkpointing_grads):
+#   silent   PyTorch says nothing and the gradient is wrong (inplace_activation, and
+#            optimizer_before_backward: the recomputation uses the stepped weights), or unchanged
+#            by a write of equal values (softmax_mask: the causal mask already zeroed them); the
+#            same culprit and victim lines as without checkpointing
+#   version  outside the checkpointed layers: PyTorch raises as before (view_write)
+#   none     the recomputation stops at its last save, before the write: the gradient is right
+#            (slice_assign)
+# residual_add raises another error in the forward ("a leaf Variable ... in-place") and
+# silent_dlpack writes through an alias the recomputation does not make: neither is run here.
+GC_EXPECT = {"none": None, "inplace_activation": "silent", "softmax_mask": "silent",
+             "optimizer_before_backward": "silent", "view_write": "version", "slice_assign": None}
+
+
+@pytest.fixture(scope="module")
+def gc_runs(tmp_path_factory):
+    return record_bugs(tmp_path_factory.mktemp("peft_gc"), GC_EXPECT,
+                       ["--gradient-checkpointing"], timeout=240)
+
+
+@pytest.mark.parametrize("bug", list(GC_EXPECT))
+def test_gradient_checkpointing(gc_runs, bug):
+    proc, trace = gc_runs[bug]
+    kind = GC_EXPECT[bug]
+    assert proc.returncode == (1 if kind == "version" else 0), proc.stderr[-2000:]
+    report = torchrr.replay(trace)
+    assert report.trace.get("status") == "ok"
+    if kind is None:
+        assert report.violations == [], report.violations[:1]
+        return
+    assert report.violations, "no violation found"
+    v = report.violations[0]
+    assert v.kind == kind
+    if kind == "silent":
+        assert v.evidence == "unchecked_save" and v.recomputed and not v.pytorch_raised
+    else:
+        assert v.pytorch_raised
+    assert same_file(v.victim.user_frame.file, SAMPLE)
+    assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
+    assert same_file(v.culprit.user_frame.file, SAMPLE)
+    assert v.culprit.user_frame.line == marker_line(SAMPLE, rf"BUG\({bug}\)")
+
+
+GRADIENTS = """
+import argparse, sys, torch
+sys.path.insert(0, sys.argv[1])
+import peft_lora as sample
+
+def grads(bug, checkpointing):
+    sample.BUG = bug
+    parser = argparse.ArgumentParser()
+    sample.add_model_arguments(parser)
+    args = parser.parse_args(["--gradient-checkpointing"] if checkpointing else [])
+    args.device = "cpu"
+    model = sample.build_model(args)
+    model.train()
+    ids = torch.randint(1, args.vocab, (args.batch, args.seq),
+                        generator=torch.Generator().manual_seed(1))
+    sample.next_token_loss(model(input_ids=ids).logits, ids).backward()
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+right = grads("none", False)
+for bug in sys.argv[2:]:
+    got = grads(bug, True)
+    print(bug, max((got[n] - right[n]).abs().max().item() for n in right))
+"""
+
+
+def test_gradient_checkpointing_grads():
+    """What GC_EXPECT says of the gradients: with checkpointing, inplace_activation's gradient is
+    wrong (its forward is the no-bug one's: the gradient should be too), slice_assign's and
+    softmax_mask's equal the no-bug ones."""
+    if HF_MISSING is not None:
+        pytest.skip(f"transformers/peft not importable: {HF_MISSING}")
+    proc = subprocess.run([sys.executable, "-c", GRADIENTS, str(SAMPLE.parent),
+                           "inplace_activation", "slice_assign", "softmax_mask"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    diff = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()}
+    assert diff["inplace_activation"] > 1e-5
+    assert diff["slice_assign"] == 0.0 and diff["softmax_mask"] == 0.0

@@ -131,8 +131,11 @@ class Violation:
     write through ``.data`` or another alias: the culprit) or ``"fingerprint"`` (``--verify-saved``:
     its bytes' fingerprints differ and nothing wrote through the saved tensor; candidates and
     kernels list what touched them in between, and the first candidate that wrote them through
-    another tensor over the same memory, if any, is the culprit). fingerprint: ``{"at_save": "0x..", "at_use": "0x.."}`` when they
-    changed."""
+    another tensor over the same memory, if any, is the culprit) or ``"unchecked_save"`` (its
+    counter moved where PyTorch does not check: a saved-tensor hook kept the tensor itself, or
+    activation checkpointing recomputed it: then ``recomputed``). fingerprint: ``{"at_save":
+    "0x..", "at_use": "0x.."}`` when they changed. recomputing: for a checkpoint's input, the node
+    whose saved tensors backward was recomputing from it."""
     kind: str
     culprit: Optional[Op]
     later_culprits: list
@@ -151,6 +154,8 @@ class Violation:
     fingerprint: Optional[dict] = None
     candidates: list = field(default_factory=list)
     kernels: list = field(default_factory=list)
+    recomputing: Optional[BackwardNode] = None
+    recomputed: bool = False
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -164,7 +169,8 @@ class Violation:
                    bool(d.get("simulated", False)), d.get("backward_pass"),
                    d.get("node_exec_op"), d.get("evidence"), d.get("fingerprint"),
                    [Candidate.from_json(c) for c in d.get("candidates", [])],
-                   list(d.get("kernels", [])), d)
+                   list(d.get("kernels", [])), BackwardNode.from_json(d.get("recomputing")),
+                   bool(d.get("recomputed", False)), d)
 
 
 @dataclass
