@@ -5,11 +5,14 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "exit_codes.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
@@ -38,34 +41,90 @@ bool Analysable(format::StatusCode code) {
 
 }  // namespace
 
-int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_terminal) {
+namespace {
+
+// One trace's replay: its report written to `out` (text, or one JSON document into `json`), its
+// exit code returned, and a line for the summary of several traces in `verdict`.
+int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostream& out,
+              bool color, nlohmann::json* json, std::string* verdict) {
   replayer::Analyzer analyzer;
   format::ReadSummary summary =
-      format::ReadTraceFile(options.path, [&](const format::Record& r) { analyzer.Add(r); });
-  int read_code = ReportRead(options.path, summary);
+      format::ReadTraceFile(path, [&](const format::Record& r) { analyzer.Add(r); });
+  int read_code = ReportRead(path, summary);
   format::StatusCode code = summary.status.code();
-  if (!Analysable(code)) return read_code;
+  std::string name = replayer::Printable(path);
+  if (summary.has_info && summary.info.rank >= 0) {
+    name += " (rank " + std::to_string(summary.info.rank) + ")";
+  }
+  if (!Analysable(code)) {
+    *verdict = name + ": not read (" + std::string(StatusName(code)) + ")";
+    return read_code;
+  }
   replayer::Report report = analyzer.Finish();
   if (code != format::StatusCode::kOk) {
-    std::cerr << "torchrr: warning: " << replayer::Printable(options.path) << ": analysed the "
+    std::cerr << "torchrr: warning: " << replayer::Printable(path) << ": analysed the "
               << summary.records()
               << " records that could be read; culprits after the damage may be missing\n";
   }
   if (options.json) {
-    nlohmann::json j = replayer::ToJson(report);
-    j["trace"] = {{"path", options.path},
-                  {"status", StatusName(code)},
-                  {"message", summary.status.message()},
-                  {"warnings", summary.warnings}};
-    out << JsonText(j, 2) << "\n";
+    *json = replayer::ToJson(report);
+    (*json)["trace"] = {{"path", path},
+                        {"status", StatusName(code)},
+                        {"message", summary.status.message()},
+                        {"warnings", summary.warnings}};
   } else {
-    bool color = options.color == ColorMode::kAlways ||
-                 (options.color == ColorMode::kAuto && out_is_terminal);
     out << replayer::FormatText(report, color);
   }
-  out.flush();
+  const size_t n = report.violations.size();
+  *verdict = name + ": " +
+             (n != 0 ? std::to_string(n) + " violation" + (n == 1 ? "" : "s")
+              : !report.unexplained_errors.empty() ? "an error torchrr does not explain"
+                                                   : "no violation") +
+             (code != format::StatusCode::kOk ? ", trace " + std::string(StatusName(code))
+              : report.incomplete()             ? ", recording incomplete"
+                                                : "");
   return ReplayExitCode(read_code, report.incomplete(),
                         !report.violations.empty() || !report.unexplained_errors.empty());
+}
+
+// How unclean a replay exit code is: a damaged or unread trace, then an incomplete recording,
+// then violations.
+int Severity(int exit_code) {
+  if (exit_code == 0) return 0;
+  if (exit_code == kExitViolations) return 1;
+  if (exit_code == kExitIncomplete) return 2;
+  return 3;
+}
+
+}  // namespace
+
+int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_terminal) {
+  const bool color = options.color == ColorMode::kAlways ||
+                     (options.color == ColorMode::kAuto && out_is_terminal);
+  const bool several = options.paths.size() > 1;
+  int exit_code = 0;
+  nlohmann::json traces = nlohmann::json::array();
+  std::vector<std::string> verdicts;
+  for (const std::string& path : options.paths) {
+    if (several && !options.json) out << "==> " << replayer::Printable(path) << " <==\n";
+    nlohmann::json json;
+    std::string verdict;
+    int code = ReplayOne(path, options, out, color, &json, &verdict);
+    if (Severity(code) > Severity(exit_code)) exit_code = code;
+    if (options.json && !json.is_null()) traces.push_back(std::move(json));
+    verdicts.push_back(std::move(verdict));
+    if (several && !options.json) out << "\n";
+  }
+  if (options.json) {
+    // One trace: its document. Several (one per rank): {"traces": [document, ...]}.
+    if (!several && !traces.empty()) out << JsonText(traces[0], 2) << "\n";
+    if (several) out << JsonText(nlohmann::json{{"traces", traces}}, 2) << "\n";
+  } else if (several) {
+    out << "summary of " << verdicts.size() << " traces:\n";
+    for (const std::string& verdict : verdicts) out << "  " << verdict << "\n";
+  }
+  out.flush();
+  return exit_code;
 }
 
 void RegisterReplayCommand(CLI::App& app, int* exit_code) {
@@ -73,7 +132,10 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
   CLI::App* replay = app.add_subcommand(
       "replay", "Find which op, on which line, modified which saved tensor (the culprit behind "
                 "\"modified by an inplace operation\")");
-  replay->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  replay->add_option("FILE", options->paths,
+                     "Trace file (.trr); several (one per rank: run.rank*.trr) are replayed one "
+                     "after the other, with a summary")
+      ->required();
   replay->add_flag("--json", options->json,
                    "Print one JSON document (schema: replayer/SCHEMA.md) instead of text");
   const std::map<std::string, ColorMode> colors{

@@ -6,6 +6,7 @@
 
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -16,16 +17,16 @@ namespace torchrr::cli {
 enum class ColorMode { kAuto, kAlways, kNever };
 
 struct ReplayOptions {
-  std::string path;
+  std::vector<std::string> paths;  // One trace, or several (one per rank).
   bool json = false;
   ColorMode color = ColorMode::kAuto;
 };
 
-// Reads the trace at options.path (streaming: records are analysed as they are read, not kept),
-// writes the report to `out`, problems with the file to stderr, and returns the exit code:
-//   0 no violation; 1 violations found (also in a truncated or corrupt trace: what could be read
-//   was analysed, and a warning says what was not); 3 not a trace or unreadable; 4 truncated and
-//   5 corrupt (nothing found in what could be read); 6 written by a newer format; 7 other error.
+// Reads each trace of options.paths (streaming: records are analysed as they are read, not kept),
+// writes each report to `out` (several: each under a "==> path <==" line, then a summary line
+// per trace; JSON: {"traces": [...]}), problems with the files to stderr, and returns the exit
+// code, the least clean over the traces (exit_codes.h, ReplayExitCode): a damaged or unreadable
+// trace's (3 to 7), then 8 for an incomplete recording, then 1 for violations, else 0.
 // `out_is_terminal` decides colour under ColorMode::kAuto.
 int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_terminal);
 
