@@ -48,6 +48,7 @@ extern "C" int torchrr_start(const char* path, int native_stacks, int python_sta
   options.verify_saved = (flags & TORCHRR_VERIFY_SAVED) != 0;
   options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
   options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
+  options.follow_forks = (flags & TORCHRR_FOLLOW_FORKS) != 0;
   return Start(options);
 }
 

@@ -10,6 +10,7 @@ from . import _native
 _VERIFY_SAVED = 1
 _NO_CUDA_KERNELS = 2
 _ALL_OPS = 4
+_FOLLOW_FORKS = 8
 
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
@@ -21,7 +22,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
           python_stacks: bool = True, max_buffered_bytes: int = 0,
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
-          all_ops: bool = False) -> bool:
+          all_ops: bool = False, follow_forks: bool = False) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
@@ -38,7 +39,10 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     all_ops: also the ops folded by default into the op they run in: those a kernel runs below
     autograd, and those of a backward formula that write none of their arguments (they create no
     autograd node and bump no version counter; the op around them stands for them); about 60% of
-    a training step's ops. On with verify_saved.
+    a training step's ops. On with verify_saved. follow_forks: a process forked from this one
+    (os.fork, DataLoader workers with the fork start method) records into a trace of its own,
+    ``FILE.pidN.trr`` beside ``path``, closed when it exits (a multiprocessing child's too, which
+    ends with os._exit); without it a forked process records nothing.
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
@@ -49,7 +53,10 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                            int(bool(drop_when_full)), -1 if rank is None else int(rank),
                            (_VERIFY_SAVED if verify_saved else 0) |
                            (0 if cuda_kernels else _NO_CUDA_KERNELS) |
-                           (_ALL_OPS if all_ops else 0))
+                           (_ALL_OPS if all_ops else 0) |
+                           (_FOLLOW_FORKS if follow_forks else 0))
+    if rc == 0:
+        _close_in_multiprocessing_children()
     return rc == 0
 
 
@@ -58,7 +65,43 @@ def start_from_environment() -> bool:
     (TORCHRR_OUTPUT the trace; parsed, with their defaults, by the recorder: c_api.h's
     torchrr_start_from_environment). Returns True when recording; False when TORCHRR_OUTPUT is
     unset, or the recorder printed why not. Imports torch."""
-    return _native.library().torchrr_start_from_environment() == 0
+    if _native.library().torchrr_start_from_environment() != 0:
+        return False
+    _close_in_multiprocessing_children()
+    return True
+
+
+class _AfterForkKey:
+    """The key of the after-fork hook below (multiprocessing's registry holds its keys weakly)."""
+
+
+_after_fork_key = _AfterForkKey()
+_after_fork_hooked = False
+
+
+def _stop_at_multiprocessing_child_exit(_key):
+    # multiprocessing ends a process it forked with os._exit, past atexit; it runs its finalizers
+    # first. It clears those the child inherits before it runs the after-fork hooks.
+    from multiprocessing import util
+
+    util.Finalize(None, stop, exitpriority=0)
+
+
+def _close_in_multiprocessing_children():
+    """Closes a forked child's own recording (follow_forks) when a multiprocessing child (a
+    DataLoader worker) ends. In a child that records nothing, stop() does nothing."""
+    global _after_fork_hooked
+    if _after_fork_hooked:
+        return
+    try:
+        from multiprocessing import util
+
+        util.register_after_fork(_after_fork_key, _stop_at_multiprocessing_child_exit)
+        _after_fork_hooked = True
+    except Exception as error:  # Recording goes on; only such children's traces end cut.
+        import sys
+
+        sys.stderr.write(f"torchrr: warning: multiprocessing children: {error}\n")
 
 
 def stop() -> bool:
