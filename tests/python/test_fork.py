@@ -3,9 +3,11 @@ never waits on the parent's locks or threads, and leaves the parent's trace inta
 --follow-forks it records into a trace of its own, FILE.pidN.trr, started afresh in the child.
 DataLoader workers are forked children in nearly every training run."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +62,28 @@ FORK_CHILD = textwrap.dedent("""\
     print("child status:", os.waitstatus_to_exitcode(status))
     """)
 
+# torchrr.start(follow_forks=True) without `torchrr record`: a child and a grandchild, each
+# exiting normally without a stop() of its own.
+API_GRANDCHILD = textwrap.dedent("""\
+    import os, sys, torch, torchrr
+
+    torchrr.start(sys.argv[1], follow_forks=True)
+    a = torch.ones(4).mul(2)
+    child = os.fork()
+    if child == 0:
+        b = torch.ones(4).add(1)
+        grandchild = os.fork()
+        if grandchild == 0:
+            c = torch.ones(4).sub(1)
+            sys.exit(0)
+        _, status = os.waitpid(grandchild, 0)
+        print("grandchild:", grandchild, os.waitstatus_to_exitcode(status), flush=True)
+        sys.exit(0)
+    _, status = os.waitpid(child, 0)
+    print("child:", child, os.waitstatus_to_exitcode(status))
+    torchrr.stop()
+    """)
+
 # A child that execs at once (subprocess with a preexec_fn forks with fork(), not vfork).
 FORK_EXEC = textwrap.dedent("""\
     import subprocess, sys, torch
@@ -84,6 +108,15 @@ def _info(trace):
                           timeout=60)
     assert proc.returncode == 0, f"{trace}: torchrr info exit {proc.returncode}: {proc.stderr}"
     return json.loads(proc.stdout)
+
+
+def _op_names(trace):
+    """The names of the ops recorded in `trace` (`torchrr dump --json`)."""
+    proc = subprocess.run([cli(), "dump", "--json", str(trace)], capture_output=True, text=True,
+                          timeout=60, check=True)
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    strings = {r["id"]: r["text"] for r in records if r.get("kind") == "string"}
+    return {strings.get(r["name"]) for r in records if r.get("kind") == "op"}
 
 
 def _child_traces(directory):
@@ -152,6 +185,30 @@ def test_a_child_that_execs_at_once_leaves_no_trace(tmp_path):
     assert lines == ["done"]
     _assert_clean(trace)
     assert _child_traces(tmp_path) == []
+
+
+def test_followed_grandchild_through_the_python_api(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(API_GRANDCHILD)
+    trace = tmp_path / "run.trr"
+    env = dict(os.environ, PYTHONPATH=str(Path(torchrr.__path__[0]).parent))
+    proc = subprocess.run([sys.executable, str(script), str(trace)], env=env,
+                          capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert "torchrr: warning" not in proc.stderr, proc.stderr
+    pids = {line.split()[0]: (int(line.split()[1]), line.split()[2])
+            for line in proc.stdout.splitlines()}
+    assert pids["child:"][1] == "0" and pids["grandchild:"][1] == "0", proc.stdout
+    child, grandchild = pids["child:"][0], pids["grandchild:"][0]
+    # Each named after the trace of the process it was forked from.
+    expected = {trace: "aten::mul", tmp_path / f"run.pid{child}.trr": "aten::add",
+                tmp_path / f"run.pid{child}.pid{grandchild}.trr": "aten::sub"}
+    assert sorted(tmp_path.glob("*.trr")) == sorted(expected)
+    for path, own_op in expected.items():
+        assert _info(path)["closed_cleanly"], path
+        names = _op_names(path)
+        assert own_op in names, (path, names)
+        assert not names & ({"aten::mul", "aten::add", "aten::sub"} - {own_op}), (path, names)
 
 
 @pytest.mark.parametrize("run", range(4))

@@ -42,7 +42,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     a training step's ops. On with verify_saved. follow_forks: a process forked from this one
     (os.fork, DataLoader workers with the fork start method) records into a trace of its own,
     ``FILE.pidN.trr`` beside ``path``, closed when it exits (a multiprocessing child's too, which
-    ends with os._exit); without it a forked process records nothing.
+    ends with os._exit; not one that calls os._exit itself); without it a forked process records
+    nothing.
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
@@ -56,7 +57,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                            (_ALL_OPS if all_ops else 0) |
                            (_FOLLOW_FORKS if follow_forks else 0))
     if rc == 0:
-        _close_in_multiprocessing_children()
+        _close_in_forked_children()
     return rc == 0
 
 
@@ -67,16 +68,23 @@ def start_from_environment() -> bool:
     unset, or the recorder printed why not. Imports torch."""
     if _native.library().torchrr_start_from_environment() != 0:
         return False
-    _close_in_multiprocessing_children()
+    _close_in_forked_children()
     return True
 
 
 class _AfterForkKey:
-    """The key of the after-fork hook below (multiprocessing's registry holds its keys weakly)."""
+    """The key of the multiprocessing hook below (its registry holds keys weakly)."""
 
 
 _after_fork_key = _AfterForkKey()
-_after_fork_hooked = False
+_fork_hooks_installed = False
+
+
+def _stop_childs_own_recording():
+    # Only where the child records (follow_forks): stop() takes a lock of the C API's that a
+    # thread of the parent's may have held at the fork.
+    if recording():
+        stop()
 
 
 def _stop_at_multiprocessing_child_exit(_key):
@@ -84,20 +92,28 @@ def _stop_at_multiprocessing_child_exit(_key):
     # first. It clears those the child inherits before it runs the after-fork hooks.
     from multiprocessing import util
 
-    util.Finalize(None, stop, exitpriority=0)
+    util.Finalize(None, _stop_childs_own_recording, exitpriority=0)
 
 
-def _close_in_multiprocessing_children():
-    """Closes a forked child's own recording (follow_forks) when a multiprocessing child (a
-    DataLoader worker) ends. In a child that records nothing, stop() does nothing."""
-    global _after_fork_hooked
-    if _after_fork_hooked:
+def _stop_at_child_exit():
+    import atexit
+
+    atexit.register(_stop_childs_own_recording)
+
+
+def _close_in_forked_children():
+    """Closes a forked child's own recording (follow_forks) when the child ends: at its exit
+    (atexit), and at the end of a multiprocessing child (a DataLoader worker), which ends with
+    os._exit."""
+    global _fork_hooks_installed
+    if _fork_hooks_installed:
         return
+    _fork_hooks_installed = True
+    os.register_at_fork(after_in_child=_stop_at_child_exit)
     try:
         from multiprocessing import util
 
         util.register_after_fork(_after_fork_key, _stop_at_multiprocessing_child_exit)
-        _after_fork_hooked = True
     except Exception as error:  # Recording goes on; only such children's traces end cut.
         import sys
 
