@@ -123,13 +123,13 @@ def _child_traces(directory):
     return sorted(directory.glob("run.pid*.trr"))
 
 
-def _record(tmp_path, source, flags=()):
+def _record(tmp_path, source, flags=(), env=None):
     """Records the Python program `source` into tmp_path/run.trr; returns (its stdout lines, the
     trace) once it exited 0."""
     script = tmp_path / "program.py"
     script.write_text(source)
     trace = tmp_path / "run.trr"
-    proc = record(trace, [sys.executable, script], timeout=90, flags=flags)
+    proc = record(trace, [sys.executable, script], timeout=90, flags=flags, env=env)
     assert proc.returncode == 0, proc.stderr
     if "--follow-forks" in flags:
         assert "torchrr: warning" not in proc.stderr, proc.stderr
@@ -147,7 +147,9 @@ def test_dataloader_workers_never_hang(tmp_path, run):
 
 
 def test_forked_child_exits_normally_and_the_parents_trace_is_intact(tmp_path):
-    lines, trace = _record(tmp_path, FORK_CHILD, flags=["--max-buffer-mb", "1"])
+    # Left in the caller's environment, not asked for on the command line: torchrr record clears it.
+    lines, trace = _record(tmp_path, FORK_CHILD, flags=["--max-buffer-mb", "1"],
+                           env={"TORCHRR_FOLLOW_FORKS": "1"})
     assert "child recording: False" in lines
     assert "child status: 0" in lines
     report = _assert_clean(trace)
