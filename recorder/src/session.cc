@@ -81,8 +81,10 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 // fork() copies the recording into the child: its tables, its locks as they were at that
 // instant (held, maybe, by threads the child does not have), and its sink, whose writer thread
 // stays in the parent and whose file is the parent's. The child stops that recording before it
-// runs anything else and never touches any of it again: its ops see no session, and the session
-// is never destroyed there (that would join a thread the child does not have). g_active_mu is
+// runs anything else and never touches any of it again, but to close its descriptor on the
+// parent's trace (which would keep the file open, and locked, for as long as the child lives):
+// its ops see no session, and the session is never destroyed there (that would join a thread the
+// child does not have). g_active_mu is
 // the one lock the child takes afterwards (Active(), Start()): the forking thread holds it across
 // fork(). A child of a session that follows forks starts a recording of its own, all new (its
 // own tables, sink, writer thread and file), at its first op: a child that execs at once, or
@@ -282,6 +284,7 @@ void Session::AfterForkInChild() {
     std::shared_ptr<Session> inherited = std::move(g_active);
     g_active_raw.store(nullptr, std::memory_order_release);
     const bool was_recording = inherited->recording_.exchange(false);
+    if (inherited->sink_) inherited->sink_->CloseInheritedDescriptors();
     // Stop() marks a session stopped before it removes its callbacks: these are registered.
     if (was_recording) g_inherited_callback = inherited->callback_handle_;
     if (inherited->options_.follow_forks && was_recording) {

@@ -39,7 +39,7 @@ DATALOADER = textwrap.dedent("""\
 
 # The child runs ops (more than the inherited queue holds, with no writer thread of the parent's
 # here) inside a range opened before the fork, then a backward pass, and exits normally (the
-# parent's atexit handlers run in it too).
+# parent's atexit handlers run in it too). It must not keep the parent's trace open (and locked).
 FORK_CHILD = textwrap.dedent("""\
     import os, sys, torch, torchrr
 
@@ -55,6 +55,10 @@ FORK_CHILD = textwrap.dedent("""\
         v = torch.ones(4, requires_grad=True)
         (v * 5).sigmoid().sum().backward()
         print("child recording:", torchrr.recording(), flush=True)
+        fds = "/proc/self/fd"
+        held = [fd for fd in os.listdir(fds) if os.path.realpath(f"{fds}/{fd}") ==
+                os.environ["TORCHRR_OUTPUT"]]
+        print("child holds the parent's trace:", bool(held), flush=True)
         sys.exit(0)
     _, status = os.waitpid(pid, 0)
     (w * 3).sigmoid().sum().backward()
@@ -151,6 +155,7 @@ def test_forked_child_exits_normally_and_the_parents_trace_is_intact(tmp_path):
     lines, trace = _record(tmp_path, FORK_CHILD, flags=["--max-buffer-mb", "1"],
                            env={"TORCHRR_FOLLOW_FORKS": "1"})
     assert "child recording: False" in lines
+    assert "child holds the parent's trace: False" in lines
     assert "child status: 0" in lines
     report = _assert_clean(trace)
     assert report.backward_passes == 2
@@ -161,6 +166,7 @@ def test_forked_child_exits_normally_and_the_parents_trace_is_intact(tmp_path):
 def test_followed_child_records_its_own_trace(tmp_path):
     lines, trace = _record(tmp_path, FORK_CHILD, flags=["--follow-forks"])
     assert "child recording: True" in lines
+    assert "child holds the parent's trace: False" in lines
     assert "child status: 0" in lines
     child_pid = int(next(line for line in lines if line.startswith("child pid:")).split()[-1])
     assert _child_traces(tmp_path) == [tmp_path / f"run.pid{child_pid}.trr"]
