@@ -51,7 +51,7 @@ std::unique_ptr<at::ObserverContext> Unrecorded(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-std::atomic<uint64_t> g_next_serial{1};
+std::atomic<uint64_t> g_next_serial{1};  // Session::serial(); 0 is no session's.
 
 // In a forked child of a recording process: the callbacks the parent registered, still
 // registered here, which the child's next session takes over instead of registering its own
@@ -84,11 +84,10 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 // runs anything else and never touches any of it again, but to close its descriptor on the
 // parent's trace (which would keep the file open, and locked, for as long as the child lives):
 // its ops see no session, and the session is never destroyed there (that would join a thread the
-// child does not have). g_active_mu is
-// the one lock the child takes afterwards (Active(), Start()): the forking thread holds it across
-// fork(). A child of a session that follows forks starts a recording of its own, all new (its
-// own tables, sink, writer thread and file), at its first op: a child that execs at once, or
-// never runs an op, leaves no file.
+// child does not have). g_active_mu is the one lock of the session's that the child takes
+// afterwards (Active(), Start()): the forking thread holds it across fork(). A child of a session
+// that follows forks starts a recording of its own, all new (its own tables, sink, writer thread
+// and file), at its first op: a child that execs at once, or never runs an op, leaves no file.
 void BeforeFork() { g_active_mu.lock(); }
 void AfterForkInParent() { g_active_mu.unlock(); }
 
