@@ -81,8 +81,8 @@ _fork_hooks_installed = False
 
 
 def _stop_childs_own_recording():
-    # Only where the child records (follow_forks): stop() takes a lock of the C API's that a
-    # thread of the parent's may have held at the fork.
+    # Only where the child records (follow_forks, started at its first op): elsewhere there is
+    # nothing of its own to close, and the recording the child inherited is the parent's.
     if recording():
         stop()
 
@@ -104,7 +104,8 @@ def _stop_at_child_exit():
 def _close_in_forked_children():
     """Closes a forked child's own recording (follow_forks) when the child ends: at its exit
     (atexit), and at the end of a multiprocessing child (a DataLoader worker), which ends with
-    os._exit."""
+    os._exit. Installed once, whatever the options: whether a child records is the recorder's to
+    say (under `torchrr record`, from the environment), and the hooks ask it."""
     global _fork_hooks_installed
     if _fork_hooks_installed:
         return
