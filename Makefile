@@ -31,5 +31,15 @@ demo: build
 bench: build
 	@tools/bench.sh
 
+# The trace reader's fuzzer for FUZZ_SECONDS (ctest's fuzz_reader_short runs at most 60); new
+# inputs go to the build tree, never into the checked-in corpus.
+FUZZ_SECONDS ?= 600
+fuzz: build
+	@test -x $(BUILD)/bin/fuzz_reader || { echo "fuzz_reader is not built: it needs clang with" \
+	  "libFuzzer (install clang and libclang-rt-dev, then make build)"; exit 1; }
+	mkdir -p $(BUILD)/tests/fuzz/corpus
+	$(BUILD)/bin/fuzz_reader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -rss_limit_mb=2048 \
+	  -timeout=10 $(BUILD)/tests/fuzz/corpus tests/fuzz/corpus
+
 clean:
 	rm -rf $(BUILD)

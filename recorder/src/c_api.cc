@@ -1,5 +1,7 @@
 #include "torchrr/c_api.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -13,6 +15,13 @@ namespace {
 
 std::mutex g_mu;
 std::shared_ptr<torchrr::recorder::Session>* g_session = nullptr;  // Guarded by g_mu.
+
+// A forked child stops its recording through torchrr_stop (at exit), which takes g_mu: the
+// forking thread holds it across fork(), so that the child never finds it held by a thread it
+// does not have. Registered after the session's own handlers, so that g_mu is taken before the
+// session's lock, in the order Start() takes them.
+void LockBeforeFork() { g_mu.lock(); }
+void UnlockAfterFork() { g_mu.unlock(); }
 
 // Starts the C API's one recording. Returns torchrr_start's values.
 int Start(const torchrr::RecorderOptions& options) {
@@ -28,6 +37,9 @@ int Start(const torchrr::RecorderOptions& options) {
     std::fprintf(stderr, "torchrr: warning: not recording: %s\n", error.c_str());
     return 1;
   }
+  static const bool fork_handlers =
+      pthread_atfork(&LockBeforeFork, &UnlockAfterFork, &UnlockAfterFork) == 0;
+  (void)fork_handlers;  // Without them (ENOMEM), as before: a child may find g_mu held.
   if (g_session == nullptr) g_session = new std::shared_ptr<torchrr::recorder::Session>();
   *g_session = std::move(session);
   return 0;
@@ -48,6 +60,7 @@ extern "C" int torchrr_start(const char* path, int native_stacks, int python_sta
   options.verify_saved = (flags & TORCHRR_VERIFY_SAVED) != 0;
   options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
   options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
+  options.follow_forks = (flags & TORCHRR_FOLLOW_FORKS) != 0;
   return Start(options);
 }
 

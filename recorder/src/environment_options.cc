@@ -69,6 +69,7 @@ std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& l
   ReadSwitch(lookup, "TORCHRR_VERIFY_SAVED", &options.verify_saved);
   ReadSwitch(lookup, "TORCHRR_CUDA_KERNELS", &options.cuda_kernels);
   ReadSwitch(lookup, "TORCHRR_ALL_OPS", &options.all_ops);
+  ReadSwitch(lookup, "TORCHRR_FOLLOW_FORKS", &options.follow_forks);
   if (const char* bytes = lookup("TORCHRR_MAX_BUFFERED_BYTES"); bytes && *bytes) {
     std::optional<unsigned long long> n = ParseCount(bytes);
     if (n && *n > 0) {

@@ -16,6 +16,8 @@
 //   TORCHRR_VERIFY_SAVED        RecorderOptions::verify_saved. Default: off.
 //   TORCHRR_CUDA_KERNELS        RecorderOptions::cuda_kernels. Default: on.
 //   TORCHRR_ALL_OPS             RecorderOptions::all_ops. Default: off.
+//   TORCHRR_FOLLOW_FORKS        RecorderOptions::follow_forks: a forked child records into
+//                               FILE.pidN.EXT. Default: off.
 //   TORCHRR_FAIL_AT_OP          RecorderOptions::fail_at_op, for tests. Default: 0 (never).
 //
 // A switch reads 1/true/yes/on or 0/false/no/off. A value not understood prints one warning and

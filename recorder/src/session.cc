@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -50,8 +51,26 @@ std::unique_ptr<at::ObserverContext> Unrecorded(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+std::atomic<uint64_t> g_next_serial{1};  // Session::serial(); 0 is no session's.
+
+// In a forked child of a recording process: the callbacks the parent registered, still
+// registered here, which the child's next session takes over instead of registering its own
+// (which would record every op twice, and take torch's lock on its callbacks, which a thread the
+// child does not have may have held at the fork). Guarded by g_active_mu.
+at::CallbackHandle g_inherited_callback = 0;
+// In a forked child of a session that follows forks (RecorderOptions::follow_forks): the session
+// it inherited, whose options the child's recording takes, until the child's first op starts that
+// recording (or it is stopped first). Guarded by g_active_mu; the flag is the callbacks' fast path.
+Session* g_fork_parent = nullptr;
+std::atomic<bool> g_fork_pending{false};
+
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
+  if (session == nullptr && g_fork_pending.load(std::memory_order_acquire)) {
+    if (ThreadState* ts = ThisThread(); ts != nullptr && !ts->busy) {
+      session = Session::StartInForkedChild(*ts);
+    }
+  }
   if (session == nullptr || !session->recording()) return Unrecorded(fn);
   ThreadState* ts = ThisThread();
   if (ts == nullptr || ts->busy) return Unrecorded(fn);
@@ -61,19 +80,24 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 
 // fork() copies the recording into the child: its tables, its locks as they were at that
 // instant (held, maybe, by threads the child does not have), and its sink, whose writer thread
-// stays in the parent and whose file is the parent's. The child stops recording before it runs
-// anything else and never touches any of it again: its ops see no session, and the session is
-// never destroyed there (that would join a thread the child does not have). g_active_mu is the one
-// lock the child takes afterwards (Active(), Start()): the forking thread holds it across fork().
+// stays in the parent and whose file is the parent's. The child stops that recording before it
+// runs anything else and never touches any of it again, but to close its descriptor on the
+// parent's trace (which would keep the file open, and locked, for as long as the child lives):
+// its ops see no session, and the session is never destroyed there (that would join a thread the
+// child does not have). g_active_mu is the one lock of the session's that the child takes
+// afterwards (Active(), Start()): the forking thread holds it across fork(). A child of a session
+// that follows forks starts a recording of its own, all new (its own tables, sink, writer thread
+// and file), at its first op: a child that execs at once, or never runs an op, leaves no file.
 void BeforeFork() { g_active_mu.lock(); }
 void AfterForkInParent() { g_active_mu.unlock(); }
-void AfterForkInChild() {
-  if (g_active) {
-    g_active_raw.store(nullptr, std::memory_order_release);
-    g_active->Stop();  // Marks it stopped; see Stop().
-    new std::shared_ptr<Session>(std::move(g_active));  // Never destroyed in the child.
-  }
-  g_active_mu.unlock();
+
+// FILE.pidN.EXT for `path` = FILE.EXT (EXT .trr when it has none).
+std::string ForkedChildTracePath(const std::string& path, pid_t pid) {
+  std::filesystem::path p(path);
+  std::string extension = p.extension().string();
+  if (extension.empty()) extension = ".trr";
+  p.replace_extension();
+  return p.string() + ".pid" + std::to_string(pid) + extension;
 }
 
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
@@ -83,6 +107,7 @@ void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   Session* session = g_active_raw.load(std::memory_order_acquire);
   ThreadState* ts = t_state;
   if (session == nullptr || ts == nullptr || ts->busy) return;
+  if (frame.session != session->serial()) return;
   session->OnEnd(fn, frame, *ts);
 }
 
@@ -157,6 +182,7 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
 Session::Session(const RecorderOptions& options)
     : options_(options),
       pid_(getpid()),
+      serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)),
       fingerprints_(options.verify_saved),
       ids_(fingerprints_.enabled_flag()) {}
 
@@ -205,9 +231,18 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
     *error = "another torchrr recorder is already recording in this process";
     return nullptr;
   }
-  static const bool fork_handlers =
-      pthread_atfork(&BeforeFork, &AfterForkInParent, &AfterForkInChild) == 0;
+  static const bool fork_handlers = pthread_atfork(&BeforeFork, &AfterForkInParent,
+                                                   &Session::AfterForkInChild) == 0;
   (void)fork_handlers;  // Without them (ENOMEM), a forked child records into the parent's trace.
+  std::shared_ptr<Session> session = OpenLocked(options, error);
+  if (session) {  // A recording started by the program itself wins over a forked child's own.
+    g_fork_parent = nullptr;
+    g_fork_pending.store(false, std::memory_order_release);
+  }
+  return session;
+}
+
+std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std::string* error) {
   std::shared_ptr<Session> session(new Session(options));
   ForgetPythonCodeDescriptions();  // This session's interner knows no code yet.
   TraceSink::Options sink_options;
@@ -231,18 +266,74 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
   session->recording_.store(true, std::memory_order_release);
   g_active = session;
   g_active_raw.store(session.get(), std::memory_order_release);
-  session->callback_handle_ = at::addGlobalCallback(
-      at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
-          .needsInputs(true)
-          .needsOutputs(true)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                   at::RecordScope::USER_SCOPE}));
+  session->callback_handle_ =
+      g_inherited_callback != 0
+          ? std::exchange(g_inherited_callback, 0)
+          : at::addGlobalCallback(
+                at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
+                    .needsInputs(true)
+                    .needsOutputs(true)
+                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                             at::RecordScope::USER_SCOPE}));
   return session;
+}
+
+void Session::AfterForkInChild() {
+  if (g_active) {
+    std::shared_ptr<Session> inherited = std::move(g_active);
+    g_active_raw.store(nullptr, std::memory_order_release);
+    const bool was_recording = inherited->recording_.exchange(false);
+    if (inherited->sink_) inherited->sink_->CloseInheritedDescriptors();
+    // Stop() marks a session stopped before it removes its callbacks: these are registered.
+    if (was_recording) g_inherited_callback = inherited->callback_handle_;
+    if (inherited->options_.follow_forks && was_recording) {
+      // The forking thread's ops started in the parent's recording; the child's starts afresh.
+      if (ThreadState* ts = t_state) ts->ForgetRunningOps();
+      g_fork_parent = inherited.get();
+      g_fork_pending.store(true, std::memory_order_release);
+    }
+    new std::shared_ptr<Session>(std::move(inherited));  // Never destroyed in the child.
+  }
+  g_active_mu.unlock();
+}
+
+Session* Session::StartInForkedChild(ThreadState& ts) {
+  BusyGuard busy(ts);  // Opening the trace runs no op; if one ran, it would not come back here.
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  if (g_fork_parent == nullptr) return g_active.get();  // Another thread started it, or stopped.
+  Session* parent = std::exchange(g_fork_parent, nullptr);
+  g_fork_pending.store(false, std::memory_order_release);
+  RecorderOptions options = parent->options_;
+  options.path = ForkedChildTracePath(parent->options_.path, getpid());
+  // CUDA does not work in a child forked after the parent used it, and CUPTI not at all. The
+  // symbolizer's locks (native_stacks.cc) may have been held by the parent's writer thread at the
+  // fork: the child's writer thread must not take them.
+  options.cuda_kernels = false;
+  options.native_stacks = false;
+  std::string error;
+  std::shared_ptr<Session> child = OpenLocked(options, &error);
+  if (!child) {
+    std::fprintf(stderr, "torchrr: warning: forked process %ld not recorded: %s\n",
+                 static_cast<long>(getpid()), error.c_str());
+    return nullptr;
+  }
+  parent->forked_child_ = child;
+  return child.get();
 }
 
 void Session::Stop() {
   if (getpid() != pid_) {  // A forked child: nothing here is its own.
     recording_.store(false, std::memory_order_release);
+    std::shared_ptr<Session> child;
+    {
+      std::lock_guard<std::mutex> lock(g_active_mu);
+      if (g_fork_parent == this) {  // Stopped before its first op: it never records.
+        g_fork_parent = nullptr;
+        g_fork_pending.store(false, std::memory_order_release);
+      }
+      child = forked_child_;
+    }
+    if (child) child->Stop();
     return;
   }
   std::call_once(stop_once_, [this] {
@@ -493,6 +584,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   std::unique_ptr<OpFrame> frame;
   try {
     frame = TakeFrame(ts);
+    frame->session = serial_;
     const bool wants_stack = BeginOp(fn, ts, *frame);
     if (frame->deferred) {
       in_flight_.fetch_sub(1, std::memory_order_acq_rel);

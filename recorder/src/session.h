@@ -51,8 +51,9 @@ class Session {
   ~Session();
 
   // Unregisters the callbacks, waits for callbacks in flight, closes the trace. Idempotent. In a
-  // process forked from the recording one, only marks the session stopped: the trace is the
-  // parent's, and the child has none of its threads.
+  // process forked from the recording one, only marks the session stopped (the trace is the
+  // parent's, and the child has none of its threads) and stops the child's own recording
+  // (RecorderOptions::follow_forks), if it has one.
   void Stop();
   bool recording() const { return recording_.load(std::memory_order_acquire); }
   // RecorderOptions::all_ops, or verify_saved (a write that no counter sees may come
@@ -74,12 +75,27 @@ class Session {
   // Python bindings.
   static std::shared_ptr<Session> Active();
 
+  // In a forked child of a session that follows forks, before its first op: starts the child's
+  // own recording (FILE.pidN.EXT) and returns it, or returns nullptr (another thread started it,
+  // the child's recording was stopped, or its trace cannot be opened: one warning). Called by the
+  // start callback; thread-safe.
+  static Session* StartInForkedChild(ThreadState& ts);
+
+  // Which session this is, among those this process started or inherited: an op's frame carries
+  // it, so that only the session that started an op ends it.
+  uint64_t serial() const { return serial_; }
+
   // Callback bodies (public for the static trampolines).
   std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn, ThreadState& ts);
   void OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts);
 
  private:
   explicit Session(const RecorderOptions& options);
+  // Start() with g_active_mu held: opens the trace and registers the callbacks (in a forked
+  // child, takes over those the parent registered).
+  static std::shared_ptr<Session> OpenLocked(const RecorderOptions& options, std::string* error);
+  // pthread_atfork's child handler: see session.cc.
+  static void AfterForkInChild();
   // Stops with one warning and an ErrorRecord (kRecorder) that says why and in which op on `ts`'s
   // thread; for failures inside callbacks. The callback's lock must not be held.
   void Degrade(const std::string& why, const ThreadState& ts);
@@ -120,6 +136,10 @@ class Session {
 
   const RecorderOptions options_;
   const pid_t pid_;  // The recording process's; another is a forked child.
+  const uint64_t serial_;
+  // In a forked child: the child's own recording, started from this session (follow_forks).
+  // Guarded by g_active_mu; never set in the process that started this session.
+  std::shared_ptr<Session> forked_child_;
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
   SavedFingerprints fingerprints_;  // options_.verify_saved until a fingerprint fails.

@@ -29,6 +29,7 @@ void OpFrame::Reset() {
   sequence_at_start = sequence_at_end = thread = 0;
   exec_node = 0;
   exec_node_address = nullptr;
+  session = 0;
   active = false;
   transparent = false;
   deferred = false;

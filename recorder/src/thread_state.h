@@ -58,6 +58,9 @@ struct OpFrame {
   // start).
   format::ObjectId exec_node = 0;
   const void* exec_node_address = nullptr;
+  // The session that started the op (Session::serial()): only that one ends it. An op running
+  // across a fork ends in the child, whose session never saw it start.
+  uint64_t session = 0;
   bool active = false;
   bool transparent = false;  // A record_function range or an engine wrapper (transparent_scopes).
   // An engine wrapper not recorded unless an op other than its node's backward function runs in
@@ -126,6 +129,15 @@ struct ThreadState {
     }
   }
   bool busy = false;  // Inside torchrr's own code: ignore ops it dispatches.
+  // Forgets the ops running on this thread (their frames, owned by torch, end unrecorded): in a
+  // forked child, whose recording starts afresh.
+  void ForgetRunningOps() {
+    op_stack.clear();
+    op_scopes.clear();
+    backward_depth = 0;
+    transparent_scopes = 0;
+    deferred_wrappers.clear();
+  }
   // Frames of ended ops, for the next ones (OpHandle).
   std::vector<std::unique_ptr<OpFrame>> free_frames;
   // OnEnd's working storage, kept between ops so that its capacity is reused: an op's end would

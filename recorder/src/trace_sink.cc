@@ -1,11 +1,16 @@
 #include "trace_sink.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "native_stacks.h"
@@ -75,7 +80,34 @@ std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format:
     *error = writer.status().message();
     return nullptr;
   }
-  return std::unique_ptr<TraceSink>(new TraceSink(options, std::move(writer.value())));
+  std::unique_ptr<TraceSink> sink(new TraceSink(options, std::move(writer.value())));
+  struct stat file;
+  if (::stat(options.path.c_str(), &file) == 0) {
+    sink->file_device_ = file.st_dev;
+    sink->file_inode_ = file.st_ino;
+  }
+  return sink;
+}
+
+void TraceSink::CloseInheritedDescriptors() const {
+  if (file_inode_ == 0) return;
+  DIR* listing = ::opendir("/proc/self/fd");
+  if (listing == nullptr) return;  // No /proc: the child keeps them, as it would have.
+  std::vector<int> inherited;
+  while (const dirent* entry = ::readdir(listing)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == ::dirfd(listing)) continue;
+    struct stat file;
+    if (::fstat(static_cast<int>(fd), &file) != 0 || file.st_dev != file_device_ ||
+        file.st_ino != file_inode_) {
+      continue;
+    }
+    const int flags = ::fcntl(static_cast<int>(fd), F_GETFL);
+    if (flags >= 0 && (flags & O_ACCMODE) == O_WRONLY) inherited.push_back(static_cast<int>(fd));
+  }
+  ::closedir(listing);
+  for (int fd : inherited) ::close(fd);
 }
 
 TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter> writer)

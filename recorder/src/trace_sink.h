@@ -24,6 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "record_bytes.h"
 #include "torchrr/format/records.h"
 #include "torchrr/format/writer.h"
@@ -60,6 +62,12 @@ class TraceSink {
   // Idempotent. Returns false if the trace could not be written whole.
   bool Close();
 
+  // In a process forked from the one that opened the sink: closes the descriptors it inherited
+  // onto the trace file, write-only ones (the sink's), so that it does not keep the file open,
+  // and the lock on it held, after the sink closes it. Touches nothing else of the sink's (its
+  // writer thread is not in the child), which the child must never use afterwards.
+  void CloseInheritedDescriptors() const;
+
   bool failed() const { return failed_.load(std::memory_order_relaxed); }
   uint64_t dropped_records() const { return dropped_records_total_.load(); }
 
@@ -84,6 +92,9 @@ class TraceSink {
 
   const Options options_;
   const size_t wake_bytes_;  // Queued bytes that wake the writer before its next poll.
+  // The trace file as Open found it (no inode 0: unknown).
+  dev_t file_device_ = 0;
+  ino_t file_inode_ = 0;
   std::unique_ptr<format::TraceWriter> writer_;  // Writer thread only.
 
   std::mutex mu_;

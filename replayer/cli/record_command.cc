@@ -44,6 +44,7 @@ struct RecordArgs {
   bool verify_saved = false;
   bool no_cuda_kernels = false;
   bool all_ops = false;
+  bool follow_forks = false;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -113,7 +114,7 @@ fs::path RecorderLibDir(const fs::path& exe) {
 constexpr const char* kOptionVariables[] = {
     "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
     "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
-    "TORCHRR_ALL_OPS"};
+    "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS"};
 
 void SetOptionVariables(const RecordArgs& args) {
   for (const char* name : kOptionVariables) unsetenv(name);
@@ -130,6 +131,7 @@ void SetOptionVariables(const RecordArgs& args) {
   if (args.verify_saved) setenv("TORCHRR_VERIFY_SAVED", "1", 1);
   if (args.no_cuda_kernels) setenv("TORCHRR_CUDA_KERNELS", "0", 1);
   if (args.all_ops) setenv("TORCHRR_ALL_OPS", "1", 1);
+  if (args.follow_forks) setenv("TORCHRR_FOLLOW_FORKS", "1", 1);
 }
 
 void PrependEnv(const char* name, const std::string& value, char separator) {
@@ -254,6 +256,10 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                 "Also record the ops folded into the op around them: those a kernel runs below "
                 "autograd and a backward formula's that write nothing (they create no node and "
                 "bump no version; on with --verify-saved)");
+  cmd->add_flag("--follow-forks", args->follow_forks,
+                "Record each forked process (os.fork, DataLoader workers with the fork start "
+                "method) into a trace of its own, FILE.pidN.trr beside FILE (by default a forked "
+                "process records nothing)");
   cmd->add_flag("--drop-when-full", args->drop_when_full,
                 "When the writer cannot keep up, drop records (and say so) instead of waiting");
   cmd->add_flag("--python", args->force_python, "The command is a Python program");

@@ -42,6 +42,8 @@ TEST(EnvironmentOptions, UnsetVariablesTakeRecorderOptionsDefaults) {
   EXPECT_EQ(options->verify_saved, defaults.verify_saved);
   EXPECT_EQ(options->cuda_kernels, defaults.cuda_kernels);
   EXPECT_EQ(options->all_ops, defaults.all_ops);
+  EXPECT_EQ(options->follow_forks, defaults.follow_forks);
+  EXPECT_FALSE(options->follow_forks);
 }
 
 TEST(EnvironmentOptions, NativeStacksOffByDefaultInAPythonProcess) {
@@ -61,7 +63,8 @@ TEST(EnvironmentOptions, EveryVariableIsRead) {
                                                  {"TORCHRR_WHEN_FULL", "drop"},
                                                  {"TORCHRR_VERIFY_SAVED", "1"},
                                                  {"TORCHRR_CUDA_KERNELS", "false"},
-                                                 {"TORCHRR_ALL_OPS", "yes"}});
+                                                 {"TORCHRR_ALL_OPS", "yes"},
+                                                 {"TORCHRR_FOLLOW_FORKS", "on"}});
   ASSERT_TRUE(options);
   EXPECT_FALSE(options->native_stacks);
   EXPECT_FALSE(options->python_stacks);
@@ -70,6 +73,7 @@ TEST(EnvironmentOptions, EveryVariableIsRead) {
   EXPECT_TRUE(options->verify_saved);
   EXPECT_FALSE(options->cuda_kernels);
   EXPECT_TRUE(options->all_ops);
+  EXPECT_TRUE(options->follow_forks);
 }
 
 TEST(EnvironmentOptions, ValuesNotUnderstoodWarnAndKeepTheDefault) {

@@ -752,6 +752,76 @@ TEST(Recorder, AKilledRunLeavesAReadableTrace) {
   EXPECT_EQ(trace.OpsNamed("aten::mul").size(), 100u);
 }
 
+// Forks a child that runs 50 aten::add and stops the recorder it inherited, then waits for it:
+// the child's exit status is 0, or 10 when that recorder said it still recorded there.
+int ForkChildThatAdds(Recorder& recorder, pid_t* pid) {
+  *pid = fork();
+  if (*pid < 0) return -1;
+  if (*pid == 0) {  // No gtest assertion here: the exit status says what went wrong.
+    int code = recorder.recording() ? 10 : 0;  // The parent's recording, stopped in the child.
+    auto b = torch::ones({8});
+    for (int i = 0; i < 50; ++i) b = b + 1;
+    recorder.Stop();  // Closes the child's own trace, if it has one.
+    _exit(code);
+  }
+  int status = 0;
+  waitpid(*pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+RecorderOptions ForkTestOptions(const std::string& path, bool follow_forks) {
+  RecorderOptions options;
+  options.path = path;
+  options.native_stacks = false;
+  options.follow_forks = follow_forks;
+  return options;
+}
+
+std::string ForkedChildTrace(const std::string& path, pid_t pid) {
+  return fs::path(path).replace_extension().string() + ".pid" + std::to_string(pid) + ".trr";
+}
+
+// follow_forks: the child records into FILE.pidN.trr from its first op, its Recorder (the one it
+// inherited) stops that recording, and the parent's trace holds only the parent's ops.
+TEST(Recorder, AFollowedForkRecordsIntoATraceOfItsOwn) {
+  std::string path = TempTrace("follow");
+  pid_t pid = -1;
+  {
+    Recorder recorder(ForkTestOptions(path, /*follow_forks=*/true));
+    auto a = torch::ones({8});
+    for (int i = 0; i < 10; ++i) a = a * 2;
+    EXPECT_EQ(ForkChildThatAdds(recorder, &pid), 0);
+    for (int i = 0; i < 10; ++i) a = a * 2;
+  }
+  Indexed parent(path);
+  ASSERT_TRUE(parent.trace.summary.status.ok()) << parent.trace.summary.status.message();
+  EXPECT_EQ(parent.OpsNamed("aten::mul").size(), 20u);
+  EXPECT_EQ(parent.OpsNamed("aten::add").size(), 0u);
+
+  std::string child_path = ForkedChildTrace(path, pid);
+  ASSERT_TRUE(fs::exists(child_path)) << child_path;
+  Indexed child(child_path);
+  ASSERT_TRUE(child.trace.summary.status.ok()) << child.trace.summary.status.message();
+  ASSERT_TRUE(child.trace.summary.has_info);
+  EXPECT_EQ(child.trace.summary.info.pid, static_cast<int64_t>(pid));
+  EXPECT_EQ(child.OpsNamed("aten::add").size(), 50u);
+  EXPECT_EQ(child.OpsNamed("aten::mul").size(), 0u);
+}
+
+// Without follow_forks a forked child that runs ops writes no trace at all.
+TEST(Recorder, AForkNotFollowedWritesNoTrace) {
+  std::string path = TempTrace("not_followed");
+  pid_t pid = -1;
+  {
+    Recorder recorder(ForkTestOptions(path, /*follow_forks=*/false));
+    EXPECT_EQ(ForkChildThatAdds(recorder, &pid), 0);
+  }
+  Indexed parent(path);
+  ASSERT_TRUE(parent.trace.summary.status.ok()) << parent.trace.summary.status.message();
+  EXPECT_EQ(parent.OpsNamed("aten::add").size(), 0u);
+  EXPECT_FALSE(fs::exists(ForkedChildTrace(path, pid)));
+}
+
 }  // namespace
 }  // namespace torchrr
 

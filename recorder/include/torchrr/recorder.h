@@ -56,6 +56,15 @@ struct RecorderOptions {
   // for their CUDA kernels. Off by default: they are about 60% of a training step's ops. On with
   // verify_saved, whose writes that no counter sees may come from such an op.
   bool all_ops = false;
+  // A process forked from the recording one (os.fork, DataLoader workers with the fork start
+  // method) records into a trace of its own, FILE.pidN.EXT beside this one (EXT: the path's, or
+  // .trr), from its first op to its exit. Off: a forked child records nothing. Either way the child
+  // never writes to this process's trace. A child's recording has no CUDA kernels (CUDA does not
+  // survive a fork) and no C++ stacks (the symbolizer's locks may be held by this process's
+  // writer thread at the instant of the fork). It is closed at exit (atexit), or by the end of a
+  // multiprocessing child (torchrr's Python package hooks it, as those end with os._exit); a
+  // child that ends otherwise leaves a trace cut after its last whole chunk.
+  bool follow_forks = false;
   // For tests of what a stopped recording looks like: the end of the Nth recorded op fails as an
   // internal error would, and the recording stops there (the trace says why). 0: never.
   uint64_t fail_at_op = 0;

@@ -10,6 +10,7 @@ from . import _native
 _VERIFY_SAVED = 1
 _NO_CUDA_KERNELS = 2
 _ALL_OPS = 4
+_FOLLOW_FORKS = 8
 
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
@@ -21,7 +22,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
           python_stacks: bool = True, max_buffered_bytes: int = 0,
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
-          all_ops: bool = False) -> bool:
+          all_ops: bool = False, follow_forks: bool = False) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
@@ -38,7 +39,11 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     all_ops: also the ops folded by default into the op they run in: those a kernel runs below
     autograd, and those of a backward formula that write none of their arguments (they create no
     autograd node and bump no version counter; the op around them stands for them); about 60% of
-    a training step's ops. On with verify_saved.
+    a training step's ops. On with verify_saved. follow_forks: a process forked from this one
+    (os.fork, DataLoader workers with the fork start method) records into a trace of its own,
+    ``FILE.pidN.trr`` beside ``path``, closed when it exits (a multiprocessing child's too, which
+    ends with os._exit; not one that calls os._exit itself); without it a forked process records
+    nothing.
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
@@ -49,7 +54,10 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                            int(bool(drop_when_full)), -1 if rank is None else int(rank),
                            (_VERIFY_SAVED if verify_saved else 0) |
                            (0 if cuda_kernels else _NO_CUDA_KERNELS) |
-                           (_ALL_OPS if all_ops else 0))
+                           (_ALL_OPS if all_ops else 0) |
+                           (_FOLLOW_FORKS if follow_forks else 0))
+    if rc == 0:
+        _close_in_forked_children()
     return rc == 0
 
 
@@ -58,7 +66,59 @@ def start_from_environment() -> bool:
     (TORCHRR_OUTPUT the trace; parsed, with their defaults, by the recorder: c_api.h's
     torchrr_start_from_environment). Returns True when recording; False when TORCHRR_OUTPUT is
     unset, or the recorder printed why not. Imports torch."""
-    return _native.library().torchrr_start_from_environment() == 0
+    if _native.library().torchrr_start_from_environment() != 0:
+        return False
+    _close_in_forked_children()
+    return True
+
+
+class _AfterForkKey:
+    """The key of the multiprocessing hook below (its registry holds keys weakly)."""
+
+
+_after_fork_key = _AfterForkKey()
+_fork_hooks_installed = False
+
+
+def _stop_childs_own_recording():
+    # Only where the child records (follow_forks, started at its first op): elsewhere there is
+    # nothing of its own to close, and the recording the child inherited is the parent's.
+    if recording():
+        stop()
+
+
+def _stop_at_multiprocessing_child_exit(_key):
+    # multiprocessing ends a process it forked with os._exit, past atexit; it runs its finalizers
+    # first. It clears those the child inherits before it runs the after-fork hooks.
+    from multiprocessing import util
+
+    util.Finalize(None, _stop_childs_own_recording, exitpriority=0)
+
+
+def _stop_at_child_exit():
+    import atexit
+
+    atexit.register(_stop_childs_own_recording)
+
+
+def _close_in_forked_children():
+    """Closes a forked child's own recording (follow_forks) when the child ends: at its exit
+    (atexit), and at the end of a multiprocessing child (a DataLoader worker), which ends with
+    os._exit. Installed once, whatever the options: whether a child records is the recorder's to
+    say (under `torchrr record`, from the environment), and the hooks ask it."""
+    global _fork_hooks_installed
+    if _fork_hooks_installed:
+        return
+    _fork_hooks_installed = True
+    os.register_at_fork(after_in_child=_stop_at_child_exit)
+    try:
+        from multiprocessing import util
+
+        util.register_after_fork(_after_fork_key, _stop_at_multiprocessing_child_exit)
+    except Exception as error:  # Recording goes on; only such children's traces end cut.
+        import sys
+
+        sys.stderr.write(f"torchrr: warning: multiprocessing children: {error}\n")
 
 
 def stop() -> bool:

@@ -11,7 +11,8 @@ recorder reads (torchrr_start_from_environment in c_api.h says which, and their 
   the ``torchrr record`` running the program), imported as ``torchrr`` for the whole program.
 - Which process records: the first Python process of the run; under torchrun every worker (RANK
   set), each into FILE.rankN.trr. The torchrun launcher itself records nothing, and neither do
-  processes the recording process starts (DataLoader workers, subprocesses).
+  processes the recording process starts (DataLoader workers, subprocesses), but for forked ones
+  under ``--follow-forks``, whose recording the recorder starts itself (FILE.pidN.trr).
 - The program's uncaught exception is recorded as an error (kind 1, its type and message) by a
   sys.excepthook that then calls the previous hook; the trace is closed at exit (atexit).
 
