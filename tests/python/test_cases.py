@@ -1,6 +1,7 @@
 """Tiny bug (and legal) scripts under `torchrr record -- python script.py`, replayed with
 torchrr.replay. Each script's first line states what the replay must find (`# EXPECT k=v ...`);
-its `# CULPRIT` and `# VICTIM` comments mark the lines."""
+its `# CULPRIT` and `# VICTIM` comments mark the lines. `tags=a,b` names the modes a case runs
+under (TAGS), so that each mode's cases can be found (`grep -l tags=.*checkpoint`)."""
 import sys
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, r
                       trace_order_problems)
 
 CASES = Path(__file__).parent / "cases"
+TAGS = {"hooks", "save_on_cpu", "checkpoint", "reentrant", "non_reentrant", "recomputation",
+        "optimizer", "compile", "inductor", "aot_eager", "fullgraph", "graph_break", "autocast",
+        "grad_scaler"}
 
 
 def expectations(script):
@@ -25,6 +29,7 @@ def expectations(script):
 def test_case(script, all_ops, tmp_path):
     # The same findings whether or not the ops folded into the op around them are recorded.
     expect = expectations(script)
+    assert set(filter(None, expect.get("tags", "").split(","))) <= TAGS, expect["tags"]
     trace = tmp_path / "run.trr"
     flags = ["--verify-saved"] if expect.get("verify_saved") == "1" else []
     if all_ops:

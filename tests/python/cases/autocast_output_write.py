@@ -1,4 +1,4 @@
-# EXPECT kind=version op=aten::mul_ node=SigmoidBackward0 saved=0 current=1 raised=1 victim_op=aten::sigmoid
+# EXPECT kind=version op=aten::mul_ node=SigmoidBackward0 saved=0 current=1 raised=1 victim_op=aten::sigmoid tags=autocast
 # Under bf16 autocast, an activation that sigmoid saved is scaled in place before backward.
 import torch
 

@@ -1,4 +1,4 @@
-# EXPECT kind=version op=aten::add_ node=_NoopSaveInputsBackward saved=0 current=1 raised=1 victim_op=_NoopSaveInputs
+# EXPECT kind=version op=aten::add_ node=_NoopSaveInputsBackward saved=0 current=1 raised=1 victim_op=_NoopSaveInputs tags=checkpoint,non_reentrant
 # Activation checkpointing (non-reentrant, as transformers' gradient_checkpointing_enable() uses):
 # the checkpoint keeps the block's inputs to recompute it in backward; one of them is modified in
 # place before backward. PyTorch raises inside the recomputation; the victim is the checkpointed

@@ -1,4 +1,4 @@
-# EXPECT kind=silent op=aten::mul_ node=SigmoidBackward0 saved=0 current=1 raised=0 exit=0 victim_op=aten::sigmoid
+# EXPECT kind=silent op=aten::mul_ node=SigmoidBackward0 saved=0 current=1 raised=0 exit=0 victim_op=aten::sigmoid tags=checkpoint,non_reentrant,recomputation
 # Non-reentrant activation checkpointing recomputes the block in backward, in-place write
 # included: SigmoidBackward0 gets the recomputed output after the write modified it. Without
 # checkpointing PyTorch raises; with it, it says nothing and the gradient is wrong.

@@ -1,4 +1,4 @@
-# EXPECT kind=version op=aten::mul_ node=CheckpointFunctionBackward saved=0 current=1 raised=1 victim_op=CheckpointFunction
+# EXPECT kind=version op=aten::mul_ node=CheckpointFunctionBackward saved=0 current=1 raised=1 victim_op=CheckpointFunction tags=checkpoint,reentrant
 # Reentrant activation checkpointing (use_reentrant=True): the checkpoint's own autograd Function
 # saves the block's inputs; one of them is modified in place before backward.
 import torch

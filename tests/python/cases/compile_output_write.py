@@ -1,4 +1,4 @@
-# EXPECT kind=version op=aten::mul_ node=CompiledFunctionBackward raised=1 victim_prefix=Torch-Compiled
+# EXPECT kind=version op=aten::mul_ node=CompiledFunctionBackward raised=1 victim_prefix=Torch-Compiled tags=compile,inductor,graph_break
 # torch.compile (inductor), with a graph break: the second compiled region saves its output for
 # backward (AOTAutograd's ctx.save_for_backward), and the program modifies that output in place.
 import torch

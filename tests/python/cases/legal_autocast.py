@@ -1,4 +1,4 @@
-# EXPECT violations=0 exit=0
+# EXPECT violations=0 exit=0 tags=autocast,grad_scaler
 # Legal under bf16 autocast with a GradScaler: autocast's cast copies of the weights, the scaler's
 # in-place unscale and inf checks on the gradients, and the optimizer's step after backward.
 import torch

@@ -1,4 +1,4 @@
-# EXPECT violations=0 exit=0
+# EXPECT violations=0 exit=0 tags=checkpoint,non_reentrant,reentrant
 # Legal under activation checkpointing: in-place ops inside the checkpointed block (recomputed in
 # backward from unmodified inputs), a write to the block's output after a clone, and writes to the
 # inputs after backward.

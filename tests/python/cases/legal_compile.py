@@ -1,4 +1,4 @@
-# EXPECT violations=0 exit=0
+# EXPECT violations=0 exit=0 tags=compile,aot_eager,fullgraph
 # Legal under torch.compile (aot_eager, fullgraph): in-place ops inside the compiled function
 # (functionalized by AOTAutograd), and writes to a clone of its output.
 import torch

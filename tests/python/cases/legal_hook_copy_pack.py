@@ -1,4 +1,4 @@
-# EXPECT violations=0 exit=0
+# EXPECT violations=0 exit=0 tags=hooks
 # Legal: a saved-tensor hook that packs a copy (as save_on_cpu does for a GPU tensor) makes a later
 # write to the original harmless: backward uses the copy.
 import torch
