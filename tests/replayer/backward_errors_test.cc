@@ -214,6 +214,14 @@ TEST(UnpackHookTest, BackwardThatFailsOnAHookedSavedTensorNamesTheSave) {
   EXPECT_TRUE(v.pytorch_raised);
   EXPECT_EQ(v.pytorch_message, kSizeMessage);
   EXPECT_EQ(ToJson(report)["violations"][0]["kind"], "unpack_hook");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("error: backward failed on a saved tensor returned by a saved_tensors_hooks "
+                      "unpack hook"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<the unpack hook is not an op: the trace does not show what it returned>"),
+            std::string::npos);
+  EXPECT_NE(text.find("tensor: float32[8] on cpu"), std::string::npos);
 }
 
 // A node with no hooked saved tensor that throws for a reason of its own stays unexplained.
@@ -256,6 +264,14 @@ TEST(CounterResetTest, AWriteHiddenByAResetIsSilent) {
   EXPECT_EQ(j["evidence"], "counter_reset");
   EXPECT_EQ(j["counter_reset"]["from"], 1);
   EXPECT_EQ(j["counter_reset"]["after"]["op"], "aten::sum");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("aten::mul_ wrote into it, and its version counter was then set back to 0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("its version counter went back from 1 to 0 between aten::mul_ at "
+                      "train.py:12 in forward and aten::sum at train.py:13 in forward"),
+            std::string::npos);
+  EXPECT_NE(text.find("saved at version 0, used at version 0"), std::string::npos);
 }
 
 // A reset that a later write undoes again leaves the counter past the saved version: PyTorch
