@@ -62,27 +62,27 @@ struct TensorState {
 // One in-place write on a version counter, by the innermost op that showed it (the outermost
 // user-called op is found at report time by walking up the parents). op 0: the counter moved
 // between two recorded uses without a recorded write.
-// A reset entry (`reset`): the counter went back from `before` to `after`, seen by `op`, which
-// started after `previous_op`, the last op to show `before`, had ended. Nothing records the
-// reset itself (_unsafe_set_version_counter is not an op).
+// A reset (after < before, which no write has): the counter went back, seen by `op`, which
+// started after the last op to show `before` had ended (AnalysisState::reset_previous_ops).
+// Nothing records the reset itself (_unsafe_set_version_counter is not an op).
 struct Bump {
   format::ObjectId op = 0;
   uint64_t seq = 0;
   uint32_t before = 0;
   uint32_t after = 0;
   format::ObjectId tensor = 0;  // The tensor written through (0 when the writer is unknown).
-  bool reset = false;
-  format::ObjectId previous_op = 0;
+  bool IsReset() const { return after < before; }
 };
 
 struct CounterState {
-  bool seen = false;
   uint32_t first_version = 0;  // version_before at its first recorded use.
   uint32_t last_version = 0;   // Latest version seen: the highest since the last reset.
   // The first op to show last_version at its end, and when it ended: an op that starts later
   // and sees a lower version saw a reset, not a race between threads.
   format::ObjectId last_op = 0;
   int64_t last_end_ns = 0;
+  bool seen = false;
+  bool reset_seen = false;     // Some entry of `bumps` is a reset.
   std::vector<Bump> bumps;     // In record order.
 };
 
@@ -159,8 +159,9 @@ struct Finding {
   // kFreed: the node's execution in an earlier pass (0 when none was recorded), and that pass.
   format::ObjectId earlier_exec_op = 0;
   uint64_t earlier_pass = UINT64_MAX;
-  // kSilent by a counter reset: the reset (a Bump with `reset`).
+  // kSilent by a counter reset: the reset, and the last op that showed the version before it.
   std::optional<Bump> reset;
+  format::ObjectId reset_previous_op = 0;
   bool simulated = false;
   uint64_t pass = 0;
   format::ObjectId exec_op = 0;
@@ -217,6 +218,8 @@ struct AnalysisState {
   // its first execution before it (autograd's backward() runs ops of its own first, such as the
   // ones_like of an implicit gradient); 0 when none.
   std::vector<format::ObjectId> pass_entry_ops;
+  // Per counter reset, by the seq of its Bump: the last op that showed the version before it.
+  std::unordered_map<uint64_t, format::ObjectId> reset_previous_ops;
   // Nodes whose saved tensors the recorder could not see, by node name.
   std::unordered_map<format::InternId, uint64_t> unknown_saved_nodes;
 

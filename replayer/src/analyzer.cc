@@ -240,10 +240,10 @@ void Analyzer::Impl::TrackVersions(const format::OpRecord& r) {
                r.start_ns > counter.last_end_ns && !state_.IsDescendant(counter.last_op, r.op)) {
       // Versions only grow, so an op that started after another ended (not one around it,
       // which started first) cannot see a lower one unless something set the counter back.
-      Bump reset{r.op, state_.seq, counter.last_version, use.version_before, use.tensor};
-      reset.reset = true;
-      reset.previous_op = counter.last_op;
-      counter.bumps.push_back(reset);
+      counter.bumps.push_back({r.op, state_.seq, counter.last_version, use.version_before,
+                               use.tensor});
+      state_.reset_previous_ops[state_.seq] = counter.last_op;
+      counter.reset_seen = true;
       counter.last_version = use.version_before;
       counter.last_op = 0;
     } else if (use.version_before > counter.last_version) {
@@ -272,7 +272,7 @@ void Analyzer::Impl::RecordBump(CounterState& counter, const format::OpRecord& r
                                 uint32_t after, const TensorState& tensor, ObjectId tensor_id,
                                 ObjectId counter_id) {
   auto& bumps = counter.bumps;
-  const bool nested_write = !bumps.empty() && bumps.back().op != 0 && !bumps.back().reset &&
+  const bool nested_write = !bumps.empty() && bumps.back().op != 0 && !bumps.back().IsReset() &&
                             state_.IsDescendant(bumps.back().op, r.op);
   // A nested op showed this write already: the innermost op keeps it.
   if (nested_write && bumps.back().after >= after) return;

@@ -27,6 +27,8 @@ uint32_t VersionAt(const CounterState& counter, uint64_t seq, uint32_t fallback)
 // An op the user called (it has a stack) on a thread running no pass may be how the next pass
 // there was entered; one inside a pass (a hook's) is not.
 void BackwardReplay::OnForwardOp(const format::OpRecord& r) {
+  const bool called = r.stack != 0 && r.scope == OpScope::kFunction;
+  if (!called && (r.parent != 0 || open_passes_.empty())) return;
   if (r.scope == OpScope::kBackwardFunction || IsAutogradEngineName(state_.Str(r.name))) return;
   bool in_pass = false;
   for (size_t i = open_passes_.size(); i-- > 0;) {
@@ -37,7 +39,14 @@ void BackwardReplay::OnForwardOp(const format::OpRecord& r) {
       in_pass = true;
     }
   }
-  if (r.stack != 0 && r.scope == OpScope::kFunction && !in_pass) last_called_op_[r.thread] = r.op;
+  if (!called || in_pass) return;
+  for (auto& [thread, op] : last_called_op_) {
+    if (thread == r.thread) {
+      op = r.op;
+      return;
+    }
+  }
+  last_called_op_.emplace_back(r.thread, r.op);
 }
 
 void BackwardReplay::OnBackwardOp(const format::OpRecord& r, uint64_t subtree_first) {
@@ -92,29 +101,53 @@ bool BackwardReplay::Pass::Built(uint64_t thread) const {
 //     is every pass that ran on a thread, or whose graph a thread built, once that thread does
 //     forward work (OnForwardOp).
 //   - A pass in which the node already ran is not it (backward twice over a retained graph).
-//   - Else a pass whose frontier holds the node (a node it ran has an edge to it), preferring one
-//     that ran on this thread: concurrent passes on several threads stay apart, and a pass whose
-//     nodes run on a device's worker thread keeps them.
-//   - Else the latest pass that ran on this thread: the roots of a backward() over several
-//     tensors, and nodes after one the trace does not know.
+//   - The pass open on the execution's thread (a thread runs one backward() at a time; CPU nodes
+//     run on the caller's thread), or, when several are (a device's worker thread serving
+//     several callers), the latest whose nodes reach this one. The latest one having run the
+//     node means a new pass.
+//   - With none on its thread, a pass whose nodes reach this one: a device's worker thread, or
+//     the caller's, joining a pass that began on the other.
 BackwardReplay::Pass* BackwardReplay::FindPass(uint32_t node_slot, uint32_t thread) {
   const uint64_t last_pass =
       node_slot == IdIndex::kAbsent ? UINT64_MAX : state_.nodes[node_slot].last_pass;
-  Pass* elsewhere = nullptr;
-  if (node_slot != IdIndex::kAbsent) {
+  Pass* latest_here = nullptr;
+  bool several_here = false;
+  for (size_t i = open_passes_.size(); i-- > 0;) {
+    if (!open_passes_[i].Ran(thread)) continue;
+    if (latest_here != nullptr) {
+      several_here = true;
+      break;
+    }
+    latest_here = &open_passes_[i];
+  }
+  if (latest_here != nullptr && several_here && node_slot != IdIndex::kAbsent) {
     for (size_t i = open_passes_.size(); i-- > 0;) {
       Pass& pass = open_passes_[i];
-      if (pass.index == last_pass || !pass.frontier.contains(node_slot)) continue;
-      if (pass.Ran(thread)) return &pass;
-      if (elsewhere == nullptr) elsewhere = &pass;
+      if (pass.Ran(thread) && pass.index != last_pass && Reaches(pass, node_slot)) return &pass;
     }
   }
-  if (elsewhere != nullptr) return elsewhere;
+  if (latest_here != nullptr) return latest_here->index == last_pass ? nullptr : latest_here;
+  if (node_slot == IdIndex::kAbsent) return nullptr;
   for (size_t i = open_passes_.size(); i-- > 0;) {
     Pass& pass = open_passes_[i];
-    if (pass.Ran(thread)) return pass.index == last_pass ? nullptr : &pass;
+    if (pass.index != last_pass && Reaches(pass, node_slot)) return &pass;
   }
   return nullptr;
+}
+
+// True when a node the pass ran has an edge to the node: a node runs once a consumer in its
+// pass passed it a gradient, so every node of a pass but its roots is reached this way. Walks
+// the pass's nodes: it runs once per pass and thread joining it, or for a worker thread that
+// several passes share.
+bool BackwardReplay::Reaches(const Pass& pass, uint32_t node_slot) const {
+  const format::ObjectId id = state_.nodes[node_slot].id;
+  for (uint32_t slot : pass.executed) {
+    const NodeState& node = state_.nodes[slot];
+    for (uint32_t e = 0; e < node.edges_count; ++e) {
+      if (state_.edges[node.edges_begin + e] == id) return true;
+    }
+  }
+  return false;
 }
 
 BackwardReplay::Pass& BackwardReplay::OpenPass(uint32_t node_slot, uint32_t thread) {
@@ -125,9 +158,8 @@ BackwardReplay::Pass& BackwardReplay::OpenPass(uint32_t node_slot, uint32_t thre
   pass.index = state_.pass_count++;
   pass.root = node_slot;
   ObjectId entry = 0;
-  if (auto it = last_called_op_.find(thread); it != last_called_op_.end()) {
-    entry = it->second;
-    last_called_op_.erase(it);
+  for (auto& [called_on, op] : last_called_op_) {
+    if (called_on == thread) std::swap(entry, op);
   }
   state_.pass_entry_ops.push_back(entry);
   return pass;
@@ -155,10 +187,6 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
     // A leaf's AccumulateGrad belongs to no one forward op: its thread says nothing.
     if (!IsAccumulateGrad(node) && node.sequence_nr >= 0 && !pass.Built(node.forward_thread)) {
       pass.builders.push_back(node.forward_thread);
-    }
-    for (uint32_t e = 0; e < node.edges_count; ++e) {
-      uint32_t next = state_.index.Find(state_.edges[node.edges_begin + e], IdKind::kNode);
-      if (next != IdIndex::kAbsent) pass.frontier.insert(next);
     }
     CheckNode(slot, exec.start_seq, /*simulated=*/false, exec_op, exec.threw, pass.index);
     if (exec.threw) AddThrowFindings(slot, exec_op, pass.index, earlier_pass, earlier_exec_op);
@@ -270,10 +298,15 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
   const CounterState* counter = state_.FindCounter(s.saved.version_counter);
   if (counter == nullptr) return;
   uint32_t current = VersionAt(*counter, seq, s.saved.saved_version);
+  // Without a reset, versions only grow: an unchanged version is the saved one, and the writes
+  // need not be walked (a parameter's counter grows with every step).
+  if (current == s.saved.saved_version && !counter->reset_seen) return;
   // Entries before the last reset ahead of the save wrote what the save then kept.
   size_t begin = 0;
-  for (size_t i = 0; i < counter->bumps.size() && counter->bumps[i].seq < s.save_seq; ++i) {
-    if (counter->bumps[i].reset) begin = i + 1;
+  for (size_t i = 0; counter->reset_seen && i < counter->bumps.size() &&
+                     counter->bumps[i].seq < s.save_seq;
+       ++i) {
+    if (counter->bumps[i].IsReset()) begin = i + 1;
   }
   std::vector<ObjectId> writers;
   const Bump* last = nullptr;
@@ -282,7 +315,7 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
   for (size_t i = begin; i < counter->bumps.size(); ++i) {
     const Bump& b = counter->bumps[i];
     if (b.seq >= seq) break;
-    if (b.reset) {
+    if (b.IsReset()) {
       if (reset == nullptr && !writers.empty()) reset = &b;
       past_reset = true;
       continue;
@@ -298,6 +331,8 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
   if (current == s.saved.saved_version) {
     f.kind = ViolationKind::kSilent;
     f.reset = *reset;
+    auto previous = state_.reset_previous_ops.find(reset->seq);
+    if (previous != state_.reset_previous_ops.end()) f.reset_previous_op = previous->second;
     state_.findings.push_back(std::move(f));
     return;
   }

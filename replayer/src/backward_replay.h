@@ -17,7 +17,7 @@
 
 #include <cstdint>
 #include <unordered_map>
-#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "analysis_state.h"
@@ -64,15 +64,13 @@ class BackwardReplay {
     // Threads that built its graph (its nodes' forward threads): on CUDA, the one that called
     // backward() while a device's worker thread runs the nodes.
     std::vector<uint64_t> builders;
-    // Nodes an executed node has an edge to: a node runs once a consumer in its pass passed it
-    // a gradient, so every node of a pass but its roots is here when it runs.
-    std::unordered_set<uint32_t> frontier;
     bool Ran(uint32_t thread) const;
     bool Built(uint64_t thread) const;
   };
 
   void RunExec(format::ObjectId exec_op, const PendingExec& exec);
   Pass* FindPass(uint32_t node_slot, uint32_t thread);
+  bool Reaches(const Pass& pass, uint32_t node_slot) const;
   Pass& OpenPass(uint32_t node_slot, uint32_t thread);
   void CheckNode(uint32_t node_slot, uint64_t seq, bool simulated, format::ObjectId exec_op,
                  bool threw, uint64_t pass);
@@ -89,8 +87,9 @@ class BackwardReplay {
   SilentWriteWatch& silent_;
   std::unordered_map<format::ObjectId, PendingExec> pending_execs_;  // By backward op id.
   std::vector<Pass> open_passes_;  // Oldest first.
-  // Per thread, the last op with a stack (one the user called) since a pass last opened there.
-  std::unordered_map<uint32_t, format::ObjectId> last_called_op_;
+  // Per thread (a few), the last op with a stack (one the user called) since a pass last opened
+  // there; 0 when none.
+  std::vector<std::pair<uint32_t, format::ObjectId>> last_called_op_;
 };
 
 }  // namespace torchrr::replayer

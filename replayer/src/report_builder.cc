@@ -475,7 +475,7 @@ void ReportBuilder::AddCounterReset(const Finding& f, Violation& v) const {
   CounterReset reset;
   reset.from = f.reset->before;
   reset.to = f.reset->after;
-  reset.before = UserOpRef(f.reset->previous_op);
+  reset.before = UserOpRef(f.reset_previous_op);
   reset.after = UserOpRef(f.reset->op);
   v.counter_reset = std::move(reset);
 }
