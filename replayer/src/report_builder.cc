@@ -23,13 +23,16 @@ using ExecMessages = std::unordered_map<ObjectId, std::string>;
 constexpr std::string_view kVersionPhrase = "modified by an inplace operation";
 constexpr std::string_view kDetachedPhrase = "saved tensor that has been detached";
 constexpr std::string_view kFreedPhrase = "backward through the graph a second time";
+// Non-reentrant checkpointing saves through hooks too; its own errors are about recomputation.
+constexpr std::string_view kCheckpointPhrase = "torch.utils.checkpoint";
 
 bool Says(const std::string& message, std::string_view phrase) {
   return message.find(phrase) != std::string::npos;
 }
 
 // Whether a message of PyTorch's is the error that `kind` makes it raise. An unpack hook's tensor
-// fails in whatever the backward formula does with it: any message but the others'.
+// fails in whatever the backward formula does with it: any message but the others' and
+// checkpointing's.
 bool MessageIsOf(ViolationKind kind, const std::string& message) {
   switch (kind) {
     case ViolationKind::kVersion: return Says(message, kVersionPhrase);
@@ -37,7 +40,7 @@ bool MessageIsOf(ViolationKind kind, const std::string& message) {
     case ViolationKind::kFreed: return Says(message, kFreedPhrase);
     case ViolationKind::kUnpackHook:
       return !Says(message, kVersionPhrase) && !Says(message, kDetachedPhrase) &&
-             !Says(message, kFreedPhrase);
+             !Says(message, kFreedPhrase) && !Says(message, kCheckpointPhrase);
     default: return false;
   }
 }

@@ -224,6 +224,21 @@ TEST(UnpackHookTest, BackwardThatFailsOnAHookedSavedTensorNamesTheSave) {
   EXPECT_NE(text.find("tensor: float32[8] on cpu"), std::string::npos);
 }
 
+// Non-reentrant checkpointing saves through hooks too: its recomputation errors are its own.
+TEST(UnpackHookTest, CheckpointingsOwnErrorsStayUnexplained) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x},
+                     {{"result", kOutput, /*has_hooks=*/true}}, b.At(10));
+  b.Backward({y.node}, y.node);
+  b.PythonError(
+      "torch.utils.checkpoint: Recomputed values for the following tensors have different "
+      "metadata than during the forward pass.");
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  EXPECT_EQ(report.unexplained_errors.size(), 1u);
+}
+
 // A node with no hooked saved tensor that throws for a reason of its own stays unexplained.
 TEST(UnpackHookTest, WithoutHooksTheErrorStaysUnexplained) {
   TraceBuilder b;
