@@ -71,19 +71,28 @@ struct TensorState {
 // One in-place write on a version counter, by the innermost op that showed it (the outermost
 // user-called op is found at report time by walking up the parents). op 0: the counter moved
 // between two recorded uses without a recorded write.
+// A reset (after < before, which no write has): the counter went back, seen by `op`, which
+// started after the last op to show `before` had ended (AnalysisState::reset_previous_ops).
+// Nothing records the reset itself (_unsafe_set_version_counter is not an op).
 struct Bump {
   format::ObjectId op = 0;
   uint64_t seq = 0;
   uint32_t before = 0;
   uint32_t after = 0;
   format::ObjectId tensor = 0;  // The tensor written through (0 when the writer is unknown).
+  bool IsReset() const { return after < before; }
 };
 
 struct CounterState {
-  bool seen = false;
   uint32_t first_version = 0;  // version_before at its first recorded use.
   uint64_t first_seq = 0;      // The record that first used it.
-  uint32_t last_version = 0;   // Highest version seen so far.
+  uint32_t last_version = 0;   // Latest version seen: the highest since the last reset.
+  // The first op to show last_version at its end, and when it ended: an op that starts later
+  // and sees a lower version saw a reset, not a race between threads.
+  format::ObjectId last_op = 0;
+  int64_t last_end_ns = 0;
+  bool seen = false;
+  bool reset_seen = false;     // Some entry of `bumps` is a reset.
   std::vector<Bump> bumps;     // In record order.
 };
 
@@ -105,6 +114,7 @@ struct SavedState {
   bool has_fingerprint = false;
   bool use_pending = false;
   format::ObjectId saved_by = 0;  // The op that created the node: its own record follows the save.
+  uint64_t save_seq = 0;          // The node's record.
   // Where its bytes were in the recorded process (--verify-saved traces), [first, last); 0 when
   // unknown. `address_watched`: in SilentWriteWatch's addressed list, until its node runs.
   uint64_t address_first = 0;
@@ -137,6 +147,7 @@ struct NodeState {
   // when none), and which node of its name it is among that checkpoint's, from 0.
   format::ObjectId checkpoint = 0;
   uint32_t checkpoint_occurrence = 0;
+  format::ObjectId last_exec_op = 0;           // Its backward op in that pass.
   bool watched = false;                        // Its saved tensors are in their storages' lists.
 };
 
@@ -149,13 +160,22 @@ struct LooseKernel {
   int64_t end_ns = 0;
 };
 
-// A violation as found, resolved into a Violation by BuildReport().
+// A violation as found, resolved into a Violation by BuildReport(). kFreed and kUnpackHook are
+// found for every execution that threw where they could apply; BuildReport keeps those that
+// PyTorch's message (when recorded) confirms.
 struct Finding {
   ViolationKind kind = ViolationKind::kVersion;
   uint32_t node = 0;    // Slot in AnalysisState::nodes.
   uint32_t saved = 0;   // Slot in AnalysisState::saved.
   uint32_t current_version = 0;
-  std::vector<format::ObjectId> writers;  // Innermost ops, in order; 0 for an unrecorded write.
+  // Innermost ops, in order; 0 for an unrecorded write. kDetached: the detach_ op.
+  std::vector<format::ObjectId> writers;
+  // kFreed: the node's execution in an earlier pass (0 when none was recorded), and that pass.
+  format::ObjectId earlier_exec_op = 0;
+  uint64_t earlier_pass = UINT64_MAX;
+  // kSilent by a counter reset: the reset, and the last op that showed the version before it.
+  std::optional<Bump> reset;
+  format::ObjectId reset_previous_op = 0;
   bool simulated = false;
   // The saved tensor was used unchecked (IsUncheckedButKnown): its counter moved, PyTorch is
   // silent.
@@ -220,6 +240,15 @@ struct AnalysisState {
   std::unordered_set<format::ObjectId> threw_execs;  // Backward ops whose node threw.
   // Activation checkpointing: how many nodes of a name each checkpoint made (BackwardReplay).
   std::unordered_map<uint64_t, uint32_t> checkpoint_ranks;
+  // detach_() calls, by the tensor detached: (seq, op), in record order.
+  std::unordered_map<format::ObjectId, std::vector<std::pair<uint64_t, format::ObjectId>>>
+      detaches;
+  // Per backward pass, the recorded op that entered it: the last top-level op on the thread of
+  // its first execution before it (autograd's backward() runs ops of its own first, such as the
+  // ones_like of an implicit gradient); 0 when none.
+  std::vector<format::ObjectId> pass_entry_ops;
+  // Per counter reset, by the seq of its Bump: the last op that showed the version before it.
+  std::unordered_map<uint64_t, format::ObjectId> reset_previous_ops;
   // Nodes whose saved tensors the recorder could not see, by node name.
   std::unordered_map<format::InternId, uint64_t> unknown_saved_nodes;
 

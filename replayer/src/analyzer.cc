@@ -62,7 +62,7 @@ class Analyzer::Impl {
   // An open op on a thread: its id and the first record of its subtree so far.
   using OpenOp = std::pair<ObjectId, uint64_t>;
 
-  void On(const format::StringDef& r) { Put(state_.strings, r.id, r.text); }
+  void On(const format::StringDef& r);
   void On(const format::FrameDef& r) { Put(state_.frames, r.id, r); }
   void On(const format::StackDef& r) { Put(state_.stacks, r.id, r.frames); }
   void On(const format::TensorInfo& r);
@@ -83,8 +83,10 @@ class Analyzer::Impl {
                   uint32_t after, const TensorState& tensor, ObjectId tensor_id,
                   ObjectId counter_id);
   ObjectId CreatorBySequence(const format::NodeRecord& r) const;
-  SavedState MakeSavedState(const format::SavedTensor& saved, ObjectId created_by) const;
+  SavedState MakeSavedState(const format::SavedTensor& saved, const format::NodeRecord& node) const;
+  const TensorState* RecentOutputOf(ObjectId node, uint32_t output_nr) const;
   void AddLooseKernel(const LooseKernel& kernel);
+  void NoteDetach(const format::OpRecord& r);
 
   AnalysisState state_;
   SilentWriteWatch silent_{state_};
@@ -97,6 +99,14 @@ class Analyzer::Impl {
   std::vector<OpenOp>* open_ops_cache_ = nullptr;  // open_ops_[open_ops_thread_].
   uint32_t open_ops_thread_ = 0;
   std::vector<ObjectId> seen_counters_;  // Scratch for TrackVersions.
+  // The interned names of detach_: the ATen op, and the range PyTorch opens inside it.
+  InternId detach_op_name_ = 0;
+  InternId detach_inner_name_ = 0;
+
+  // The tensors of the latest TensorInfo records: a node's outputs come just before the node.
+  static constexpr size_t kRecentTensors = 16;
+  std::array<ObjectId, kRecentTensors> recent_tensors_{};
+  uint64_t recent_tensors_next_ = 0;
 
   static constexpr size_t kRecentSequencedOps = 4096;
   std::array<SequencedOp, kRecentSequencedOps> recent_sequenced_ops_{};
@@ -116,6 +126,12 @@ Report Analyzer::Impl::Finish() {
   return BuildReport(state_);
 }
 
+void Analyzer::Impl::On(const format::StringDef& r) {
+  if (r.text == "aten::detach_") detach_op_name_ = r.id;
+  if (r.text == "detach_") detach_inner_name_ = r.id;
+  Put(state_.strings, r.id, r.text);
+}
+
 // --- Tensors -----------------------------------------------------------------------------------
 
 void Analyzer::Impl::On(const format::TensorInfo& r) {
@@ -125,6 +141,7 @@ void Analyzer::Impl::On(const format::TensorInfo& r) {
     state_.tensors.emplace_back();
     state_.index.Set(r.tensor, IdKind::kTensor, slot);
   }
+  recent_tensors_[recent_tensors_next_++ % kRecentTensors] = r.tensor;
   TensorState& t = state_.tensors[slot];
   t.storage = r.storage;
   t.storage_address = r.storage_address;
@@ -160,6 +177,7 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   }
   uint64_t subtree_first = CloseOpSubtree(r);
   TrackVersions(r);
+  if (r.name != 0 && (r.name == detach_op_name_ || r.name == detach_inner_name_)) NoteDetach(r);
   silent_.OnOp(r);
   if (r.scope == OpScope::kBackwardFunction) {
     backward_.OnBackwardOp(r, subtree_first);
@@ -218,6 +236,16 @@ void Analyzer::Impl::TrackVersions(const format::OpRecord& r) {
       counter.seen = true;
       counter.first_version = use.version_before;
       counter.last_version = use.version_before;
+    } else if (use.version_before < counter.last_version && counter.last_op != 0 &&
+               r.start_ns > counter.last_end_ns && !state_.IsDescendant(counter.last_op, r.op)) {
+      // Versions only grow, so an op that started after another ended (not one around it,
+      // which started first) cannot see a lower one unless something set the counter back.
+      counter.bumps.push_back({r.op, state_.seq, counter.last_version, use.version_before,
+                               use.tensor});
+      state_.reset_previous_ops[state_.seq] = counter.last_op;
+      counter.reset_seen = true;
+      counter.last_version = use.version_before;
+      counter.last_op = 0;
     } else if (use.version_before > counter.last_version) {
       // Moved between two recorded uses, by nothing recorded (or by an op still running on
       // another thread: RecordBump replaces this entry when that op ends).
@@ -227,7 +255,14 @@ void Analyzer::Impl::TrackVersions(const format::OpRecord& r) {
       RecordBump(counter, r, use.version_before, use.version_after, *tensor, use.tensor,
                  counter_id);
     }
-    counter.last_version = std::max(counter.last_version, use.version_after);
+    if (use.version_after > counter.last_version || counter.last_op == 0) {
+      counter.last_version = std::max(counter.last_version, use.version_after);
+      counter.last_op = r.op;
+      counter.last_end_ns = r.end_ns;
+    } else if (use.version_after == counter.last_version && r.end_ns < counter.last_end_ns) {
+      counter.last_op = r.op;
+      counter.last_end_ns = r.end_ns;
+    }
   };
   for (const auto& use : r.inputs) visit(use);
   for (const auto& use : r.outputs) visit(use);
@@ -237,15 +272,11 @@ void Analyzer::Impl::RecordBump(CounterState& counter, const format::OpRecord& r
                                 uint32_t after, const TensorState& tensor, ObjectId tensor_id,
                                 ObjectId counter_id) {
   auto& bumps = counter.bumps;
+  const bool nested_write = !bumps.empty() && bumps.back().op != 0 && !bumps.back().IsReset() &&
+                            state_.IsDescendant(bumps.back().op, r.op);
   // A nested op showed this write already: the innermost op keeps it.
-  if (!bumps.empty() && bumps.back().op != 0 && bumps.back().after >= after &&
-      state_.IsDescendant(bumps.back().op, r.op)) {
-    return;
-  }
-  if (!bumps.empty() && bumps.back().op != 0 && bumps.back().after > before &&
-      state_.IsDescendant(bumps.back().op, r.op)) {
-    before = bumps.back().after;
-  }
+  if (nested_write && bumps.back().after >= after) return;
+  if (nested_write && bumps.back().after > before) before = bumps.back().after;
   // Writes seen as gaps before this op ended were this op's.
   while (!bumps.empty() && bumps.back().op == 0 && bumps.back().before >= before &&
          bumps.back().after <= after) {
@@ -287,7 +318,10 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
   }
   node.edges_count = static_cast<uint32_t>(state_.edges.size()) - node.edges_begin;
   node.saved_begin = static_cast<uint32_t>(state_.saved.size());
-  for (const auto& saved : r.saved) state_.saved.push_back(MakeSavedState(saved, r.created_by));
+  for (const auto& saved : r.saved) {
+    state_.saved.push_back(MakeSavedState(saved, r));
+    state_.saved.back().save_seq = state_.seq;
+  }
   node.saved_count = static_cast<uint32_t>(state_.saved.size()) - node.saved_begin;
   if (r.saved_kind == format::SavedSetKind::kUnknown) ++state_.unknown_saved_nodes[r.name];
   uint32_t slot = static_cast<uint32_t>(state_.nodes.size());
@@ -297,14 +331,37 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
   backward_.OnNode(slot);
 }
 
+// The output `output_nr` of `node` among the tensors described just before, or nullptr.
+const TensorState* Analyzer::Impl::RecentOutputOf(ObjectId node, uint32_t output_nr) const {
+  size_t n = std::min<uint64_t>(recent_tensors_next_, kRecentTensors);
+  for (size_t i = 1; i <= n; ++i) {
+    const TensorState* t =
+        state_.FindTensor(recent_tensors_[(recent_tensors_next_ - i) % kRecentTensors]);
+    if (t != nullptr && t->grad_fn == node && t->output_nr == output_nr) return t;
+  }
+  return nullptr;
+}
+
 // The saved tensor, with its tensor's metadata at the save (the latest TensorInfo before the
 // node's record).
 SavedState Analyzer::Impl::MakeSavedState(const format::SavedTensor& saved,
-                                          ObjectId created_by) const {
+                                          const format::NodeRecord& node) const {
   SavedState s;
   s.saved = saved;
-  s.saved_by = created_by;
+  s.saved_by = node.created_by;
   const TensorState* t = state_.FindTensor(saved.tensor);
+  if (t == nullptr && saved.tensor == 0 && saved.is_output && saved.has_hooks) {
+    // Packed by a hook, the saved tensor is not known; what was packed is the node's output,
+    // described just before the node. Its metadata says what the unpack hook should give back;
+    // its bytes and counter are not the saved ones (a hook keeps what it likes).
+    if (const TensorState* output = RecentOutputOf(node.node, saved.output_nr)) {
+      s.meta_known = true;
+      s.layout = output->layout;
+      s.dtype = output->dtype;
+      s.device = output->device;
+    }
+    return s;
+  }
   if (t == nullptr) return s;
   s.meta_known = true;
   s.grad_fn = t->grad_fn;
@@ -358,6 +415,13 @@ void Analyzer::Impl::On(const format::CudaKernelRecord& r) {
 
 void Analyzer::Impl::On(const format::CudaMemcpyRecord& r) {
   if (r.op == 0) AddLooseKernel({0, r.kind, r.device, r.start_ns, r.end_ns});
+}
+
+// detach_() on a tensor a node saved as an input cuts it from its graph: autograd's unpack
+// raises for it (BackwardReplay::CheckDetached).
+void Analyzer::Impl::NoteDetach(const format::OpRecord& r) {
+  if (r.inputs.empty()) return;
+  state_.detaches[r.inputs.front().tensor].emplace_back(state_.seq, r.op);
 }
 
 void Analyzer::Impl::AddLooseKernel(const LooseKernel& kernel) {

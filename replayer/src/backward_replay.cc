@@ -20,7 +20,8 @@ uint32_t VersionAt(const CounterState& counter, uint64_t seq, uint32_t fallback)
 }
 
 // A recomputed saved tensor's place: checkpoint, node name, rank of the node among the
-// checkpoint's of that name, member name, list index.
+// checkpoint's of that name, member name, list index. Mixing ids into one key: a collision would
+// only pair two other members.
 uint64_t RecomputeKey(ObjectId checkpoint, format::InternId node_name, uint32_t occurrence,
                       const format::SavedTensor& saved) {
   uint64_t h = checkpoint * 0x9e3779b97f4a7c15ULL;
@@ -42,6 +43,16 @@ bool HasHook(const AnalysisState& state, const NodeState& node, format::SavedHoo
 // checkpoints.
 constexpr size_t kMaxPackedNodes = 1 << 16;
 
+// A finding on a tensor that backward used without PyTorch's version check: the counter moving
+// is PyTorch's silence, not its error.
+void MarkUnchecked(std::vector<Finding>& findings, size_t from) {
+  for (size_t k = from; k < findings.size(); ++k) {
+    findings[k].kind = ViolationKind::kSilent;
+    findings[k].unchecked = true;
+    findings[k].exec_threw = false;
+  }
+}
+
 }  // namespace
 
 void BackwardReplay::OnNode(uint32_t node_slot) {
@@ -50,7 +61,6 @@ void BackwardReplay::OnNode(uint32_t node_slot) {
     const format::SavedTensor& saved = state_.saved[node.saved_begin + i].saved;
     if (saved.recompute_from == 0) continue;
     node.checkpoint = saved.recompute_from;
-    // Mixing 64-bit ids into one key: a collision would only pair two other members.
     node.checkpoint_occurrence =
         state_.checkpoint_ranks[RecomputeKey(saved.recompute_from, node.name, 0, {})]++;
     break;
@@ -63,14 +73,32 @@ void BackwardReplay::OnNode(uint32_t node_slot) {
   }
 }
 
+// A top-level op that is neither a backward function nor an autograd engine wrapper is forward
+// work: the thread that ran it is done with the backward passes it ran or built the graph of
+// (backward() blocks its caller until the pass ends, and CPU nodes run on the caller's thread).
+// An op the user called (it has a stack) on a thread running no pass may be how the next pass
+// there was entered; one inside a pass (a hook's) is not.
 void BackwardReplay::OnForwardOp(const format::OpRecord& r) {
-  if (!pass_open_ || forward_seen_) return;
+  const bool called = r.stack != 0 && r.scope == OpScope::kFunction;
+  if (!called && (r.parent != 0 || open_passes_.empty())) return;
   if (r.scope == OpScope::kBackwardFunction || IsAutogradEngineName(state_.Str(r.name))) return;
-  if (r.parent == 0) {
-    forward_seen_ = true;
-  } else {
-    candidates_.push_back({r.op, r.thread});
+  bool in_pass = false;
+  for (size_t i = open_passes_.size(); i-- > 0;) {
+    const Pass& pass = open_passes_[i];
+    if (r.parent == 0 && (pass.Ran(r.thread) || pass.Built(r.thread))) {
+      EndPass(i);
+    } else if (pass.Ran(r.thread)) {
+      in_pass = true;
+    }
   }
+  if (!called || in_pass) return;
+  for (auto& [thread, op] : last_called_op_) {
+    if (thread == r.thread) {
+      op = r.op;
+      return;
+    }
+  }
+  last_called_op_.emplace_back(r.thread, r.op);
 }
 
 void BackwardReplay::OnBackwardOp(const format::OpRecord& r, uint64_t subtree_first) {
@@ -109,101 +137,164 @@ void BackwardReplay::Finish() {
     if (exec.have_exec) RunExec(op, exec);
   }
   pending_execs_.clear();
-  EndPass();
+  while (!open_passes_.empty()) EndPass(0);
 }
 
-// The pass rule. A node execution starts a new backward pass when
-//   - no pass is open, or the open one threw (PyTorch abandons a pass at its first error);
-//   - forward work ran since the pass's last execution: a top-level op (parent 0) that is
-//     neither a backward function nor an autograd engine wrapper, or a nested op whose chain of
-//     parents reaches no backward function (on the executing thread, or on a thread that ran no
-//     node of this pass, since a thread running nodes has backward ops still open);
-//   - the node already ran in the open pass (backward twice over a retained graph).
-bool BackwardReplay::NewPassNeeded(uint32_t node_slot, ObjectId exec_op, uint32_t thread) {
-  if (!pass_open_ || pass_threw_ || forward_seen_) return true;
-  if (node_slot != IdIndex::kAbsent && state_.nodes[node_slot].last_pass == pass_index_) {
-    return true;
-  }
-  bool forward = false;
-  std::vector<Candidate> keep;
-  for (const Candidate& c : candidates_) {
-    bool same_thread = c.thread == thread;
-    bool busy_thread = !same_thread && std::find(pass_threads_.begin(), pass_threads_.end(),
-                                                 c.thread) != pass_threads_.end();
-    switch (Classify(c.op, exec_op)) {
-      case Chain::kForward:
-        forward = true;
-        break;
-      case Chain::kOpen:
-        if (busy_thread) {
-          keep.push_back(c);
-        } else {
-          forward = true;
-        }
-        break;
-      case Chain::kBackward:
-        break;
-    }
-    if (forward) break;
-  }
-  candidates_ = std::move(keep);
-  return forward;
+bool BackwardReplay::Pass::Ran(uint32_t thread) const {
+  return std::find(threads.begin(), threads.end(), thread) != threads.end();
 }
 
-// Where `op`'s chain of parents leads: to the top level (forward work), into a backward function
-// or `exec_op` (backward work), or to an op not recorded yet (still open).
-BackwardReplay::Chain BackwardReplay::Classify(ObjectId op, ObjectId exec_op) const {
-  const OpInfo* info = state_.FindOp(op);
-  for (int depth = 0; info != nullptr && depth < 256; ++depth) {
-    ObjectId parent = info->parent;
-    if (parent == 0) return Chain::kForward;
-    if (parent == exec_op) return Chain::kBackward;
-    info = state_.FindOp(parent);
-    if (info == nullptr) return Chain::kOpen;
-    if (info->scope == OpScope::kBackwardFunction || IsAutogradEngineName(state_.Str(info->name))) {
-      return Chain::kBackward;
+bool BackwardReplay::Pass::Built(uint64_t thread) const {
+  return std::find(builders.begin(), builders.end(), thread) != builders.end();
+}
+
+// The pass rule: the open pass a node execution belongs to, or nullptr for a new one.
+//   - A pass that threw is closed at once (PyTorch abandons a pass at its first error), and so
+//     is every pass that ran on a thread, or whose graph a thread built, once that thread does
+//     forward work (OnForwardOp).
+//   - A pass in which the node already ran is not it (backward twice over a retained graph).
+//   - The pass open on the execution's thread (a thread runs one backward() at a time; CPU nodes
+//     run on the caller's thread), or, when several are (a device's worker thread serving
+//     several callers), the latest whose nodes reach this one. The latest one having run the
+//     node means a new pass.
+//   - With none on its thread, a pass whose nodes reach this one: a device's worker thread, or
+//     the caller's, joining a pass that began on the other.
+BackwardReplay::Pass* BackwardReplay::FindPass(uint32_t node_slot, uint32_t thread) {
+  const uint64_t last_pass =
+      node_slot == IdIndex::kAbsent ? UINT64_MAX : state_.nodes[node_slot].last_pass;
+  Pass* latest_here = nullptr;
+  bool several_here = false;
+  for (size_t i = open_passes_.size(); i-- > 0;) {
+    if (!open_passes_[i].Ran(thread)) continue;
+    if (latest_here != nullptr) {
+      several_here = true;
+      break;
+    }
+    latest_here = &open_passes_[i];
+  }
+  if (latest_here != nullptr && several_here && node_slot != IdIndex::kAbsent) {
+    for (size_t i = open_passes_.size(); i-- > 0;) {
+      Pass& pass = open_passes_[i];
+      if (pass.Ran(thread) && pass.index != last_pass && Reaches(pass, node_slot)) return &pass;
     }
   }
-  return Chain::kOpen;
+  if (latest_here != nullptr) return latest_here->index == last_pass ? nullptr : latest_here;
+  if (node_slot == IdIndex::kAbsent) return nullptr;
+  for (size_t i = open_passes_.size(); i-- > 0;) {
+    Pass& pass = open_passes_[i];
+    if (pass.index != last_pass && Reaches(pass, node_slot)) return &pass;
+  }
+  return nullptr;
+}
+
+// True when a node the pass ran has an edge to the node: a node runs once a consumer in its
+// pass passed it a gradient, so every node of a pass but its roots is reached this way. Walks
+// the pass's nodes: it runs once per pass and thread joining it, or for a worker thread that
+// several passes share.
+bool BackwardReplay::Reaches(const Pass& pass, uint32_t node_slot) const {
+  const format::ObjectId id = state_.nodes[node_slot].id;
+  for (uint32_t slot : pass.executed) {
+    const NodeState& node = state_.nodes[slot];
+    for (uint32_t e = 0; e < node.edges_count; ++e) {
+      if (state_.edges[node.edges_begin + e] == id) return true;
+    }
+  }
+  return false;
+}
+
+BackwardReplay::Pass& BackwardReplay::OpenPass(uint32_t node_slot, uint32_t thread) {
+  // 256: passes a trace keeps open at once (one per thread calling backward, and passes on
+  // threads that never ran forward work again); past that the oldest is done.
+  if (open_passes_.size() >= 256) EndPass(0);
+  Pass& pass = open_passes_.emplace_back();
+  pass.index = state_.pass_count++;
+  pass.root = node_slot;
+  ObjectId entry = 0;
+  for (auto& [called_on, op] : last_called_op_) {
+    if (called_on == thread) std::swap(entry, op);
+  }
+  state_.pass_entry_ops.push_back(entry);
+  return pass;
 }
 
 void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
   ++state_.exec_count;
   uint32_t slot = state_.index.Find(exec.node, IdKind::kNode);
-  if (NewPassNeeded(slot, exec_op, exec.thread)) {
-    EndPass();
-    pass_open_ = true;
-    pass_index_ = state_.pass_count++;
-    pass_root_ = slot;
-  }
-  forward_seen_ = false;
-  candidates_.clear();
-  if (std::find(pass_threads_.begin(), pass_threads_.end(), exec.thread) == pass_threads_.end()) {
-    pass_threads_.push_back(exec.thread);
-  }
+  Pass* found = FindPass(slot, exec.thread);
+  Pass& pass = found != nullptr ? *found : OpenPass(slot, exec.thread);
+  if (!pass.Ran(exec.thread)) pass.threads.push_back(exec.thread);
   if (slot == IdIndex::kAbsent) {
     // Node 0: the recorder could not tell which node ran (a backward called outside autograd's
     // engine, or AccumulateGrad and GraphRoot in traces whose recorder did not name them; those
     // save nothing): there is nothing to check.
     if (exec.node != 0) ++state_.unknown_node_execs;
   } else {
-    if (pass_root_ == IdIndex::kAbsent) pass_root_ = slot;
-    state_.nodes[slot].last_pass = pass_index_;
-    pass_executed_.push_back(slot);
-    CheckNode(slot, exec.start_seq, /*simulated=*/false, exec_op, exec.threw);
+    if (pass.root == IdIndex::kAbsent) pass.root = slot;
+    NodeState& node = state_.nodes[slot];
+    const uint64_t earlier_pass = node.last_pass;
+    const ObjectId earlier_exec_op = node.last_exec_op;
+    node.last_pass = pass.index;
+    node.last_exec_op = exec_op;
+    pass.executed.push_back(slot);
+    // A leaf's AccumulateGrad belongs to no one forward op: its thread says nothing.
+    if (!IsAccumulateGrad(node) && node.sequence_nr >= 0 && !pass.Built(node.forward_thread)) {
+      pass.builders.push_back(node.forward_thread);
+    }
+    CheckNode(slot, exec.start_seq, /*simulated=*/false, exec_op, exec.threw, pass);
+    if (exec.threw) AddThrowFindings(slot, exec_op, pass.index, earlier_pass, earlier_exec_op);
     silent_.Unwatch(slot);
   }
   if (exec.threw) {
-    pass_threw_ = true;
-    pass_stop_seq_ = exec.record_seq;
+    pass.threw = true;
+    pass.stop_seq = exec.record_seq;
     state_.threw_execs.insert(exec_op);
+    EndPass(static_cast<size_t>(&pass - open_passes_.data()));
   }
+}
+
+// An execution threw for a reason the version checks above do not show; what only PyTorch's
+// message can confirm (BuildReport keeps the one it names):
+//   - freed: the node ran in an earlier pass, which (without retain_graph) freed what it saved;
+//   - unpack_hook: it saved through saved_tensors_hooks, and backward failed on what the unpack
+//     hook returned (PyTorch checks neither its shape, nor its dtype, nor its version).
+void BackwardReplay::AddThrowFindings(uint32_t node_slot, ObjectId exec_op, uint64_t pass,
+                                      uint64_t earlier_pass, ObjectId earlier_exec_op) {
+  const NodeState& node = state_.nodes[node_slot];
+  uint32_t first_defined = UINT32_MAX, first_hooked = UINT32_MAX;
+  for (uint32_t i = 0; i < node.saved_count; ++i) {
+    const format::SavedTensor& saved = state_.saved[node.saved_begin + i].saved;
+    if (!saved.defined) continue;
+    if (first_defined == UINT32_MAX) first_defined = node.saved_begin + i;
+    if (saved.has_hooks && first_hooked == UINT32_MAX) first_hooked = node.saved_begin + i;
+  }
+  if (first_defined == UINT32_MAX) return;  // Saved nothing: nothing to free or unpack.
+  Finding base;
+  base.node = node_slot;
+  base.pass = pass;
+  base.exec_op = exec_op;
+  base.exec_threw = true;
+  Finding freed = base;
+  freed.kind = ViolationKind::kFreed;
+  freed.saved = first_defined;
+  freed.current_version = state_.saved[first_defined].saved.saved_version;
+  freed.earlier_exec_op = earlier_exec_op;
+  freed.earlier_pass = earlier_pass;
+  state_.findings.push_back(std::move(freed));
+  if (first_hooked == UINT32_MAX) return;
+  Finding hooked = base;
+  hooked.kind = ViolationKind::kUnpackHook;
+  hooked.saved = first_hooked;
+  hooked.current_version = state_.saved[first_hooked].saved.saved_version;
+  state_.findings.push_back(std::move(hooked));
 }
 
 // autograd's SavedVariable::unpack check for every saved tensor of the node, at record `seq`.
 void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated, ObjectId exec_op,
-                               bool threw, uint32_t recomputing) {
+                               bool threw, Pass& pass, uint32_t recomputing) {
   const NodeState& node = state_.nodes[node_slot];
+  // Generated nodes unpack a saved input without the node (custom Functions and saved outputs
+  // pass it), so only there does a detached one raise.
+  const bool unpacks_inputs_alone = node.saved_kind == format::SavedSetKind::kExact;
   for (uint32_t i = 0; i < node.saved_count; ++i) {
     uint32_t saved_slot = node.saved_begin + i;
     SavedState& s = state_.saved[saved_slot];
@@ -212,12 +303,13 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
     base.saved = saved_slot;
     base.simulated = simulated;
     base.recomputing = recomputing;
-    base.pass = pass_index_;
+    base.pass = pass.index;
     base.exec_op = exec_op;
     base.exec_threw = threw;
     if (s.saved.recompute_from != 0) {
-      CheckRecomputeInputs(s.saved.recompute_from, node_slot, seq, simulated, exec_op, threw);
-      if (!simulated) CheckRecomputed(node_slot, s, base, seq);
+      CheckRecomputeInputs(s.saved.recompute_from, node_slot, seq, simulated, exec_op, threw,
+                           pass);
+      if (!simulated) CheckRecomputed(node_slot, s, base, seq, pass);
       continue;
     }
     const bool unchecked = IsUncheckedButKnown(s.saved);
@@ -229,15 +321,9 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
       base.use_grad_fn = t->is_leaf ? 0 : t->grad_fn;
       base.use_output_nr = t->output_nr;
     }
+    if (unpacks_inputs_alone && !unchecked) CheckDetached(s, base, seq);
     CheckVersion(s, base, seq);
-    if (unchecked) {
-      // No check at unpack: the counter moving is PyTorch's silence, not its error.
-      for (size_t k = findings_before; k < state_.findings.size(); ++k) {
-        state_.findings[k].kind = ViolationKind::kSilent;
-        state_.findings[k].unchecked = true;
-        state_.findings[k].exec_threw = false;
-      }
-    }
+    if (unchecked) MarkUnchecked(state_.findings, findings_before);
     std::vector<ObjectId> silent_writers = silent_.SilentWritersBefore(s, seq);
     if (!silent_writers.empty()) {
       Finding f = base;
@@ -250,19 +336,18 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
 }
 
 void BackwardReplay::CheckRecomputeInputs(ObjectId inputs_node, uint32_t node_slot, uint64_t seq,
-                                          bool simulated, ObjectId exec_op, bool threw) {
+                                          bool simulated, ObjectId exec_op, bool threw,
+                                          Pass& pass) {
   uint32_t inputs_slot = state_.index.Find(inputs_node, IdKind::kNode);
   if (inputs_slot == IdIndex::kAbsent || inputs_slot == node_slot) return;
-  if (std::find(pass_recomputed_.begin(), pass_recomputed_.end(), inputs_slot) !=
-      pass_recomputed_.end()) {
-    return;
-  }
-  pass_recomputed_.push_back(inputs_slot);
-  if (!simulated) ClaimRecomputation(inputs_node, exec_op);
-  CheckNode(inputs_slot, seq, simulated, exec_op, threw, node_slot);
+  std::vector<uint32_t>& read = pass.recomputed_inputs;
+  if (std::find(read.begin(), read.end(), inputs_slot) != read.end()) return;
+  read.push_back(inputs_slot);
+  if (!simulated) ClaimRecomputation(inputs_node, exec_op, pass);
+  CheckNode(inputs_slot, seq, simulated, exec_op, threw, pass, node_slot);
 }
 
-void BackwardReplay::ClaimRecomputation(ObjectId inputs_node, ObjectId exec_op) {
+void BackwardReplay::ClaimRecomputation(ObjectId inputs_node, ObjectId exec_op, Pass& pass) {
   std::unordered_map<format::InternId, uint32_t> ranks;
   std::vector<uint32_t> keep;
   for (uint32_t slot : packed_nodes_) {
@@ -272,7 +357,7 @@ void BackwardReplay::ClaimRecomputation(ObjectId inputs_node, ObjectId exec_op) 
       for (uint32_t i = 0; i < node.saved_count; ++i) {
         const format::SavedTensor& saved = state_.saved[node.saved_begin + i].saved;
         if (saved.hook != format::SavedHook::kPackedTensor) continue;
-        recomputed_[RecomputeKey(inputs_node, node.name, rank, saved)] = node.saved_begin + i;
+        pass.recomputed[RecomputeKey(inputs_node, node.name, rank, saved)] = node.saved_begin + i;
       }
     } else if (node.created_by == 0 || state_.FindOp(node.created_by) == nullptr) {
       keep.push_back(slot);  // Its op is still running: maybe a recomputation not checked yet.
@@ -282,11 +367,11 @@ void BackwardReplay::ClaimRecomputation(ObjectId inputs_node, ObjectId exec_op) 
 }
 
 void BackwardReplay::CheckRecomputed(uint32_t node_slot, const SavedState& s, const Finding& base,
-                                     uint64_t seq) {
+                                     uint64_t seq, const Pass& pass) {
   const NodeState& node = state_.nodes[node_slot];
-  auto it = recomputed_.find(
+  auto it = pass.recomputed.find(
       RecomputeKey(s.saved.recompute_from, node.name, node.checkpoint_occurrence, s.saved));
-  if (it == recomputed_.end()) return;
+  if (it == pass.recomputed.end()) return;
   // A tensor the forward had too (a parameter, a view of one), whose counter predates the
   // recomputation: a write in between (an optimizer step) makes the recomputation differ from
   // the forward, so the baseline is its version in forward. Tensors new in the recomputation are
@@ -309,28 +394,73 @@ void BackwardReplay::CheckRecomputed(uint32_t node_slot, const SavedState& s, co
   }
   const size_t findings_before = state_.findings.size();
   CheckVersion(recomputed, f, seq);
-  for (size_t k = findings_before; k < state_.findings.size(); ++k) {
-    state_.findings[k].kind = ViolationKind::kSilent;
-    state_.findings[k].unchecked = true;
-    state_.findings[k].exec_threw = false;
+  MarkUnchecked(state_.findings, findings_before);
+}
+
+// SavedVariable::unpack's first check: a saved input (not a leaf) whose grad_fn is gone because
+// detach_() ran on it after the save ("Trying to use a saved tensor that has been detached").
+void BackwardReplay::CheckDetached(const SavedState& s, const Finding& base, uint64_t seq) {
+  if (s.saved.is_output || s.saved.is_leaf || s.saved.tensor == 0) return;
+  auto it = state_.detaches.find(s.saved.tensor);
+  if (it == state_.detaches.end()) return;
+  for (const auto& [detach_seq, op] : it->second) {
+    if (detach_seq <= s.save_seq) continue;
+    if (detach_seq >= seq) return;
+    Finding f = base;
+    f.kind = ViolationKind::kDetached;
+    f.writers.push_back(op);
+    state_.findings.push_back(std::move(f));
+    return;
   }
 }
 
 // The version check proper: the saved tensor's counter moved between the save and record `seq`.
+// A counter set back after writes that followed the save (a reset entry) passes the check while
+// the bytes are not the saved ones: a silent violation, its writes the culprits.
 void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint64_t seq) {
   const CounterState* counter = state_.FindCounter(s.saved.version_counter);
   if (counter == nullptr) return;
   uint32_t current = VersionAt(*counter, seq, s.saved.saved_version);
-  if (current == s.saved.saved_version) return;
-  Finding f = base;
-  f.kind = ViolationKind::kVersion;
-  f.current_version = current;
+  // Without a reset, versions only grow: an unchanged version is the saved one, and the writes
+  // need not be walked (a parameter's counter grows with every step).
+  if (current == s.saved.saved_version && !counter->reset_seen) return;
+  // Entries before the last reset ahead of the save wrote what the save then kept.
+  size_t begin = 0;
+  for (size_t i = 0; counter->reset_seen && i < counter->bumps.size() &&
+                     counter->bumps[i].seq < s.save_seq;
+       ++i) {
+    if (counter->bumps[i].IsReset()) begin = i + 1;
+  }
+  std::vector<ObjectId> writers;
   const Bump* last = nullptr;
-  for (const Bump& b : counter->bumps) {
+  const Bump* reset = nullptr;  // The first reset that hid a write since the save.
+  bool past_reset = false;
+  for (size_t i = begin; i < counter->bumps.size(); ++i) {
+    const Bump& b = counter->bumps[i];
     if (b.seq >= seq) break;
-    if (b.after > s.saved.saved_version) f.writers.push_back(b.op);
+    if (b.IsReset()) {
+      if (reset == nullptr && !writers.empty()) reset = &b;
+      past_reset = true;
+      continue;
+    }
+    // Before any reset, versions only grow: a write that took the counter past the saved
+    // version came after the save. After one, every write did.
+    if (past_reset || b.after > s.saved.saved_version) writers.push_back(b.op);
     last = &b;
   }
+  if (current == s.saved.saved_version && reset == nullptr) return;
+  Finding f = base;
+  f.writers = std::move(writers);
+  if (current == s.saved.saved_version) {
+    f.kind = ViolationKind::kSilent;
+    f.reset = *reset;
+    auto previous = state_.reset_previous_ops.find(reset->seq);
+    if (previous != state_.reset_previous_ops.end()) f.reset_previous_op = previous->second;
+    state_.findings.push_back(std::move(f));
+    return;
+  }
+  f.kind = ViolationKind::kVersion;
+  f.current_version = current;
   // A view written through another tensor sharing its counter (its base or another view) keeps a
   // stale grad_fn: PyTorch regenerates it as AsStridedBackward0 when it raises, and names that.
   // (A base written through a view got CopySlices instead, which the trace shows as a changed
@@ -373,28 +503,21 @@ bool BackwardReplay::IsAccumulateGrad(const NodeState& node) const {
          state_.Str(node.name).find("AccumulateGrad") != std::string::npos;
 }
 
-// Closes the open pass. When it threw, runs the rest of it as autograd would have: the nodes
+// Closes an open pass. When it threw, runs the rest of it as autograd would have: the nodes
 // reachable from its root, each once all its consumers in that graph ran, highest sequence_nr
 // first (AccumulateGrad first of all), each checked as of the moment the pass stopped.
-void BackwardReplay::EndPass() {
-  if (pass_open_ && pass_threw_ && pass_root_ != IdIndex::kAbsent) SimulateRest();
-  pass_open_ = false;
-  pass_threw_ = false;
-  forward_seen_ = false;
-  pass_root_ = IdIndex::kAbsent;
-  pass_executed_.clear();
-  pass_threads_.clear();
-  pass_recomputed_.clear();
-  recomputed_.clear();
-  candidates_.clear();
+void BackwardReplay::EndPass(size_t open_index) {
+  Pass pass = std::move(open_passes_[open_index]);
+  open_passes_.erase(open_passes_.begin() + static_cast<std::ptrdiff_t>(open_index));
+  if (pass.threw && pass.root != IdIndex::kAbsent) SimulateRest(pass);
 }
 
-void BackwardReplay::SimulateRest() {
+void BackwardReplay::SimulateRest(Pass& pass) {
   const std::vector<NodeState>& nodes = state_.nodes;
   const IdIndex& index = state_.index;
   std::unordered_map<uint32_t, uint32_t> local;  // Node slot -> index in graph.
-  std::vector<uint32_t> graph{pass_root_};
-  local.emplace(pass_root_, 0);
+  std::vector<uint32_t> graph{pass.root};
+  local.emplace(pass.root, 0);
   for (size_t i = 0; i < graph.size(); ++i) {
     const NodeState& node = nodes[graph[i]];
     for (uint32_t e = 0; e < node.edges_count; ++e) {
@@ -433,10 +556,10 @@ void BackwardReplay::SimulateRest() {
     }
   };
   std::vector<bool> executed(graph.size(), false);
-  for (uint32_t slot : pass_executed_) {
+  for (uint32_t slot : pass.executed) {
     if (auto it = local.find(slot); it != local.end()) executed[it->second] = true;
   }
-  for (uint32_t slot : pass_executed_) {
+  for (uint32_t slot : pass.executed) {
     auto it = local.find(slot);
     if (it != local.end() && !ran[it->second]) finish(it->second);
   }
@@ -444,7 +567,7 @@ void BackwardReplay::SimulateRest() {
     uint32_t g = ready.top();
     ready.pop();
     if (ran[g] || executed[g]) continue;
-    CheckNode(graph[g], pass_stop_seq_, /*simulated=*/true, 0, false);
+    CheckNode(graph[g], pass.stop_seq, /*simulated=*/true, 0, false, pass);
     finish(g);
   }
 }

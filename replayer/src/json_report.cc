@@ -50,6 +50,15 @@ json NodeJson(const NodeRef& node) {
           {"forward_thread", node.forward_thread}};
 }
 
+// kCounterReset's evidence: {"from", "to", "before": Op, "after": Op}.
+json CounterResetJson(const std::optional<CounterReset>& reset) {
+  if (!reset) return nullptr;
+  return {{"from", reset->from},
+          {"to", reset->to},
+          {"before", OpJson(reset->before)},
+          {"after", OpJson(reset->after)}};
+}
+
 json ViolationJson(const Violation& v) {
   json later = json::array();
   for (const OpRef& op : v.later_culprits) later.push_back(OpJson(op));
@@ -102,6 +111,8 @@ json ViolationJson(const Violation& v) {
       {"candidates", std::move(candidates)},
       {"kernels", std::move(kernels)},
       {"recording_incomplete", v.recording_incomplete},
+      {"counter_reset", CounterResetJson(v.counter_reset)},
+      {"freed_by_pass", v.freed_by_pass ? json(*v.freed_by_pass) : json(nullptr)},
   };
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -15,8 +16,43 @@ using format::InternId;
 using format::ObjectId;
 using format::OpScope;
 
-// PyTorch's messages for the version errors that came out of backward ops, by backward op.
+// PyTorch's messages for the errors that came out of backward ops, by backward op.
 using ExecMessages = std::unordered_map<ObjectId, std::string>;
+
+// What PyTorch's messages say, by kind (torch/csrc/autograd/saved_variable.cpp).
+constexpr std::string_view kVersionPhrase = "modified by an inplace operation";
+constexpr std::string_view kDetachedPhrase = "saved tensor that has been detached";
+constexpr std::string_view kFreedPhrase = "backward through the graph a second time";
+// Non-reentrant checkpointing saves through hooks too; its own errors are about recomputation.
+constexpr std::string_view kCheckpointPhrase = "torch.utils.checkpoint";
+
+bool Says(const std::string& message, std::string_view phrase) {
+  return message.find(phrase) != std::string::npos;
+}
+
+// Whether a message of PyTorch's is the error that `kind` makes it raise. An unpack hook's tensor
+// fails in whatever the backward formula does with it: any message but the others' and
+// checkpointing's.
+bool MessageIsOf(ViolationKind kind, const std::string& message) {
+  switch (kind) {
+    case ViolationKind::kVersion: return Says(message, kVersionPhrase);
+    case ViolationKind::kDetached: return Says(message, kDetachedPhrase);
+    case ViolationKind::kFreed: return Says(message, kFreedPhrase);
+    case ViolationKind::kUnpackHook:
+      return !Says(message, kVersionPhrase) && !Says(message, kDetachedPhrase) &&
+             !Says(message, kFreedPhrase) && !Says(message, kCheckpointPhrase);
+    default: return false;
+  }
+}
+
+// The Python frames through which autograd's backward() and grad() run a pass.
+bool IsBackwardCallFrame(const Frame& f) {
+  if (!f.python || !f.framework) return false;
+  bool autograd_file = f.file.find("torch/autograd/") != std::string::npos ||
+                       f.file.find("torch/_tensor.py") != std::string::npos;
+  return autograd_file && (f.function == "backward" || f.function == "grad" ||
+                           f.function == "Tensor.backward" || f.function.ends_with(".backward"));
+}
 
 std::optional<UserFrame> FirstUserFrame(const std::vector<Frame>& stack) {
   for (const Frame& f : stack) {
@@ -55,7 +91,11 @@ bool SameCandidate(const OpRef& a, const OpRef& b) {
 
 class ReportBuilder {
  public:
-  explicit ReportBuilder(const AnalysisState& state) : state_(state) {}
+  explicit ReportBuilder(const AnalysisState& state)
+      : state_(state), version_messages_(MessagesByBackwardOp(state.op_errors)),
+        other_messages_(MessagesByBackwardOp(state.other_op_errors)) {
+    SelectKept();
+  }
 
   Report Build() const {
     Report report;
@@ -69,11 +109,10 @@ class ReportBuilder {
     report.data_loss_records = state_.data_loss_records;
     report.records_lost = state_.data_lost;
     report.recording_stopped = state_.recording_stopped;
-    ExecMessages exec_messages = MessagesByBackwardOp();
-    AddViolations(exec_messages, report);
+    AddViolations(report);
     for (Violation& v : report.violations) v.recording_incomplete = report.incomplete();
-    AddWarnings(exec_messages, report);
-    AddUnexplainedErrors(exec_messages, report);
+    AddWarnings(report);
+    AddUnexplainedErrors(report);
     return report;
   }
 
@@ -82,20 +121,31 @@ class ReportBuilder {
   OpRef MakeOpRef(ObjectId id) const;
   OpRef UserOpRef(ObjectId innermost) const;
   ObjectId BackwardOpOf(ObjectId op) const;
-  ExecMessages MessagesByBackwardOp() const;
+  ExecMessages MessagesByBackwardOp(
+      const std::vector<std::pair<ObjectId, std::string>>& errors) const;
+  const std::string* MessageOf(ObjectId exec_op, bool exec_threw, ViolationKind kind) const;
+  bool ExecHas(ObjectId exec_op, ViolationKind kind) const;
+  void SelectKept();
   bool IsNamedBy(const Finding& f, const std::string& message) const;
-  std::optional<size_t> FindStopped(const ExecMessages& exec_messages) const;
-  void AddViolations(const ExecMessages& exec_messages, Report& report) const;
-  void AddWarnings(const ExecMessages& exec_messages, Report& report) const;
-  void AddUnexplainedErrors(const ExecMessages& exec_messages, Report& report) const;
+  std::optional<size_t> FindStopped() const;
+  void AddViolations(Report& report) const;
+  void AddPytorchOutcome(const Finding& f, bool stopped, Violation& v) const;
+  void AddWarnings(Report& report) const;
+  void AddUnexplainedErrors(Report& report) const;
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
+  void AddFreedBy(const Finding& f, Violation& v) const;
+  void AddCounterReset(const Finding& f, Violation& v) const;
   SavedTensorRef MakeTensorRef(const SavedState& s) const;
   std::optional<std::string> PytorchNames(const Finding& f, const NodeState& node,
                                           const SavedState& s) const;
   void AddFingerprintEvidence(const Finding& f, Violation& v) const;
 
   const AnalysisState& state_;
+  // PyTorch's errors out of backward ops: the version check's, and the others.
+  ExecMessages version_messages_;
+  ExecMessages other_messages_;
+  std::vector<bool> kept_;  // Per finding: reported (kFreed and kUnpackHook must be confirmed).
 };
 
 std::vector<Frame> ReportBuilder::StackFrames(InternId stack) const {
@@ -168,13 +218,74 @@ ObjectId ReportBuilder::BackwardOpOf(ObjectId op) const {
   return 0;
 }
 
-ExecMessages ReportBuilder::MessagesByBackwardOp() const {
-  ExecMessages exec_messages;
-  for (const auto& [op, message] : state_.op_errors) {
+ExecMessages ReportBuilder::MessagesByBackwardOp(
+    const std::vector<std::pair<ObjectId, std::string>>& errors) const {
+  ExecMessages messages;
+  for (const auto& [op, message] : errors) {
     ObjectId backward = BackwardOpOf(op);
-    if (backward != 0) exec_messages[backward] = message;
+    if (backward != 0) messages[backward] = message;
   }
-  return exec_messages;
+  return messages;
+}
+
+// What PyTorch said about an execution, preferring a message of `kind`: the error that came out
+// of its backward op, else, when it threw, the program's last error; nullptr when none was
+// recorded.
+const std::string* ReportBuilder::MessageOf(ObjectId exec_op, bool exec_threw,
+                                            ViolationKind kind) const {
+  auto own_version = version_messages_.find(exec_op);
+  auto own_other = other_messages_.find(exec_op);
+  if (own_version != version_messages_.end() && MessageIsOf(kind, own_version->second)) {
+    return &own_version->second;
+  }
+  if (own_other != other_messages_.end() && MessageIsOf(kind, own_other->second)) {
+    return &own_other->second;
+  }
+  if (own_version != version_messages_.end()) return &own_version->second;
+  if (own_other != other_messages_.end()) return &own_other->second;
+  if (!exec_threw) return nullptr;
+  const std::string& preferred =
+      kind == ViolationKind::kVersion ? state_.final_error : state_.other_final_error;
+  const std::string& other =
+      kind == ViolationKind::kVersion ? state_.other_final_error : state_.final_error;
+  if (!preferred.empty()) return &preferred;
+  return other.empty() ? nullptr : &other;
+}
+
+// True when a finding of `kind` for this execution is kept.
+bool ReportBuilder::ExecHas(ObjectId exec_op, ViolationKind kind) const {
+  for (size_t i = 0; i < state_.findings.size(); ++i) {
+    const Finding& f = state_.findings[i];
+    if (kept_[i] && f.exec_op == exec_op && f.kind == kind && !f.simulated) return true;
+  }
+  return false;
+}
+
+// Every finding is reported but kFreed and kUnpackHook, which the analysis offers for every
+// execution that threw: each is kept when PyTorch's message is its error, or, without a message,
+// when nothing else explains the throw (freed: only when the node did run in an earlier pass).
+void ReportBuilder::SelectKept() {
+  const std::vector<Finding>& findings = state_.findings;
+  kept_.assign(findings.size(), true);
+  for (size_t i = 0; i < findings.size(); ++i) {
+    const Finding& f = findings[i];
+    if (f.kind == ViolationKind::kFreed) kept_[i] = false;
+    if (f.kind == ViolationKind::kUnpackHook) kept_[i] = false;
+  }
+  for (ViolationKind kind : {ViolationKind::kFreed, ViolationKind::kUnpackHook}) {
+    for (size_t i = 0; i < findings.size(); ++i) {
+      const Finding& f = findings[i];
+      if (f.kind != kind) continue;
+      if (const std::string* message = MessageOf(f.exec_op, f.exec_threw, kind)) {
+        kept_[i] = MessageIsOf(kind, *message);
+        continue;
+      }
+      bool explained = ExecHas(f.exec_op, ViolationKind::kVersion) ||
+                       ExecHas(f.exec_op, ViolationKind::kDetached) ||
+                       ExecHas(f.exec_op, ViolationKind::kFreed);
+      kept_[i] = !explained && (kind != ViolationKind::kFreed || f.earlier_exec_op != 0);
+    }
+  }
 }
 
 // True when `f` is a version violation PyTorch ran into whose versions `message` names.
@@ -183,25 +294,22 @@ bool ReportBuilder::IsNamedBy(const Finding& f, const std::string& message) cons
          MessageMatches(message, f.current_version, state_.saved[f.saved].saved.saved_version);
 }
 
-// The finding PyTorch stopped at: the first version violation of the first execution that threw
-// (when the message names versions, the one it names); without a recorded throw, the first
-// violation the final message matches.
-std::optional<size_t> ReportBuilder::FindStopped(const ExecMessages& exec_messages) const {
+// The finding PyTorch stopped at: the first finding of the first execution that threw whose kind
+// is that of PyTorch's message (when the message names versions, the one it names); without a
+// recorded throw, the first version violation the final message matches.
+std::optional<size_t> ReportBuilder::FindStopped() const {
   const std::vector<Finding>& findings = state_.findings;
   for (size_t i = 0; i < findings.size(); ++i) {
     const Finding& f = findings[i];
-    if (f.kind != ViolationKind::kVersion || f.simulated) continue;
-    auto it = exec_messages.find(f.exec_op);
-    if (!f.exec_threw && it == exec_messages.end()) continue;
-    const std::string* message = nullptr;
-    if (it != exec_messages.end()) {
-      message = &it->second;
-    } else if (!state_.final_error.empty()) {
-      message = &state_.final_error;
-    }
+    if (!kept_[i] || f.kind == ViolationKind::kSilent || f.simulated) continue;
+    bool own = version_messages_.contains(f.exec_op) || other_messages_.contains(f.exec_op);
+    if (!f.exec_threw && !own) continue;
+    const std::string* message = MessageOf(f.exec_op, f.exec_threw, f.kind);
     if (message == nullptr) return i;
+    if (!MessageIsOf(f.kind, *message)) continue;
+    if (f.kind != ViolationKind::kVersion) return i;
     for (size_t j = i; j < findings.size() && findings[j].exec_op == f.exec_op; ++j) {
-      if (IsNamedBy(findings[j], *message)) return j;
+      if (kept_[j] && IsNamedBy(findings[j], *message)) return j;
     }
     return i;
   }
@@ -212,50 +320,56 @@ std::optional<size_t> ReportBuilder::FindStopped(const ExecMessages& exec_messag
   return std::nullopt;
 }
 
-// Every finding as a Violation, the one PyTorch stopped at first, with what PyTorch said.
-void ReportBuilder::AddViolations(const ExecMessages& exec_messages, Report& report) const {
+// Every kept finding as a Violation, the one PyTorch stopped at first, with what PyTorch said.
+void ReportBuilder::AddViolations(Report& report) const {
   const std::vector<Finding>& findings = state_.findings;
-  std::optional<size_t> stopped = FindStopped(exec_messages);
+  std::optional<size_t> stopped = FindStopped();
   std::vector<size_t> order;
   if (stopped) order.push_back(*stopped);
   for (size_t i = 0; i < findings.size(); ++i) {
-    if (!stopped || i != *stopped) order.push_back(i);
+    if (kept_[i] && (!stopped || i != *stopped)) order.push_back(i);
   }
   for (size_t i : order) {
-    const Finding& f = findings[i];
-    Violation v = MakeViolation(f);
-    bool this_stopped = stopped && i == *stopped;
-    if (f.kind == ViolationKind::kVersion && !f.simulated) {
-      auto it = exec_messages.find(f.exec_op);
-      v.pytorch_raised = f.exec_threw || it != exec_messages.end() || this_stopped;
-      if (it != exec_messages.end()) {
-        v.pytorch_message = it->second;
-      } else if (this_stopped && !state_.final_error.empty()) {
-        v.pytorch_message = state_.final_error;
-      }
-    }
+    Violation v = MakeViolation(findings[i]);
+    AddPytorchOutcome(findings[i], stopped && i == *stopped, v);
     report.violations.push_back(std::move(v));
   }
 }
 
+// Whether PyTorch raised for this violation, and its message. A version violation raised when
+// its execution threw or a version error came out of it, unless PyTorch's message for that
+// execution is another kind's (then it raises once that one is fixed); the other kinds raised
+// when their execution threw with their kind's message, or with none recorded.
+void ReportBuilder::AddPytorchOutcome(const Finding& f, bool stopped, Violation& v) const {
+  if (f.kind == ViolationKind::kSilent || f.simulated) return;
+  const std::string* message = MessageOf(f.exec_op, f.exec_threw || stopped, f.kind);
+  bool of_kind = message != nullptr && MessageIsOf(f.kind, *message);
+  if (f.kind == ViolationKind::kVersion) {
+    bool own = version_messages_.contains(f.exec_op);
+    v.pytorch_raised = (f.exec_threw || own || stopped) && (message == nullptr || of_kind);
+  } else {
+    v.pytorch_raised = f.exec_threw && (message == nullptr || of_kind);
+  }
+  if (v.pytorch_raised && of_kind) v.pytorch_message = *message;
+}
+
 // Each backward function that threw while no finding belongs to its execution, in op order, with
 // what PyTorch said: its own error when one came out of it, else the program's last error.
-void ReportBuilder::AddUnexplainedErrors(const ExecMessages& exec_messages,
-                                         Report& report) const {
+void ReportBuilder::AddUnexplainedErrors(Report& report) const {
   std::vector<ObjectId> threw(state_.threw_execs.begin(), state_.threw_execs.end());
   std::sort(threw.begin(), threw.end());
   for (ObjectId op : threw) {
-    bool explained = std::any_of(state_.findings.begin(), state_.findings.end(),
-                                 [op](const Finding& f) { return f.exec_op == op; });
+    bool explained = false;
+    for (size_t i = 0; i < state_.findings.size() && !explained; ++i) {
+      explained = kept_[i] && state_.findings[i].exec_op == op;
+    }
     if (explained) continue;
     UnexplainedError error;
     error.backward_op = MakeOpRef(op);
-    if (auto it = exec_messages.find(op); it != exec_messages.end()) {
+    if (auto it = version_messages_.find(op); it != version_messages_.end()) {
       error.message = it->second;
-    } else {
-      for (const auto& [error_op, message] : state_.other_op_errors) {
-        if (BackwardOpOf(error_op) == op) error.message = message;
-      }
+    } else if (auto other = other_messages_.find(op); other != other_messages_.end()) {
+      error.message = other->second;
     }
     if (error.message.empty()) {
       error.message = !state_.other_final_error.empty() ? state_.other_final_error
@@ -265,18 +379,16 @@ void ReportBuilder::AddUnexplainedErrors(const ExecMessages& exec_messages,
   }
 }
 
-void ReportBuilder::AddWarnings(const ExecMessages& exec_messages, Report& report) const {
+void ReportBuilder::AddWarnings(Report& report) const {
   std::vector<std::string>& warnings = report.warnings;
-  if (!state_.final_error.empty() && state_.findings.empty()) {
+  if (!state_.final_error.empty() && std::find(kept_.begin(), kept_.end(), true) == kept_.end()) {
     warnings.push_back(
         "PyTorch raised a version-counter error that the trace does not explain (was the "
         "recorder on for the whole step?)");
   }
   for (ObjectId op : state_.threw_execs) {
-    if (exec_messages.find(op) == exec_messages.end()) continue;
-    bool explained = std::any_of(state_.findings.begin(), state_.findings.end(),
-                                 [op](const Finding& f) { return f.exec_op == op; });
-    if (!explained) {
+    if (!version_messages_.contains(op)) continue;
+    if (!ExecHas(op, ViolationKind::kVersion)) {
       warnings.push_back("backward op " + std::to_string(op) +
                          " raised a version-counter error that the trace does not explain");
     }
@@ -304,15 +416,19 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   Violation v;
   v.kind = f.kind;
   AddCulprits(f, v);
+  // detach_ runs a range of its own inside: the op the user called is all there is to say.
+  if (f.kind == ViolationKind::kDetached && v.culprit) v.culprit->detail.clear();
   if (node.created_by != 0) v.victim = UserOpRef(node.created_by);
   v.backward_node = {node.id, state_.Str(node.name), node.sequence_nr, node.forward_thread};
   v.saved_version = f.has_baseline ? f.baseline : s.saved.saved_version;
   v.current_version = f.current_version;
   v.tensor = MakeTensorRef(s);
-  v.pytorch_names = PytorchNames(f, node, s);
+  // Only the version check's message names the tensor.
+  if (f.kind == ViolationKind::kVersion) v.pytorch_names = PytorchNames(f, node, s);
   if (f.kind == ViolationKind::kSilent) {
     v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint
                  : f.unchecked    ? SilentEvidence::kUncheckedSave
+                 : f.reset        ? SilentEvidence::kCounterReset
                                   : SilentEvidence::kAliasedWrite;
   }
   v.recomputed = f.recomputed;
@@ -322,6 +438,8 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   }
   if (f.has_hashes) v.fingerprint = Fingerprints{f.hash_at_save, f.hash_at_use};
   if (f.by_fingerprint) AddFingerprintEvidence(f, v);
+  if (f.reset) AddCounterReset(f, v);
+  if (f.kind == ViolationKind::kFreed) AddFreedBy(f, v);
   v.simulated = f.simulated;
   v.backward_pass = f.pass;
   v.node_exec_op = f.exec_op;
@@ -339,6 +457,36 @@ void ReportBuilder::AddCulprits(const Finding& f, Violation& v) const {
       v.later_culprits.push_back(writer != 0 ? UserOpRef(writer) : OpRef{});
     }
   }
+}
+
+// The earlier execution that freed the node's saved tensors: its backward op, with the stack of
+// the backward() or autograd.grad() call that ran its pass when the op that entered that pass ran
+// inside one (the ones_like of an implicit gradient does; an explicit gradient's op need not).
+void ReportBuilder::AddFreedBy(const Finding& f, Violation& v) const {
+  if (f.earlier_exec_op == 0) return;
+  v.freed_by_pass = f.earlier_pass;
+  OpRef culprit = MakeOpRef(f.earlier_exec_op);
+  if (f.earlier_pass < state_.pass_entry_ops.size()) {
+    ObjectId entry = state_.pass_entry_ops[f.earlier_pass];
+    const OpInfo* op = state_.FindOp(entry);
+    std::vector<Frame> stack = op != nullptr ? StackFrames(op->stack) : std::vector<Frame>{};
+    if (std::any_of(stack.begin(), stack.end(), IsBackwardCallFrame)) {
+      culprit.user_frame = FirstUserFrame(stack);
+      culprit.stack = std::move(stack);
+    }
+  }
+  v.culprit = std::move(culprit);
+}
+
+// The counter went back: the op that last showed the higher version and the one that then
+// showed the lower.
+void ReportBuilder::AddCounterReset(const Finding& f, Violation& v) const {
+  CounterReset reset;
+  reset.from = f.reset->before;
+  reset.to = f.reset->after;
+  reset.before = UserOpRef(f.reset_previous_op);
+  reset.after = UserOpRef(f.reset->op);
+  v.counter_reset = std::move(reset);
 }
 
 SavedTensorRef ReportBuilder::MakeTensorRef(const SavedState& s) const {

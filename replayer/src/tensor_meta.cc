@@ -50,13 +50,20 @@ std::string DeviceName(const format::Device& device) {
 }
 
 const char* ViolationKindName(ViolationKind kind) {
-  return kind == ViolationKind::kSilent ? "silent" : "version";
+  switch (kind) {
+    case ViolationKind::kSilent: return "silent";
+    case ViolationKind::kDetached: return "detached";
+    case ViolationKind::kFreed: return "freed";
+    case ViolationKind::kUnpackHook: return "unpack_hook";
+    default: return "version";
+  }
 }
 
 const char* SilentEvidenceName(SilentEvidence evidence) {
   switch (evidence) {
     case SilentEvidence::kAliasedWrite: return "aliased_write";
     case SilentEvidence::kFingerprint: return "fingerprint";
+    case SilentEvidence::kCounterReset: return "counter_reset";
     case SilentEvidence::kUncheckedSave: return "unchecked_save";
     default: return "";
   }

@@ -57,15 +57,25 @@ std::string Shape(const std::vector<int64_t>& shape) {
 }
 
 // What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
-// "aten::foo (wrote through aten::add_) wrote into its storage".
+// "aten::foo (wrote through aten::add_) wrote into its storage", "aten::detach_ detached it in
+// place", "backward pass #0 ran SigmoidBackward0 and freed what it saved".
 std::string CulpritLabel(const Violation& v) {
+  if (v.kind == ViolationKind::kFreed) {
+    return "backward pass #" + (v.freed_by_pass ? std::to_string(*v.freed_by_pass) : "?") +
+           " ran " + Printable(v.backward_node.name) + " and freed what it saved";
+  }
   std::string label = OpName(*v.culprit);
   if (!v.culprit->detail.empty()) {
     label += " (wrote through " + Printable(v.culprit->detail) + ")";
   }
-  if (v.kind != ViolationKind::kSilent) {
+  if (v.kind == ViolationKind::kDetached) {
+    label += " detached it from its graph in place";
+  } else if (v.kind != ViolationKind::kSilent) {
     label += " changed the version " + std::to_string(v.saved_version) + " -> " +
              std::to_string(v.current_version);
+  } else if (v.evidence == SilentEvidence::kCounterReset && v.counter_reset) {
+    label += " wrote into it, and its version counter was then set back to " +
+             std::to_string(v.counter_reset->to);
   } else if (v.evidence == SilentEvidence::kFingerprint) {
     label += " wrote into its memory through another tensor over it";
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
@@ -101,6 +111,7 @@ class TextReport {
   void EmitVictim(const Violation& v);
   void EmitNeededBy(const Violation& v);
   void EmitVersions(const Violation& v);
+  void EmitCounterReset(const Violation& v);
   void EmitTensor(const Violation& v);
   void EmitFingerprint(const Violation& v);
   void EmitPytorch(const Violation& v);
@@ -147,6 +158,7 @@ void TextReport::EmitViolation(const Violation& v) {
   EmitVictim(v);
   EmitNeededBy(v);
   EmitVersions(v);
+  EmitCounterReset(v);
   EmitTensor(v);
   EmitFingerprint(v);
   EmitPytorch(v);
@@ -165,7 +177,7 @@ void TextReport::EmitIncomplete(const Violation& v) {
 // A backward function that threw with no violation to explain it:
 //   error: backward raised an error that torchrr does not explain
 //     --> MulBackward0 (backward op #12)
-//      = pytorch: Trying to backward through the graph a second time ...
+//      = pytorch: this backward always fails
 void TextReport::EmitUnexplainedError(const UnexplainedError& error) {
   out_ << p_.Error("error") << ": "
        << p_.Bold("backward raised an error that torchrr does not explain") << "\n";
@@ -224,15 +236,31 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
 //   error: saved tensor's memory overwritten without a version bump (PyTorch cannot detect this)
 //   error: saved tensor modified in place where PyTorch does not check (the gradient used the
 //   modified value)
+//   error: saved tensor overwritten, its version counter set back (PyTorch cannot detect this)
+//   error: saved tensor detached in place
+//   error: saved tensor used after an earlier backward pass freed it
+//   error: backward failed on a saved tensor returned by a saved_tensors_hooks unpack hook
 void TextReport::EmitHeading(const Violation& v) {
-  bool silent = v.kind == ViolationKind::kSilent;
   const char* heading = ": saved tensor modified in place";
-  if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
-    heading = ": saved tensor modified in place where PyTorch does not check (the gradient used "
-              "the modified value)";
-  } else if (silent) {
-    heading = ": saved tensor's memory overwritten without a version bump (PyTorch cannot detect "
-              "this)";
+  switch (v.kind) {
+    case ViolationKind::kSilent:
+      heading = v.evidence == SilentEvidence::kUncheckedSave
+                    ? ": saved tensor modified in place where PyTorch does not check (the "
+                      "gradient used the modified value)"
+                : v.evidence == SilentEvidence::kCounterReset
+                    ? ": saved tensor overwritten, its version counter set back (PyTorch cannot "
+                      "detect this)"
+                    : ": saved tensor's memory overwritten without a version bump (PyTorch "
+                      "cannot detect this)";
+      break;
+    case ViolationKind::kDetached: heading = ": saved tensor detached in place"; break;
+    case ViolationKind::kFreed:
+      heading = ": saved tensor used after an earlier backward pass freed it";
+      break;
+    case ViolationKind::kUnpackHook:
+      heading = ": backward failed on a saved tensor returned by a saved_tensors_hooks unpack hook";
+      break;
+    default: break;
   }
   out_ << p_.Error("error") << p_.Bold(heading) << "\n";
 }
@@ -252,12 +280,23 @@ void TextReport::EmitCulprit(const Violation& v) {
   if (v.evidence == SilentEvidence::kFingerprint) EmitCandidates(v);
 }
 
-// No recorded op is known to have written the tensor. Found by the version counter:
+// No recorded op is known to have done it. Freed, or handed back by an unpack hook:
+//     --> <no earlier execution of the node was recorded>
+//     --> <the unpack hook is not an op: the trace does not show what it returned>
+// Found by the version counter:
 //     --> <the write was not recorded: the version counter moved between two recorded uses>
 // Found by fingerprints, then the candidates, or, when there are none, where the write came from:
 //     --> <no version counter saw the write: the saved bytes changed between the save and ...>
 //      = no recorded op or kernel touched those bytes in between: the write came from ...
 void TextReport::EmitUnrecordedWrite(const Violation& v) {
+  if (v.kind == ViolationKind::kFreed) {
+    Arrow() << "<no earlier execution of the node was recorded>\n";
+    return;
+  }
+  if (v.kind == ViolationKind::kUnpackHook) {
+    Arrow() << "<the unpack hook is not an op: the trace does not show what it returned>\n";
+    return;
+  }
   if (v.evidence != SilentEvidence::kFingerprint) {
     Arrow() << "<the write was not recorded: the version counter moved between two recorded "
                "uses>\n";
@@ -343,10 +382,24 @@ void TextReport::EmitNeededBy(const Violation& v) {
 
 //      = saved at version 0, used at version 1
 //      = saved at version 0, would be used at version 1
+// Only for violations about versions (version, silent).
 void TextReport::EmitVersions(const Violation& v) {
+  if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent) return;
   Fact() << "saved at version " << v.saved_version << ", "
          << (v.simulated ? "would be used" : "used") << " at version " << v.current_version
          << "\n";
+}
+
+// A counter set back, and the two recorded ops between which it went back:
+//      = its version counter went back from 1 to 0 between aten::mul_ at train.py:5 in <module>
+//        and aten::sum at train.py:6 in <module> (torch.autograd._unsafe_preserve_version_cou...
+void TextReport::EmitCounterReset(const Violation& v) {
+  if (!v.counter_reset) return;
+  const CounterReset& reset = *v.counter_reset;
+  Fact() << "its version counter went back from " << reset.from << " to " << reset.to
+         << " between " << OpName(reset.before) << " at " << Location(reset.before) << " and "
+         << OpName(reset.after) << " at " << Location(reset.after)
+         << " (torch.autograd._unsafe_preserve_version_counter, or _unsafe_set_version_counter)\n";
 }
 
 //      = tensor: float32[4, 8] on cpu (tensor #5), which PyTorch calls "output 0 of SigmoidBa...
@@ -392,6 +445,9 @@ void TextReport::EmitPytorch(const Violation& v) {
     }
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     out_ << "no error: it does not check this saved tensor, so gradients are silently wrong";
+  } else if (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kCounterReset) {
+    out_ << "no error: the counter was set back, so its check passed and gradients are silently "
+            "wrong";
   } else if (v.kind == ViolationKind::kSilent) {
     out_ << "no error: the write bypassed the version counter, so gradients are silently wrong";
   } else if (v.simulated) {
@@ -409,13 +465,35 @@ void TextReport::EmitLaterCulprits(const Violation& v) {
   }
 }
 
-// The fix, by kind of write:
+// The fix, by kind:
 //   help: make aten::mul_ out of place (aten::mul), or .clone() the tensor before modifying it
+//   help: use out-of-place .detach(), which returns a new tensor and leaves the saved one in ...
+//   help: pass retain_graph=True to the earlier backward() to run backward through this graph ...
 //   help: write through the tensor itself rather than .data (so autograd sees it), or .clone() ...
 //   help: find what writes into this memory between the two points (a raw kernel, numpy, an ...
 void TextReport::EmitHelp(const Violation& v) {
   out_ << p_.Help("help") << ": ";
+  switch (v.kind) {
+    case ViolationKind::kDetached:
+      out_ << "use out-of-place .detach(), which returns a new tensor and leaves the saved one in "
+              "its graph\n";
+      return;
+    case ViolationKind::kFreed:
+      out_ << "pass retain_graph=True to the earlier backward() to run backward through this "
+              "graph again, or run forward again to build a new graph\n";
+      return;
+    case ViolationKind::kUnpackHook:
+      out_ << "make the unpack hook return a tensor of the packed one's shape, dtype and device "
+              "(PyTorch checks none of them)\n";
+      return;
+    default: break;
+  }
   bool silent = v.kind == ViolationKind::kSilent;
+  if (silent && v.evidence == SilentEvidence::kCounterReset) {
+    out_ << "do not hide an in-place write to a saved tensor by setting its version back; "
+            ".clone() it before writing into it\n";
+    return;
+  }
   if (silent && v.evidence == SilentEvidence::kFingerprint) {
     out_ << "find what writes into this memory between the two points (a raw kernel, numpy, an "
             "extension on data_ptr); write into a .clone() instead\n";

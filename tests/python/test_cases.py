@@ -1,7 +1,14 @@
 """Tiny bug (and legal) scripts under `torchrr record -- python script.py`, replayed with
 torchrr.replay. Each script's first line states what the replay must find (`# EXPECT k=v ...`);
-its `# CULPRIT` and `# VICTIM` comments mark the lines. `tags=a,b` names the modes a case runs
-under (TAGS), so that each mode's cases can be found (`grep -l tags=.*checkpoint`)."""
+its `# CULPRIT` and `# VICTIM` comments mark the lines.
+
+Keys: `kind`, `node`, `victim_op`, `raised` (0/1) of the first violation; `op` (the culprit's op),
+or `culprit=none`; `saved`, `current` (versions); `evidence` (silent); `message` (a phrase of
+PyTorch's message, `_` for spaces; by default the one of the kind, MESSAGES); `verify_saved=1`;
+`exit` (the script's, 1 by default); `violations` (a count, nothing else checked) and `passes`
+(backward passes); `victim_prefix` (instead of `victim_op`, for an op name with spaces); `tags`
+(the modes a case runs under, from TAGS, so that each mode's cases can be found:
+`grep -l tags=.*checkpoint`)."""
 import sys
 from pathlib import Path
 
@@ -15,6 +22,13 @@ CASES = Path(__file__).parent / "cases"
 TAGS = {"hooks", "save_on_cpu", "checkpoint", "reentrant", "non_reentrant", "recomputation",
         "optimizer", "compile", "inductor", "aot_eager", "fullgraph", "graph_break", "autocast",
         "grad_scaler"}
+
+# A phrase of the message PyTorch raises for each kind (torch/csrc/autograd/saved_variable.cpp).
+MESSAGES = {
+    "version": PYTORCH_INPLACE,
+    "detached": "Trying to use a saved tensor that has been detached in-place",
+    "freed": "Trying to backward through the graph a second time",
+}
 
 
 def expectations(script):
@@ -37,12 +51,16 @@ def test_case(script, all_ops, tmp_path):
     proc = record(trace, [sys.executable, script], flags=flags)
     want_exit = int(expect.get("exit", "1"))
     assert proc.returncode == want_exit, proc.stderr[-2000:]
+    message = expect["message"].replace("_", " ") if "message" in expect else \
+        MESSAGES.get(expect.get("kind", "version"))
     if want_exit == 1:
-        assert PYTORCH_INPLACE in proc.stderr  # The script's traceback, passed through.
+        assert message in proc.stderr  # The script's traceback, passed through.
     report = torchrr.replay(trace)
     assert report.trace.get("status") == "ok", report.trace
     assert report.ops > 0
     assert trace_order_problems(trace) == []
+    if "passes" in expect:
+        assert report.backward_passes == int(expect["passes"])
 
     if "violations" in expect:
         assert len(report.violations) == int(expect["violations"]), report.violations
@@ -58,9 +76,11 @@ def test_case(script, all_ops, tmp_path):
         assert v.current_version > v.saved_version
     assert v.pytorch_raised == (expect["raised"] == "1")
     if v.pytorch_raised:
-        assert v.pytorch_message and PYTORCH_INPLACE in v.pytorch_message
+        assert v.pytorch_message and message in v.pytorch_message
     else:
         assert v.pytorch_message is None
+    if "evidence" in expect:
+        assert v.evidence == expect["evidence"]
 
     assert v.victim is not None
     if "victim_prefix" in expect:  # An op name with spaces ("Torch-Compiled Region: 0/0").
@@ -80,6 +100,9 @@ def test_case(script, all_ops, tmp_path):
         assert marker_line(script, "CANDIDATE") in lines, v.candidates
         return
 
+    if expect.get("culprit") == "none":
+        assert v.culprit is None
+        return
     assert v.culprit is not None
     if "op" in expect:
         assert v.culprit.op == expect["op"]

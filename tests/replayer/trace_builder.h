@@ -60,6 +60,7 @@ struct OpSpec {
   uint32_t thread = 1;
   bool grad_mode = true;
   bool threw = false;
+  int64_t start_ns = 0;                      // 0: it starts when it ends, on a fresh tick.
 };
 
 class TraceBuilder {
@@ -67,6 +68,8 @@ class TraceBuilder {
   std::vector<Record> records;
   // Give storages addresses (as --verify-saved traces have them): new storages get distinct ones.
   bool addresses = false;
+  // The thread Forward() and InplaceForward() run on, and their nodes' forward thread.
+  uint32_t forward_thread = 1;
 
   ObjectId NewId() { return ++next_id_; }
 
@@ -164,6 +167,7 @@ class TraceBuilder {
     op.scope = spec.scope;
     op.sequence_nr = spec.sequence_nr;
     op.start_ns = op.end_ns = ++clock_;
+    if (spec.start_ns != 0) op.start_ns = spec.start_ns;
     op.stack = spec.stack;
     op.threw = spec.threw;
     op.grad_mode = spec.grad_mode;
@@ -195,7 +199,7 @@ class TraceBuilder {
     f.out = Tensor(out_shape, true, f.node);
     int64_t seq = sequence_nr_++;
     f.op = Op({.name = op_name, .inputs = inputs, .outputs = {f.out}, .stack = stack,
-               .sequence_nr = seq});
+               .sequence_nr = seq, .thread = forward_thread});
     EmitNode(f.node, node_name, seq, f.op, EdgesTo(inputs), saved, f.out);
     return f;
   }
@@ -212,7 +216,7 @@ class TraceBuilder {
     auto edges = EdgesTo(inputs);
     int64_t seq = sequence_nr_++;
     f.op = Op({.name = op_name, .inputs = inputs, .outputs = {target}, .writes = {target},
-               .stack = stack, .sequence_nr = seq});
+               .stack = stack, .sequence_nr = seq, .thread = forward_thread});
     format::TensorInfo& t = Info(target);
     t.grad_fn = f.node;
     t.output_nr = 0;
@@ -272,6 +276,11 @@ class TraceBuilder {
     before_exec_[node].push_back(MakeFingerprint(node, name, format::FingerprintWhen::kAtUse, hash));
   }
   int64_t Now() { return ++clock_; }
+
+  // torch._C._autograd._unsafe_set_version_counter: not an op, so nothing is recorded.
+  void SetVersion(ObjectId tensor, uint32_t version) {
+    versions_[Info(tensor).version_counter] = version;
+  }
 
   void PythonError(const std::string& message) {
     format::ErrorRecord error;
@@ -361,7 +370,7 @@ class TraceBuilder {
     format::NodeRecord r;
     r.node = id;
     r.name = Str(name);
-    r.forward_thread = 1;
+    r.forward_thread = forward_thread;
     r.sequence_nr = seq;
     r.created_by = created_by;
     r.saved_kind = saved.empty() ? format::SavedSetKind::kNone : format::SavedSetKind::kExact;
@@ -379,6 +388,10 @@ class TraceBuilder {
       st.has_hooks = s.has_hooks;
       st.is_leaf = info.is_leaf && !st.is_output;
       st.output_nr = st.is_output ? 0 : info.output_nr;
+      if (st.has_hooks) {
+        // What a pack hook keeps is not a tensor the recorder can name.
+        st.tensor = st.storage = st.version_counter = 0;
+      }
       r.saved.push_back(st);
     }
     records.push_back(r);

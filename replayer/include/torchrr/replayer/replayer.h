@@ -8,9 +8,11 @@
 // re-runs autograd's version check (SavedVariable::unpack) for every node execution, at the point
 // in the trace where the node started; a saved tensor whose counter moved since the save is a
 // violation, and the ops that moved it are the culprits. It also finds writes into a saved
-// tensor's bytes through a tensor that shares the storage but not the counter (`.data`), which
-// PyTorch never reports, and, when a backward pass threw part way, the violations the rest of that
-// pass would have hit.
+// tensor's bytes through a tensor that shares the storage but not the counter (`.data`) or whose
+// counter was set back afterwards, which PyTorch never reports; saved tensors detached in place,
+// used again after a backward pass freed them, or handed back by an unpack hook that backward
+// then failed on; and, when a backward pass threw part way, the violations the rest of that pass
+// would have hit.
 //
 // Torch-free: it reads records (torchrr/format/records.h) and nothing else. The meaning of every
 // field it relies on is in records.h; what it reports, field by field, is in replayer/SCHEMA.md.
@@ -60,10 +62,16 @@ struct OpRef {
 };
 
 enum class ViolationKind : uint8_t {
-  kVersion = 0,  // The saved tensor's version counter moved: PyTorch raises (or would have).
-  kSilent = 1,   // Its bytes changed and its counter did not: PyTorch is silent.
+  kVersion = 0,     // The saved tensor's version counter moved: PyTorch raises (or would have).
+  kSilent = 1,      // Its bytes changed and its counter does not show it: PyTorch is silent.
+  kDetached = 2,    // detach_() cut a saved input from its graph: PyTorch raises at unpack.
+  kFreed = 3,       // An earlier backward pass ran the node and freed what it saved: PyTorch
+                    // raises "backward through the graph a second time".
+  kUnpackHook = 4,  // The node threw on a saved tensor that a saved_tensors_hooks unpack hook
+                    // returned: PyTorch checks nothing of what the hook returns.
 };
-const char* ViolationKindName(ViolationKind kind);  // "version", "silent"
+// "version", "silent", "detached", "freed", "unpack_hook"
+const char* ViolationKindName(ViolationKind kind);
 
 // How a silent write was found.
 enum class SilentEvidence : uint8_t {
@@ -71,11 +79,23 @@ enum class SilentEvidence : uint8_t {
   kAliasedWrite = 1,  // A recorded op wrote its bytes through a tensor with another counter.
   kFingerprint = 2,   // --verify-saved: its bytes' fingerprint changed between save and use, and
                       // no recorded write explains it (numpy, a raw kernel, an extension).
-  kUncheckedSave = 3, // Its counter moved, but backward used it without PyTorch's version check
-                      // (a saved-tensor hook packed the tensor itself; AOTAutograd saved it).
+  kCounterReset = 3,  // A recorded op wrote it and its version counter was later set back
+                      // (torch.autograd._unsafe_preserve_version_counter), so the check passes.
+  kUncheckedSave = 4, // Its counter moved, but backward used it without PyTorch's version check
+                      // (a saved-tensor hook packed the tensor itself; checkpointing recomputed
+                      // it; AOTAutograd saved it).
 };
-// "", "aliased_write", "fingerprint", "unchecked_save"
+// "", "aliased_write", "fingerprint", "counter_reset", "unchecked_save"
 const char* SilentEvidenceName(SilentEvidence evidence);
+
+// For evidence kCounterReset: the counter went backwards between two recorded ops, the second
+// started after the first ended. Nothing records the reset itself (it is not an op).
+struct CounterReset {
+  uint32_t from = 0;     // The version `before` showed at its end.
+  uint32_t to = 0;       // The lower version `after` showed at its start.
+  OpRef before;          // The last recorded op to show `from`.
+  OpRef after;           // The first recorded op to show `to`.
+};
 
 // The saved tensor's bytes' fingerprints (kernels/fingerprint.h), when --verify-saved was on and
 // they differ.
@@ -124,8 +144,11 @@ struct NodeRef {
 
 struct Violation {
   ViolationKind kind = ViolationKind::kVersion;
-  // The first op that wrote the tensor after the save; absent when the write was not recorded
-  // (the counter jumped between two recorded uses).
+  // By kind: kVersion, kSilent: the first op that wrote the tensor after the save, absent when
+  // the write was not recorded (the counter jumped between two recorded uses). kDetached: the
+  // detach_() op. kFreed: the node's execution in the earlier pass that freed it (id and name of
+  // its backward op), with the stack of the backward() or autograd.grad() call that ran that
+  // pass when the trace shows it (else no stack). kUnpackHook: absent (hooks are not ops).
   std::optional<OpRef> culprit;
   std::vector<OpRef> later_culprits;    // Later writes before the use, in trace order.
   std::optional<OpRef> victim;          // The forward op that created the node (saved the tensor).
@@ -156,10 +179,11 @@ struct Violation {
   // between the save and the use.
   std::vector<SilentCandidate> candidates;
   std::vector<KernelRef> kernels;
+  std::optional<CounterReset> counter_reset;  // kCounterReset: the evidence.
+  std::optional<uint64_t> freed_by_pass;      // kFreed: the earlier pass, when recorded.
 };
 
-// A backward function that raised an error no finding explains (a graph run a second time without
-// retain_graph, a saved tensor detached in place, anything else): PyTorch's message and the node.
+// A backward function that raised an error no violation explains: PyTorch's message and the node.
 struct UnexplainedError {
   OpRef backward_op;                    // The backward function's op; its name is the node's.
   std::string message;                  // PyTorch's, when recorded; empty otherwise.

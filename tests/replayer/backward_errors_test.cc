@@ -1,0 +1,369 @@
+// The errors backward raises for reasons other than a version bump (a saved input detached in
+// place, a graph run a second time, an unpack hook's tensor), a version counter set back, and
+// the pass rule with several threads calling backward at once; on record sequences shaped like
+// the recorder's (trace_builder.h).
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "torchrr/replayer/replayer.h"
+#include "trace_builder.h"
+
+namespace torchrr::replayer {
+namespace {
+
+using format::ObjectId;
+using testing::Forwarded;
+using testing::kOutput;
+using testing::TraceBuilder;
+
+constexpr char kDetachedMessage[] =
+    "Trying to use a saved tensor that has been detached in-place, i.e. with .detach_().This is "
+    "not supported, please use out-of-place `.detach()` instead";
+constexpr char kFreedMessage[] =
+    "Trying to backward through the graph a second time (or directly access saved tensors after "
+    "they have already been freed).";
+constexpr char kSizeMessage[] =
+    "The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimension 0";
+
+uint32_t Line(const std::optional<OpRef>& op) {
+  return op && op->user_frame ? op->user_frame->line : 0;
+}
+
+// a = x * 2; b = a.sin(); a.detach_(); b.sum().backward()
+struct DetachProgram {
+  TraceBuilder b;
+  Forwarded a, sin, loss;
+  ObjectId detach = 0;
+
+  // `before_save`: a.detach_() runs before sin() saves a (it then saves a leaf: legal).
+  explicit DetachProgram(bool before_save = false) {
+    auto x = b.Leaf({8});
+    a = b.Forward("aten::mul", "MulBackward0", {x}, {}, b.At(10));
+    if (before_save) detach = DetachIt();
+    sin = b.Forward("aten::sin", "SinBackward0", {a.out}, {{"self", a.out}}, b.At(11));
+    if (!before_save) detach = DetachIt();
+    loss = b.Forward("aten::sum", "SumBackward0", {sin.out}, {}, b.At(13), {});
+  }
+
+  ObjectId DetachIt() {
+    ObjectId op = b.Op({.name = "aten::detach_", .inputs = {a.out}, .outputs = {a.out},
+                        .stack = b.At(12)});
+    format::TensorInfo& t = b.Info(a.out);
+    t.grad_fn = 0;
+    t.is_leaf = true;
+    t.requires_grad = false;
+    b.records.push_back(t);
+    return op;
+  }
+};
+
+TEST(DetachedTest, DetachInPlaceOfASavedInputIsTheCulprit) {
+  DetachProgram p;
+  p.b.Backward({p.loss.node, p.sin.node}, p.sin.node);
+  p.b.PythonError(kDetachedMessage);
+  Report report = Analyze(p.b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kDetached);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_EQ(v.culprit->id, p.detach);
+  EXPECT_EQ(v.culprit->name, "aten::detach_");
+  EXPECT_EQ(Line(v.culprit), 12u);
+  EXPECT_EQ(Line(v.victim), 11u);
+  EXPECT_EQ(v.backward_node.name, "SinBackward0");
+  EXPECT_TRUE(v.pytorch_raised);
+  EXPECT_EQ(v.pytorch_message, kDetachedMessage);
+  EXPECT_TRUE(report.unexplained_errors.empty());
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("error: saved tensor detached in place"), std::string::npos) << text;
+  EXPECT_NE(text.find("aten::detach_ detached it from its graph in place"), std::string::npos);
+  EXPECT_EQ(ToJson(report)["violations"][0]["kind"], "detached");
+}
+
+TEST(DetachedTest, DetachBeforeTheSaveIsFine) {
+  DetachProgram p(/*before_save=*/true);
+  p.b.Backward({p.loss.node, p.sin.node});
+  Report report = Analyze(p.b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+}
+
+// e = x.exp(); f = e * 3; e.detach_(): exp saved its output, which autograd unpacks with its
+// own node: no error.
+TEST(DetachedTest, DetachInPlaceOfASavedOutputIsFine) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto e = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  auto f = b.Forward("aten::mul", "MulBackward1", {e.out}, {}, b.At(11));
+  b.Op({.name = "aten::detach_", .inputs = {e.out}, .outputs = {e.out}, .stack = b.At(12)});
+  b.Backward({f.node, e.node});
+  EXPECT_TRUE(Analyze(b.records).violations.empty());
+}
+
+// y = x.sigmoid(); loss = y.sum(); loss.backward(); loss.backward()
+struct TwiceProgram {
+  TraceBuilder b;
+  Forwarded y, loss;
+
+  TwiceProgram() {
+    auto x = b.Leaf({8});
+    y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(10));
+    loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(11), {});
+  }
+
+  // The ones_like that Tensor.backward() runs for an implicit gradient, called from `line`.
+  void BackwardCall(uint32_t line) {
+    auto stack = b.Stack({{"torch/autograd/__init__.py", 231, "_make_grads", true},
+                          {"torch/autograd/__init__.py", 374, "backward", true},
+                          {"torch/_tensor.py", 631, "Tensor.backward", true},
+                          {"train.py", line, "<module>", false}});
+    b.Op({.name = "aten::ones_like", .inputs = {loss.out}, .outputs = {b.Tensor({})},
+          .stack = stack});
+  }
+};
+
+TEST(FreedTest, TheEarlierBackwardCallIsTheCulprit) {
+  TwiceProgram p;
+  p.BackwardCall(12);
+  p.b.Backward({p.loss.node, p.y.node});
+  p.BackwardCall(13);
+  p.b.Backward({p.loss.node, p.y.node}, p.y.node);
+  p.b.PythonError(kFreedMessage);
+  Report report = Analyze(p.b.records);
+  EXPECT_EQ(report.backward_passes, 2u);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kFreed);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_EQ(v.culprit->name, "SigmoidBackward0");
+  EXPECT_EQ(Line(v.culprit), 12u);
+  EXPECT_EQ(v.freed_by_pass, 0u);
+  EXPECT_EQ(v.backward_pass, 1u);
+  EXPECT_EQ(Line(v.victim), 10u);
+  EXPECT_EQ(v.backward_node.name, "SigmoidBackward0");
+  EXPECT_TRUE(v.pytorch_raised);
+  EXPECT_EQ(v.pytorch_message, kFreedMessage);
+  EXPECT_TRUE(report.unexplained_errors.empty());
+  nlohmann::json j = ToJson(report)["violations"][0];
+  EXPECT_EQ(j["kind"], "freed");
+  EXPECT_EQ(j["freed_by_pass"], 0);
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("backward pass #0 ran SigmoidBackward0 and freed what it saved"),
+            std::string::npos)
+      << text;
+}
+
+// An explicit gradient made before the first backward() gives no op inside that call: the
+// culprit is the earlier execution, with no line.
+TEST(FreedTest, WithoutTheBackwardCallTheCulpritHasNoLine) {
+  TwiceProgram p;
+  p.b.Backward({p.loss.node, p.y.node});
+  p.b.Backward({p.loss.node, p.y.node}, p.y.node, kFreedMessage);
+  Report report = Analyze(p.b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kFreed);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_FALSE(v.culprit->user_frame);
+  EXPECT_TRUE(v.pytorch_raised);
+}
+
+// Another message from a node that ran before is not the freed error.
+TEST(FreedTest, AnotherErrorIsNotCalledFreed) {
+  TwiceProgram p;
+  p.b.Backward({p.loss.node, p.y.node});
+  p.b.Backward({p.loss.node, p.y.node}, p.y.node, "something else went wrong");
+  Report report = Analyze(p.b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  ASSERT_EQ(report.unexplained_errors.size(), 1u);
+  EXPECT_EQ(report.unexplained_errors[0].message, "something else went wrong");
+}
+
+TEST(FreedTest, RetainedGraphRunTwiceIsFine) {
+  TwiceProgram p;
+  p.BackwardCall(12);
+  p.b.Backward({p.loss.node, p.y.node});
+  p.BackwardCall(13);
+  p.b.Backward({p.loss.node, p.y.node});
+  Report report = Analyze(p.b.records);
+  EXPECT_EQ(report.backward_passes, 2u);
+  EXPECT_TRUE(report.violations.empty());
+  EXPECT_TRUE(report.unexplained_errors.empty());
+}
+
+TEST(UnpackHookTest, BackwardThatFailsOnAHookedSavedTensorNamesTheSave) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x},
+                     {{"result", kOutput, /*has_hooks=*/true}}, b.At(10));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(11), {});
+  b.Backward({loss.node, y.node}, y.node);
+  b.PythonError(kSizeMessage);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kUnpackHook);
+  EXPECT_FALSE(v.culprit);
+  EXPECT_EQ(Line(v.victim), 10u);
+  EXPECT_EQ(v.tensor.saved_name, "result");
+  EXPECT_EQ(v.tensor.id, 0u);  // The hook's, not known; what it packed was the output:
+  EXPECT_EQ(v.tensor.shape, std::vector<int64_t>{8});
+  EXPECT_EQ(v.tensor.dtype, "float32");
+  EXPECT_TRUE(v.pytorch_raised);
+  EXPECT_EQ(v.pytorch_message, kSizeMessage);
+  EXPECT_EQ(ToJson(report)["violations"][0]["kind"], "unpack_hook");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("error: backward failed on a saved tensor returned by a saved_tensors_hooks "
+                      "unpack hook"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<the unpack hook is not an op: the trace does not show what it returned>"),
+            std::string::npos);
+  EXPECT_NE(text.find("tensor: float32[8] on cpu"), std::string::npos);
+}
+
+// Non-reentrant checkpointing saves through hooks too: its recomputation errors are its own.
+TEST(UnpackHookTest, CheckpointingsOwnErrorsStayUnexplained) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x},
+                     {{"result", kOutput, /*has_hooks=*/true}}, b.At(10));
+  b.Backward({y.node}, y.node);
+  b.PythonError(
+      "torch.utils.checkpoint: Recomputed values for the following tensors have different "
+      "metadata than during the forward pass.");
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  EXPECT_EQ(report.unexplained_errors.size(), 1u);
+}
+
+// A node with no hooked saved tensor that throws for a reason of its own stays unexplained.
+TEST(UnpackHookTest, WithoutHooksTheErrorStaysUnexplained) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  b.Backward({y.node}, y.node);
+  b.PythonError(kSizeMessage);
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty());
+  EXPECT_EQ(report.unexplained_errors.size(), 1u);
+}
+
+// y = x.sigmoid(); with _unsafe_preserve_version_counter(y): y.mul_(2); y.sum().backward()
+TEST(CounterResetTest, AWriteHiddenByAResetIsSilent) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  auto mul = b.Inplace("aten::mul_", y.out, {}, b.At(12), false);
+  b.SetVersion(y.out, 0);
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+  b.Backward({loss.node, y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kSilent);
+  EXPECT_EQ(v.evidence, SilentEvidence::kCounterReset);
+  EXPECT_EQ(v.saved_version, 0u);
+  EXPECT_EQ(v.current_version, 0u);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_EQ(v.culprit->id, mul);
+  EXPECT_FALSE(v.pytorch_raised);
+  ASSERT_TRUE(v.counter_reset);
+  EXPECT_EQ(v.counter_reset->from, 1u);
+  EXPECT_EQ(v.counter_reset->to, 0u);
+  EXPECT_EQ(v.counter_reset->before.id, mul);
+  EXPECT_EQ(v.counter_reset->after.id, loss.op);
+  nlohmann::json j = ToJson(report)["violations"][0];
+  EXPECT_EQ(j["evidence"], "counter_reset");
+  EXPECT_EQ(j["counter_reset"]["from"], 1);
+  EXPECT_EQ(j["counter_reset"]["after"]["op"], "aten::sum");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("aten::mul_ wrote into it, and its version counter was then set back to 0"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("its version counter went back from 1 to 0 between aten::mul_ at "
+                      "train.py:12 in forward and aten::sum at train.py:13 in forward"),
+            std::string::npos);
+  EXPECT_NE(text.find("saved at version 0, used at version 0"), std::string::npos);
+}
+
+// A reset that a later write undoes again leaves the counter past the saved version: PyTorch
+// raises, with the versions the program saw.
+TEST(CounterResetTest, AWriteAfterTheResetStillRaises) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  b.Inplace("aten::mul_", y.out, {}, b.At(12), false);
+  b.Inplace("aten::mul_", y.out, {}, b.At(13), false);
+  b.SetVersion(y.out, 1);
+  auto add = b.Inplace("aten::add_", y.out, {}, b.At(14), false);
+  b.Backward({y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kVersion);
+  EXPECT_EQ(v.current_version, 2u);
+  ASSERT_EQ(v.later_culprits.size(), 2u);
+  EXPECT_EQ(v.later_culprits[1].id, add);
+}
+
+// An op on another thread that started before the write ended saw the older version: a race
+// between threads, not a reset.
+TEST(CounterResetTest, AnOpThatStartedBeforeTheWriteEndedIsNoReset) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  int64_t before_write = b.Now();
+  b.Inplace("aten::mul_", y.out, {}, b.At(12), false);
+  b.Op({.name = "aten::clone", .inputs = {y.out}, .outputs = {b.Tensor({8})},
+        .started_at = {{y.out, 0}}, .stack = b.At(20), .thread = 2, .start_ns = before_write});
+  b.Backward({y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  EXPECT_EQ(report.violations[0].kind, ViolationKind::kVersion);
+  EXPECT_EQ(report.violations[0].current_version, 1u);
+}
+
+// Two threads, each running backward over a graph of its own while the other does forward work:
+// one pass each, however their records interleave.
+TEST(PassRuleTest, ConcurrentPassesOnTwoThreadsStayApart) {
+  TraceBuilder b;
+  auto x1 = b.Leaf({8});
+  auto x2 = b.Leaf({8});
+  auto y1 = b.Forward("aten::sigmoid", "SigmoidBackward0", {x1}, {{"result", kOutput}}, b.At(10));
+  auto l1 = b.Forward("aten::sum", "SumBackward0", {y1.out}, {}, b.At(11), {});
+  b.forward_thread = 2;
+  auto y2 = b.Forward("aten::sigmoid", "SigmoidBackward0", {x2}, {{"result", kOutput}}, b.At(10));
+  auto l2 = b.Forward("aten::sum", "SumBackward0", {y2.out}, {}, b.At(11), {});
+  auto forward_on = [&b](uint32_t thread) {
+    b.Op({.name = "aten::randn", .outputs = {b.Tensor({8})}, .stack = b.At(9), .thread = thread});
+  };
+  b.Backward({l1.node}, 0, "", 1);
+  forward_on(2);
+  b.Backward({y1.node}, 0, "", 1);
+  b.Backward({l2.node}, 0, "", 2);
+  b.Backward({b.AccumulateGradOf(x1)}, 0, "", 1);
+  forward_on(1);
+  b.Backward({y2.node, b.AccumulateGradOf(x2)}, 0, "", 2);
+  Report report = Analyze(b.records);
+  EXPECT_EQ(report.backward_passes, 2u);
+  EXPECT_EQ(report.node_executions, 6u);
+  EXPECT_TRUE(report.violations.empty());
+}
+
+// Nodes run on a device's worker thread (3) while the thread that built the graph (1) does the
+// forward work between steps: one pass per step.
+TEST(PassRuleTest, ForwardWorkOfTheThreadThatBuiltTheGraphEndsItsPass) {
+  TraceBuilder b;
+  for (int step = 0; step < 3; ++step) {
+    auto x = b.Leaf({8});
+    auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(10));
+    b.Backward({y.node, b.AccumulateGradOf(x)}, 0, "", 3);
+  }
+  EXPECT_EQ(Analyze(b.records).backward_passes, 3u);
+}
+
+}  // namespace
+}  // namespace torchrr::replayer
