@@ -39,17 +39,22 @@ ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creat
 }
 
 void GraphCapture::RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
-                                   const SavedHooks& hooks, EncodedRecords& defs,
-                                   NodeScratch& nodes) {
+                                   uint64_t running_since, const SavedHooks& hooks,
+                                   EncodedRecords& defs, NodeScratch& nodes) {
   hooks_ = &hooks;
   struct Reset {
     ~Reset() { *hooks = nullptr; }
     const SavedHooks** hooks;
   } reset{&hooks_};
+  auto enclosing_ops = [&](const torch::autograd::Node* node) {
+    const uint64_t n = node->sequence_nr();
+    return node->thread_id() == creator.thread && n != UINT64_MAX && n >= running_since &&
+           (n < creator.sequence_at_start || n >= creator.sequence_at_end);
+  };
   for (const OpOutput& output : outputs) {
     const at::Tensor& t = *output.tensor;
     torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
-    if (grad_fn != nullptr) RefNode(grad_fn, &creator, defs, nodes);
+    if (grad_fn != nullptr && !enclosing_ops(grad_fn)) RefNode(grad_fn, &creator, defs, nodes);
     if (!t.is_view()) continue;
     auto* view_meta = torch::autograd::impl::get_view_autograd_meta(t);
     if (view_meta != nullptr && view_meta->has_bw_view()) {

@@ -42,9 +42,12 @@ class GraphCapture {
   // The nodes the op of `creator` created, through its outputs: their grad_fn, and for an
   // in-place op on a view the CopySlices autograd put on the view's base (whose TensorInfo goes
   // to `defs` too).
-  // `hooks`: what the saved-tensor hooks of their saved tensors packed (ReadSavedHooks).
+  // `hooks`: what the saved-tensor hooks of their saved tensors packed (ReadSavedHooks). A node
+  // that an op still running around `creator` created (numbered from `running_since` on, outside
+  // creator's own numbers) is left to that op's end: it may still be under construction.
   void RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
-                       const SavedHooks& hooks, EncodedRecords& defs, NodeScratch& nodes);
+                       uint64_t running_since, const SavedHooks& hooks, EncodedRecords& defs,
+                       NodeScratch& nodes);
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is
   // not running it; `name` receives the node's name and `address` its address.

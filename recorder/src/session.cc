@@ -488,6 +488,7 @@ bool Session::BeginOp(const at::RecordFunction& fn, ThreadState& ts, OpFrame& fr
   op.start_ns = NowNs();
   frame.uncaught_at_start = std::uncaught_exceptions();
   frame.sequence_at_start = at::sequence_number::peek();
+  if (ts.op_stack.empty()) ts.outermost_sequence_at_start = frame.sequence_at_start;
   frame.thread = at::RecordFunction::currentThreadId();
   op.thread = static_cast<uint32_t>(fn.threadId());
   op.scope = ScopeOf(fn.scope());
@@ -634,7 +635,8 @@ void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   format::OpRecord& op = frame.op;
   EncodedRecords& after = ts.after;  // Also the definitions the nodes name.
   // The nodes this op created, first, so the outputs' TensorInfo can name them.
-  graph_->RefCreatedNodes(ts.outputs, frame, ts.saved_hooks, after, ts.nodes);
+  graph_->RefCreatedNodes(ts.outputs, frame, ts.outermost_sequence_at_start, ts.saved_hooks,
+                          after, ts.nodes);
   RecordOutputs(ts.outputs, frame, ids_, after);
   NameSavedOutputs(ts.nodes, ts.outputs, op.outputs);
   // Order: the fingerprints taken at the start (before), the definitions and the outputs'

@@ -115,6 +115,10 @@ struct ThreadState {
   std::vector<format::ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
   std::vector<format::OpScope> op_scopes;  // Their scopes, parallel to op_stack.
   int backward_depth = 0;                  // Backward functions running on this thread.
+  // The sequence number when the outermost op running on this thread started: a node numbered
+  // from there on is an enclosing op's, maybe still being built (a saved-tensor pack hook runs
+  // ops from inside the node's construction).
+  uint64_t outermost_sequence_at_start = 0;
   // record_function() ranges and engine wrappers among op_stack: the ops directly inside them
   // are the user's (OnStart's `outermost`).
   size_t transparent_scopes = 0;

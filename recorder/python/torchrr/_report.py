@@ -124,18 +124,22 @@ class Candidate:
 
 @dataclass
 class Violation:
-    """A saved tensor found modified. kind: ``"version"`` (its version counter moved: PyTorch
-    raises) or ``"silent"`` (its bytes changed but not its counter: PyTorch raises nothing).
-    culprit: the op that wrote it; victim: the forward op that saved it; backward_node: the node
-    that needed it. For ``silent``, evidence says how it was found: ``"aliased_write"`` (a recorded
-    write through ``.data`` or another alias: the culprit) or ``"fingerprint"`` (``--verify-saved``:
-    its bytes' fingerprints differ and nothing wrote through the saved tensor; candidates and
-    kernels list what touched them in between, and the first candidate that wrote them through
-    another tensor over the same memory, if any, is the culprit) or ``"unchecked_save"`` (its
-    counter moved where PyTorch does not check: a saved-tensor hook kept the tensor itself, or
-    activation checkpointing recomputed it: then ``recomputed``). fingerprint: ``{"at_save":
-    "0x..", "at_use": "0x.."}`` when they changed. recomputing: for a checkpoint's input, the node
-    whose saved tensors backward was recomputing from it."""
+    """A saved tensor that broke backward. kind: ``"version"`` (its version counter moved:
+    PyTorch raises), ``"silent"`` (it changed where PyTorch does not see it: PyTorch raises
+    nothing), ``"detached"`` (``detach_()`` after the save), ``"freed"`` (an earlier backward pass
+    freed it: no ``retain_graph``) or ``"unpack_hook"`` (backward failed on what a
+    saved_tensors_hooks unpack hook returned); replayer/SCHEMA.md has every field. culprit: the op
+    that wrote it; victim: the forward op that saved it; backward_node: the node that needed it.
+    For ``silent``, evidence says how it was found: ``"aliased_write"`` (a recorded write through
+    ``.data`` or another alias: the culprit), ``"fingerprint"`` (``--verify-saved``: its bytes'
+    fingerprints differ and nothing wrote through the saved tensor; candidates and kernels list
+    what touched them in between, and the first candidate that wrote them through another tensor
+    over the same memory, if any, is the culprit), ``"counter_reset"`` (its counter was set back
+    after the write) or ``"unchecked_save"`` (its counter moved where PyTorch does not check: a
+    saved-tensor hook kept the tensor itself, or activation checkpointing recomputed it: then
+    ``recomputed``). fingerprint: ``{"at_save": "0x..", "at_use": "0x.."}`` when they changed.
+    recomputing: for a checkpoint's input, the node whose saved tensors backward was recomputing
+    from it. The fields of the newer kinds (``freed_by_pass``, ``counter_reset``) are in ``raw``."""
     kind: str
     culprit: Optional[Op]
     later_culprits: list
