@@ -265,7 +265,12 @@ void BackwardReplay::AddThrowFindings(uint32_t node_slot, ObjectId exec_op, uint
     const format::SavedTensor& saved = state_.saved[node.saved_begin + i].saved;
     if (!saved.defined) continue;
     if (first_defined == UINT32_MAX) first_defined = node.saved_begin + i;
-    if (saved.has_hooks && first_hooked == UINT32_MAX) first_hooked = node.saved_begin + i;
+    // A checkpoint's placeholder is not what backward failed on: the recomputation's errors
+    // (selective checkpointing's "cached ... mutated" among them) are checkpointing's own.
+    if (saved.has_hooks && saved.hook != format::SavedHook::kCheckpoint &&
+        first_hooked == UINT32_MAX) {
+      first_hooked = node.saved_begin + i;
+    }
   }
   if (first_defined == UINT32_MAX) return;  // Saved nothing: nothing to free or unpack.
   Finding base;

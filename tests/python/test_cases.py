@@ -20,8 +20,8 @@ from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, r
 
 CASES = Path(__file__).parent / "cases"
 TAGS = {"hooks", "save_on_cpu", "checkpoint", "reentrant", "non_reentrant", "recomputation",
-        "optimizer", "compile", "inductor", "aot_eager", "fullgraph", "graph_break", "autocast",
-        "grad_scaler"}
+        "optimizer", "selective", "compile", "inductor", "aot_eager", "fullgraph", "graph_break",
+        "autocast", "grad_scaler"}
 
 # A phrase of the message PyTorch raises for each kind (torch/csrc/autograd/saved_variable.cpp).
 MESSAGES = {
@@ -64,6 +64,11 @@ def test_case(script, all_ops, tmp_path):
 
     if "violations" in expect:
         assert len(report.violations) == int(expect["violations"]), report.violations
+        # A backward that raised and no violation: PyTorch's error, reported as unexplained.
+        unexplained = report.raw.get("unexplained_errors", [])
+        assert len(unexplained) == (1 if want_exit == 1 else 0), unexplained
+        if unexplained:
+            assert message in (unexplained[0].get("message") or "")
         return
     assert report.violations, "no violation found"
     v = report.violations[0]
