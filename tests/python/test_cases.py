@@ -21,7 +21,7 @@ from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, r
 CASES = Path(__file__).parent / "cases"
 TAGS = {"hooks", "save_on_cpu", "checkpoint", "reentrant", "non_reentrant", "recomputation",
         "optimizer", "selective", "compile", "inductor", "aot_eager", "fullgraph", "graph_break",
-        "autocast", "grad_scaler"}
+        "autocast", "grad_scaler", "subclass", "dtensor"}
 
 # A phrase of the message PyTorch raises for each kind (torch/csrc/autograd/saved_variable.cpp).
 MESSAGES = {
