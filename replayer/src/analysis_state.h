@@ -190,6 +190,9 @@ struct Finding {
   // parameter the recomputation saved: its version in forward).
   bool has_baseline = false;
   uint32_t baseline = 0;
+  // The victim, when it is not the op that created the node (kCachedMutated: the op whose output
+  // selective checkpointing cached).
+  format::ObjectId victim_op = 0;
   uint64_t pass = 0;
   format::ObjectId exec_op = 0;
   bool exec_threw = false;
@@ -238,6 +241,16 @@ struct AnalysisState {
   std::vector<std::pair<format::ObjectId, std::string>> other_op_errors;
   std::string other_final_error;
   std::unordered_set<format::ObjectId> threw_execs;  // Backward ops whose node threw.
+  // Selective activation checkpointing: the op outputs its caching mode kept (a detached alias),
+  // in record order, and the ops that threw (id, seq), in record order; both bounded.
+  struct CachedOutput {
+    format::ObjectId op = 0;      // The op whose output was cached.
+    format::ObjectId tensor = 0;  // That output.
+    uint32_t version = 0;         // Its version when cached.
+    uint64_t seq = 0;
+  };
+  std::vector<CachedOutput> cached_outputs;
+  std::vector<std::pair<format::ObjectId, uint64_t>> threw_ops;
   // Activation checkpointing: how many nodes of a name each checkpoint made (BackwardReplay).
   std::unordered_map<uint64_t, uint32_t> checkpoint_ranks;
   // detach_() calls, by the tensor detached: (seq, op), in record order.

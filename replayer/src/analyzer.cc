@@ -87,6 +87,8 @@ class Analyzer::Impl {
   const TensorState* RecentOutputOf(ObjectId node, uint32_t output_nr) const;
   void AddLooseKernel(const LooseKernel& kernel);
   void NoteDetach(const format::OpRecord& r);
+  void NoteCachedOutput(const format::OpRecord& r);
+  void NoteThrew(const format::OpRecord& r);
 
   AnalysisState state_;
   SilentWriteWatch silent_{state_};
@@ -102,6 +104,7 @@ class Analyzer::Impl {
   // The interned names of detach_: the ATen op, and the range PyTorch opens inside it.
   InternId detach_op_name_ = 0;
   InternId detach_inner_name_ = 0;
+  InternId detach_name_ = 0;  // aten::detach: what selective checkpointing caches is detached.
 
   // The tensors of the latest TensorInfo records: a node's outputs come just before the node.
   static constexpr size_t kRecentTensors = 16;
@@ -109,6 +112,8 @@ class Analyzer::Impl {
   uint64_t recent_tensors_next_ = 0;
 
   static constexpr size_t kRecentSequencedOps = 4096;
+  // Bounds the cached outputs and ops that threw kept (the latest are the ones needed).
+  static constexpr size_t kMaxNoted = 1 << 16;
   std::array<SequencedOp, kRecentSequencedOps> recent_sequenced_ops_{};
   uint64_t recent_next_ = 0;
 };
@@ -129,6 +134,7 @@ Report Analyzer::Impl::Finish() {
 void Analyzer::Impl::On(const format::StringDef& r) {
   if (r.text == "aten::detach_") detach_op_name_ = r.id;
   if (r.text == "detach_") detach_inner_name_ = r.id;
+  if (r.text == "aten::detach") detach_name_ = r.id;
   Put(state_.strings, r.id, r.text);
 }
 
@@ -178,6 +184,8 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   uint64_t subtree_first = CloseOpSubtree(r);
   TrackVersions(r);
   if (r.name != 0 && (r.name == detach_op_name_ || r.name == detach_inner_name_)) NoteDetach(r);
+  if (r.name != 0 && r.name == detach_name_ && r.parent != 0) NoteCachedOutput(r);
+  if (r.threw && r.scope == OpScope::kFunction) NoteThrew(r);
   silent_.OnOp(r);
   if (r.scope == OpScope::kBackwardFunction) {
     backward_.OnBackwardOp(r, subtree_first);
@@ -422,6 +430,22 @@ void Analyzer::Impl::On(const format::CudaMemcpyRecord& r) {
 void Analyzer::Impl::NoteDetach(const format::OpRecord& r) {
   if (r.inputs.empty()) return;
   state_.detaches[r.inputs.front().tensor].emplace_back(state_.seq, r.op);
+}
+
+// Selective activation checkpointing's caching mode keeps a detached alias of the outputs of the
+// ops its policy saves: an aten::detach nested in the op, on its output.
+void Analyzer::Impl::NoteCachedOutput(const format::OpRecord& r) {
+  if (r.inputs.empty()) return;
+  auto& cached = state_.cached_outputs;
+  if (cached.size() >= kMaxNoted) cached.erase(cached.begin(), cached.begin() + kMaxNoted / 2);
+  cached.push_back({r.parent, r.inputs.front().tensor, r.inputs.front().version_before,
+                    state_.seq});
+}
+
+void Analyzer::Impl::NoteThrew(const format::OpRecord& r) {
+  auto& threw = state_.threw_ops;
+  if (threw.size() >= kMaxNoted) threw.erase(threw.begin(), threw.begin() + kMaxNoted / 2);
+  threw.emplace_back(r.op, state_.seq);
 }
 
 void Analyzer::Impl::AddLooseKernel(const LooseKernel& kernel) {

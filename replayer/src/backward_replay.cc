@@ -259,6 +259,7 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
 //     hook returned (PyTorch checks neither its shape, nor its dtype, nor its version).
 void BackwardReplay::AddThrowFindings(uint32_t node_slot, ObjectId exec_op, uint64_t pass,
                                       uint64_t earlier_pass, ObjectId earlier_exec_op) {
+  AddCachedMutated(node_slot, exec_op, pass);
   const NodeState& node = state_.nodes[node_slot];
   uint32_t first_defined = UINT32_MAX, first_hooked = UINT32_MAX;
   for (uint32_t i = 0; i < node.saved_count; ++i) {
@@ -291,6 +292,63 @@ void BackwardReplay::AddThrowFindings(uint32_t node_slot, ObjectId exec_op, uint
   hooked.saved = first_hooked;
   hooked.current_version = state_.saved[first_hooked].saved.saved_version;
   state_.findings.push_back(std::move(hooked));
+}
+
+// Selective activation checkpointing: the recomputation inside the execution threw in an op
+// (the innermost that threw) whose output the forward's caching mode kept; when that cached output
+// was written after it was cached, PyTorch's "cached ... has been mutated" is about it. Kept only
+// when PyTorch's message says so (ReportBuilder).
+void BackwardReplay::AddCachedMutated(uint32_t node_slot, ObjectId exec_op, uint64_t pass) {
+  if (state_.cached_outputs.empty()) return;
+  ObjectId thrown = 0;
+  uint64_t thrown_seq = 0;
+  const auto& threw = state_.threw_ops;
+  for (size_t i = threw.size(), seen = 0; i-- > 0 && seen < 64; ++seen) {
+    if (threw[i].first != exec_op && state_.IsDescendant(threw[i].first, exec_op)) {
+      thrown = threw[i].first;  // Earlier records are inner ops: keep going.
+      thrown_seq = threw[i].second;
+    }
+  }
+  const OpInfo* thrown_info = state_.FindOp(thrown);
+  if (thrown_info == nullptr) return;
+  const auto& cached = state_.cached_outputs;
+  for (size_t i = cached.size(); i-- > 0;) {
+    const AnalysisState::CachedOutput& c = cached[i];
+    if (c.seq >= thrown_seq || state_.IsDescendant(c.op, exec_op)) continue;
+    const OpInfo* op = state_.FindOp(c.op);
+    const TensorState* tensor = state_.FindTensor(c.tensor);
+    if (op == nullptr || op->name != thrown_info->name || tensor == nullptr) continue;
+    const CounterState* counter = state_.FindCounter(tensor->counter);
+    if (counter == nullptr) continue;
+    const uint32_t current = VersionAt(*counter, thrown_seq, c.version);
+    if (current == c.version) continue;
+    SavedState s;  // What the cache kept, as a saved tensor of no node.
+    s.saved.tensor = c.tensor;
+    s.saved.version_counter = tensor->counter;
+    s.saved.storage = tensor->storage;
+    s.saved.saved_version = c.version;
+    s.saved_by = c.op;
+    s.meta_known = true;
+    s.layout = tensor->layout;
+    s.dtype = tensor->dtype;
+    s.device = tensor->device;
+    s.grad_fn = tensor->grad_fn;
+    Finding f;
+    f.kind = ViolationKind::kCachedMutated;
+    f.node = node_slot;
+    f.saved = static_cast<uint32_t>(state_.saved.size());
+    f.current_version = current;
+    f.pass = pass;
+    f.exec_op = exec_op;
+    f.exec_threw = true;
+    f.victim_op = c.op;
+    for (const Bump& b : counter->bumps) {
+      if (b.seq > c.seq && b.seq < thrown_seq && b.after > c.version) f.writers.push_back(b.op);
+    }
+    state_.saved.push_back(s);
+    state_.findings.push_back(std::move(f));
+    return;
+  }
 }
 
 // autograd's SavedVariable::unpack check for every saved tensor of the node, at record `seq`.

@@ -97,6 +97,7 @@ class BackwardReplay {
   void CheckDetached(const SavedState& s, const Finding& base, uint64_t seq);
   void CheckVersion(const SavedState& s, const Finding& base, uint64_t seq);
   void CheckFingerprint(SavedState& s, const Finding& base, uint64_t seq, size_t findings_before);
+  void AddCachedMutated(uint32_t node_slot, format::ObjectId exec_op, uint64_t pass);
   void AddThrowFindings(uint32_t node_slot, format::ObjectId exec_op, uint64_t pass,
                         uint64_t earlier_pass, format::ObjectId earlier_exec_op);
   void EndPass(size_t open_index);

@@ -25,6 +25,8 @@ constexpr std::string_view kDetachedPhrase = "saved tensor that has been detache
 constexpr std::string_view kFreedPhrase = "backward through the graph a second time";
 // Non-reentrant checkpointing saves through hooks too; its own errors are about recomputation.
 constexpr std::string_view kCheckpointPhrase = "torch.utils.checkpoint";
+constexpr std::string_view kCachedMutatedPhrase =
+    "cached during selective activation checkpoint has been mutated";
 
 bool Says(const std::string& message, std::string_view phrase) {
   return message.find(phrase) != std::string::npos;
@@ -38,9 +40,11 @@ bool MessageIsOf(ViolationKind kind, const std::string& message) {
     case ViolationKind::kVersion: return Says(message, kVersionPhrase);
     case ViolationKind::kDetached: return Says(message, kDetachedPhrase);
     case ViolationKind::kFreed: return Says(message, kFreedPhrase);
+    case ViolationKind::kCachedMutated: return Says(message, kCachedMutatedPhrase);
     case ViolationKind::kUnpackHook:
       return !Says(message, kVersionPhrase) && !Says(message, kDetachedPhrase) &&
-             !Says(message, kFreedPhrase) && !Says(message, kCheckpointPhrase);
+             !Says(message, kFreedPhrase) && !Says(message, kCheckpointPhrase) &&
+             !Says(message, kCachedMutatedPhrase);
     default: return false;
   }
 }
@@ -261,9 +265,10 @@ bool ReportBuilder::ExecHas(ObjectId exec_op, ViolationKind kind) const {
   return false;
 }
 
-// Every finding is reported but kFreed and kUnpackHook, which the analysis offers for every
-// execution that threw: each is kept when PyTorch's message is its error, or, without a message,
-// when nothing else explains the throw (freed: only when the node did run in an earlier pass).
+// Every finding is reported but kFreed, kUnpackHook and kCachedMutated, which the analysis
+// offers for executions that threw: each is kept when PyTorch's message is its error, or, without
+// a message, when nothing else explains the throw (freed: only when the node did run in an
+// earlier pass).
 void ReportBuilder::SelectKept() {
   const std::vector<Finding>& findings = state_.findings;
   kept_.assign(findings.size(), true);
@@ -271,8 +276,10 @@ void ReportBuilder::SelectKept() {
     const Finding& f = findings[i];
     if (f.kind == ViolationKind::kFreed) kept_[i] = false;
     if (f.kind == ViolationKind::kUnpackHook) kept_[i] = false;
+    if (f.kind == ViolationKind::kCachedMutated) kept_[i] = false;
   }
-  for (ViolationKind kind : {ViolationKind::kFreed, ViolationKind::kUnpackHook}) {
+  for (ViolationKind kind : {ViolationKind::kFreed, ViolationKind::kUnpackHook,
+                             ViolationKind::kCachedMutated}) {
     for (size_t i = 0; i < findings.size(); ++i) {
       const Finding& f = findings[i];
       if (f.kind != kind) continue;
@@ -418,7 +425,8 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   AddCulprits(f, v);
   // detach_ runs a range of its own inside: the op the user called is all there is to say.
   if (f.kind == ViolationKind::kDetached && v.culprit) v.culprit->detail.clear();
-  if (node.created_by != 0) v.victim = UserOpRef(node.created_by);
+  const ObjectId victim = f.victim_op != 0 ? f.victim_op : node.created_by;
+  if (victim != 0) v.victim = UserOpRef(victim);
   v.backward_node = {node.id, state_.Str(node.name), node.sequence_nr, node.forward_thread};
   v.saved_version = f.has_baseline ? f.baseline : s.saved.saved_version;
   v.current_version = f.current_version;

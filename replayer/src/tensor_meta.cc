@@ -55,6 +55,7 @@ const char* ViolationKindName(ViolationKind kind) {
     case ViolationKind::kDetached: return "detached";
     case ViolationKind::kFreed: return "freed";
     case ViolationKind::kUnpackHook: return "unpack_hook";
+    case ViolationKind::kCachedMutated: return "cached_mutated";
     default: return "version";
   }
 }

@@ -260,6 +260,9 @@ void TextReport::EmitHeading(const Violation& v) {
     case ViolationKind::kUnpackHook:
       heading = ": backward failed on a saved tensor returned by a saved_tensors_hooks unpack hook";
       break;
+    case ViolationKind::kCachedMutated:
+      heading = ": an output selective activation checkpointing cached was modified in place";
+      break;
     default: break;
   }
   out_ << p_.Error("error") << p_.Bold(heading) << "\n";
@@ -360,6 +363,11 @@ void TextReport::EmitVictim(const Violation& v) {
 //      = needed by SigmoidBackward0 (saved `result`, an output of its op)
 //      = needed by CatBackward0 (saved `tensors[1]`, an input of its op), in the part of the ...
 void TextReport::EmitNeededBy(const Violation& v) {
+  if (v.kind == ViolationKind::kCachedMutated) {
+    Fact() << "cached in forward (selective activation checkpointing) for the recomputation of "
+              "what " << p_.Bold(Printable(v.backward_node.name)) << " saved\n";
+    return;
+  }
   std::string member = v.tensor.saved_name.empty() ? "?" : Printable(v.tensor.saved_name);
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";
@@ -485,6 +493,10 @@ void TextReport::EmitHelp(const Violation& v) {
     case ViolationKind::kUnpackHook:
       out_ << "make the unpack hook return a tensor of the packed one's shape, dtype and device "
               "(PyTorch checks none of them)\n";
+      return;
+    case ViolationKind::kCachedMutated:
+      out_ << ".clone() the op's output before modifying it in place, or let the policy "
+              "recompute that op (CheckpointPolicy.PREFER_RECOMPUTE)\n";
       return;
     default: break;
   }

@@ -127,8 +127,9 @@ class Violation:
     """A saved tensor that broke backward. kind: ``"version"`` (its version counter moved:
     PyTorch raises), ``"silent"`` (it changed where PyTorch does not see it: PyTorch raises
     nothing), ``"detached"`` (``detach_()`` after the save), ``"freed"`` (an earlier backward pass
-    freed it: no ``retain_graph``) or ``"unpack_hook"`` (backward failed on what a
-    saved_tensors_hooks unpack hook returned); replayer/SCHEMA.md has every field. culprit: the op
+    freed it: no ``retain_graph``), ``"unpack_hook"`` (backward failed on what a
+    saved_tensors_hooks unpack hook returned) or ``"cached_mutated"`` (an output selective
+    activation checkpointing cached was modified before the recomputation); replayer/SCHEMA.md has every field. culprit: the op
     that wrote it; victim: the forward op that saved it; backward_node: the node that needed it.
     For ``silent``, evidence says how it was found: ``"aliased_write"`` (a recorded write through
     ``.data`` or another alias: the culprit), ``"fingerprint"`` (``--verify-saved``: its bytes'

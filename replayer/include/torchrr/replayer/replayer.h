@@ -69,8 +69,10 @@ enum class ViolationKind : uint8_t {
                     // raises "backward through the graph a second time".
   kUnpackHook = 4,  // The node threw on a saved tensor that a saved_tensors_hooks unpack hook
                     // returned: PyTorch checks nothing of what the hook returns.
+  kCachedMutated = 5,  // Selective activation checkpointing cached an op's output in forward
+                       // and it was modified before backward's recomputation: PyTorch raises.
 };
-// "version", "silent", "detached", "freed", "unpack_hook"
+// "version", "silent", "detached", "freed", "unpack_hook", "cached_mutated"
 const char* ViolationKindName(ViolationKind kind);
 
 // How a silent write was found.
