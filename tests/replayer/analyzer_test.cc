@@ -19,16 +19,13 @@ namespace {
 
 using testing::Forwarded;
 using testing::kOutput;
+using testing::Line;
 using testing::TraceBuilder;
 
 constexpr char kSigmoidMessage[] =
     "one of the variables needed for gradient computation has been modified by an inplace "
     "operation: [torch.FloatTensor [4, 8]], which is output 0 of SigmoidBackward0, is at version "
     "1; expected version 0 instead. Hint: enable anomaly detection.";
-
-uint32_t Line(const std::optional<OpRef>& op) {
-  return op && op->user_frame ? op->user_frame->line : 0;
-}
 
 // y = x.sigmoid(); y.mul_(2); y.sum().backward()
 struct SigmoidMulProgram {

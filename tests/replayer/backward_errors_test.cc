@@ -17,6 +17,7 @@ namespace {
 using format::ObjectId;
 using testing::Forwarded;
 using testing::kOutput;
+using testing::Line;
 using testing::TraceBuilder;
 
 constexpr char kDetachedMessage[] =
@@ -27,10 +28,6 @@ constexpr char kFreedMessage[] =
     "they have already been freed).";
 constexpr char kSizeMessage[] =
     "The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimension 0";
-
-uint32_t Line(const std::optional<OpRef>& op) {
-  return op && op->user_frame ? op->user_frame->line : 0;
-}
 
 // a = x * 2; b = a.sin(); a.detach_(); b.sum().backward()
 struct DetachProgram {

@@ -12,6 +12,7 @@
 #define TORCHRR_TESTS_REPLAYER_TRACE_BUILDER_H_
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -412,6 +413,13 @@ class TraceBuilder {
   std::map<ObjectId, std::string> node_names_;
   std::map<ObjectId, int64_t> node_seq_;
 };
+
+// The user line of a culprit or victim (a replayer::OpRef), 0 when there is none. A template:
+// this header is also built without the replayer (make_golden).
+template <typename OpRef>
+uint32_t Line(const std::optional<OpRef>& op) {
+  return op && op->user_frame ? op->user_frame->line : 0;
+}
 
 }  // namespace torchrr::testing
 
