@@ -39,8 +39,15 @@ if(TORCHRR_BUILD_TESTS)
   torchrr_require(GTest_FOUND "GoogleTest (libgtest-dev)")
 endif()
 
-# Torch: the one in TORCHRR_PYTHON's environment (the project's .venv by default), through its own
-# CMake config, so the same recipe builds against a user's torch.
+# Torch: the one in TORCHRR_PYTHON's environment (the project's .venv by default; under pip, the
+# Python that runs pip), through its own CMake config, so the same recipe builds against a user's
+# torch. The versions the recorder supports: each has its layout in recorder/src/torch_compat.h,
+# and tools/torch_matrix.sh tests them; the Python package refuses any other at run time.
+set(TORCHRR_TORCH_MIN 2.9)
+set(TORCHRR_TORCH_MAX 2.15)
+if(NOT TORCHRR_PYTHON AND SKBUILD)
+  set(TORCHRR_PYTHON ${Python_EXECUTABLE})
+endif()
 set(TORCHRR_TORCH_FOUND OFF)
 if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
   execute_process(
@@ -61,6 +68,13 @@ if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
       execute_process(
         COMMAND ${TORCHRR_PYTHON} -c "import torch, sys; sys.stdout.write(torch.__version__)"
         OUTPUT_VARIABLE TORCHRR_TORCH_VERSION)
+      string(REGEX MATCH "^[0-9]+\\.[0-9]+" torch_minor "${TORCHRR_TORCH_VERSION}")
+      if(torch_minor VERSION_LESS TORCHRR_TORCH_MIN OR torch_minor VERSION_GREATER TORCHRR_TORCH_MAX)
+        message(FATAL_ERROR "torchrr: torch ${TORCHRR_TORCH_VERSION} (${TORCHRR_PYTHON}) is outside "
+                            "the versions torchrr supports, ${TORCHRR_TORCH_MIN} to "
+                            "${TORCHRR_TORCH_MAX}: install one of those into that environment, or "
+                            "build without the recorder (-DTORCHRR_WITH_TORCH=OFF)")
+      endif()
       message(STATUS "torchrr: building against torch ${TORCHRR_TORCH_VERSION} (${TORCHRR_TORCH_PREFIX})")
     endif()
   endif()

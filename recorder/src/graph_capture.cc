@@ -199,7 +199,7 @@ ObjectId GraphCapture::ExecutingNode(const at::RecordFunction& fn, format::Inter
   // The engine names the node it runs (NodeGuard, around the node's whole evaluation). The node
   // must be this function's: a node called directly (a user calling grad_fn, a hook calling a
   // node) runs outside that guard, or inside another node's.
-  std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  compat::NodePtr node = torch::autograd::get_current_node();
   if (!node || static_cast<int64_t>(node->sequence_nr()) != fn.seqNr() ||
       node->thread_id() != fn.forwardThreadId()) {
     return 0;
@@ -256,7 +256,7 @@ void GraphCapture::FingerprintAtUse(uint64_t forward_thread, int64_t sequence_nr
   if (key == node_keys_.end()) return;
   const auto* entry = ids_.FindNodeEntry(key->second.address);
   if (entry == nullptr || entry->id != key->second.id) return;
-  std::shared_ptr<torch::autograd::Node> node = entry->weak.lock();
+  compat::NodePtr node = entry->weak.lock();
   if (!node) return;
   const ObjectId id = entry->id;
   VisitSavedVariables(

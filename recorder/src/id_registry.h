@@ -21,6 +21,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "object_ids.h"
+#include "torch_compat.h"
 #include "record_bytes.h"
 #include "torchrr/format/records.h"
 
@@ -51,7 +52,7 @@ class IdRegistry {
     };
     c10::SmallVector<Pin, 2> pinned_storages;
   };
-  using NodeTable = ObjectIdTable<std::weak_ptr<torch::autograd::Node>, NodeState>;
+  using NodeTable = ObjectIdTable<compat::WeakNodePtr, NodeState>;
 
   // The id of the tensor's storage (0: none). With `pinned_for`, a saved tensor's storage, pinned
   // for that node until it runs: the replayer watches the storage from the save to the node's run,
@@ -63,7 +64,7 @@ class IdRegistry {
   // The node's entry, created (with a fresh id) when the node is new; `created` says which. An
   // insertion may move entries: the reference is valid until the next LookupNode.
   NodeTable::Entry& LookupNode(torch::autograd::Node* node, bool& created) {
-    return nodes_.Lookup(node, [&] { return node->weak_from_this(); }, next_id_, created);
+    return nodes_.Lookup(node, [&] { return compat::WeakRef(node); }, next_id_, created);
   }
   // The id of a live node already seen, or 0.
   format::ObjectId FindNode(const void* node) const { return nodes_.Find(node); }

@@ -12,7 +12,8 @@
 extern "C" void torchrr_visit_py_node(torch::autograd::Node& node,
                                       const torchrr::recorder::SavedVariableVisitor& visit) {
   auto& py_node = static_cast<torch::autograd::PyNode&>(node);
-  auto* function = reinterpret_cast<THPFunction*>(py_node.obj);
+  auto* function =
+      reinterpret_cast<THPFunction*>(torchrr::recorder::compat::PythonObjectOf(py_node));
   if (function == nullptr) return;
   for (size_t i = 0; i < function->saved_variables.size(); ++i) {
     visit("saved_tensors", static_cast<uint32_t>(i), function->saved_variables[i]);

@@ -307,10 +307,10 @@ CheckedFastPath& Fast(const CPython& py) {
   static CheckedFastPath* fast = [&py] {
     const char* choice = std::getenv("TORCHRR_PYTHON_WALKER");
     bool api_only = choice != nullptr && std::string_view(choice) == "api";
-    bool is_311 = py.Py_Version != nullptr && (*py.Py_Version >> 16) == 0x030b;
+    const char* walker = PythonStackWalkerFor(py.Py_Version != nullptr ? *py.Py_Version : 0,
+                                              py.PyFrame_GetLasti != nullptr, api_only);
     // Leaked: used until exit, by any thread.
-    return new CheckedFastPath(!api_only && is_311 && py.PyFrame_GetLasti != nullptr,
-                               kVerifyFirst, kVerifyEvery);
+    return new CheckedFastPath(std::string_view(walker) == "frames", kVerifyFirst, kVerifyEvery);
   }();
   return *fast;
 }
@@ -372,6 +372,11 @@ LineCacheEntry& CacheSlot(LineCache& cache, const RawFrame& f) {
 }
 
 }  // namespace
+
+const char* PythonStackWalkerFor(unsigned long py_version_hex, bool has_lasti, bool api_forced) {
+  const bool is_311 = (py_version_hex >> 16) == 0x030b;
+  return !api_forced && is_311 && has_lasti ? "frames" : "api";
+}
 
 const char* PythonStackWalkerName() {
   const CPython& py = Api();

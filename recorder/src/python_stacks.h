@@ -37,6 +37,12 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
 // forces the latter. Thread-safe.
 const char* PythonStackWalkerName();
 
+// The walker a runtime gets: "frames" only for CPython 3.11 (`py_version_hex`, PY_VERSION_HEX; 0
+// when the runtime does not export Py_Version, as before 3.11) with PyFrame_GetLasti, and unless
+// `api_forced`; "api" for every other version (3.10, 3.12, 3.13, ...), whose frame structs this
+// file does not lay out. The API walk gives the same stacks, only slower. Pure: for tests.
+const char* PythonStackWalkerFor(unsigned long py_version_hex, bool has_lasti, bool api_forced);
+
 // True when a Python interpreter runs in this process now (initialized, as Py_IsInitialized says;
 // false in a program without Python). Thread-safe.
 bool PythonInterpreterRunning();

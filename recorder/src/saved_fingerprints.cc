@@ -7,6 +7,7 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "torch_compat.h"
 #include "torchrr/kernels/fingerprint.h"
 #include "trace_sink.h"
 
@@ -52,7 +53,7 @@ FingerprintResult FingerprintTensorBytes(const at::Tensor& tensor, format::Finge
     const c10::impl::DeviceGuardImplInterface* guard =
         c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
     c10::Device on = device.has_index() ? device : c10::Device(c10::DeviceType::CUDA, 0);
-    void* stream = guard->getStream(on).native_handle();
+    void* stream = compat::StreamToFollow(*guard, on);
     if (!kernels::FingerprintCuda(length > 0 ? base + first : nullptr, length, on.index(), stream,
                                   &out->hash, error)) {
       return FingerprintResult::kFailed;

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include "torch_compat.h"
 #include "torchrr/format/records.h"
 
 namespace torchrr::recorder {
@@ -52,7 +53,7 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
 struct SavedHookFacts {
   format::SavedHook kind = format::SavedHook::kOpaque;
   at::Tensor packed;                                        // kPackedTensor.
-  std::shared_ptr<torch::autograd::Node> recompute_from;   // kCheckpoint.
+  compat::NodePtr recompute_from;   // kCheckpoint.
 };
 
 // Reads it through Python, taking the GIL: never call it with a lock held that a thread holding

@@ -236,6 +236,7 @@ struct AnalysisState {
   // the innermost op, and the last other one (what Python saw).
   std::vector<std::pair<format::ObjectId, std::string>> op_errors;
   std::string final_error;
+  std::string recording_torch;  // The FileInfo's torch_version, when the caller gave it.
   // Errors whose message is not the version check's: by op (C++ exceptions out of recorded ops),
   // and the program's last one. What a backward that threw for another reason said.
   std::vector<std::pair<format::ObjectId, std::string>> other_op_errors;

@@ -50,6 +50,7 @@ void Put(std::vector<T>& table, uint32_t id, T value) {
 class Analyzer::Impl {
  public:
   void Add(const format::Record& record);
+  void SetRecordingTorch(std::string_view version) { state_.recording_torch = version; }
   Report Finish();
 
  private:
@@ -457,6 +458,10 @@ Analyzer::Analyzer() : impl_(std::make_unique<Impl>()) {}
 Analyzer::~Analyzer() = default;
 void Analyzer::Add(const format::Record& record) { impl_->Add(record); }
 Report Analyzer::Finish() { return impl_->Finish(); }
+
+void Analyzer::SetRecordingTorch(std::string_view torch_version) {
+  impl_->SetRecordingTorch(torch_version);
+}
 
 Report Analyze(const std::vector<format::Record>& records) {
   Analyzer analyzer;

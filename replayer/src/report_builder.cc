@@ -2,6 +2,8 @@
 #include "report_builder.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -520,15 +522,16 @@ SavedTensorRef ReportBuilder::MakeTensorRef(const SavedState& s) const {
 // ran; nullopt for a leaf or when the trace does not say.
 std::optional<std::string> ReportBuilder::PytorchNames(const Finding& f, const NodeState& node,
                                                        const SavedState& s) const {
-  if (s.saved.is_output) {
-    return "output " + std::to_string(s.saved.output_nr) + " of " + state_.Str(node.name);
-  }
-  if (f.view_regenerated) return "output 0 of AsStridedBackward0";
+  auto output_of = [this](uint32_t output_nr, std::string_view node_name) {
+    return "output " + std::to_string(output_nr) + " of " +
+           PytorchNodeName(node_name, state_.recording_torch);
+  };
+  if (s.saved.is_output) return output_of(s.saved.output_nr, state_.Str(node.name));
+  if (f.view_regenerated) return output_of(0, "AsStridedBackward0");
   if (f.use_known && f.use_grad_fn != 0) {
     uint32_t grad_fn = state_.index.Find(f.use_grad_fn, IdKind::kNode);
     if (grad_fn != IdIndex::kAbsent) {
-      return "output " + std::to_string(f.use_output_nr) + " of " +
-             state_.Str(state_.nodes[grad_fn].name);
+      return output_of(f.use_output_nr, state_.Str(state_.nodes[grad_fn].name));
     }
   }
   return std::nullopt;
@@ -570,5 +573,40 @@ void ReportBuilder::AddFingerprintEvidence(const Finding& f, Violation& v) const
 }  // namespace
 
 Report BuildReport(const AnalysisState& state) { return ReportBuilder(state).Build(); }
+
+namespace {
+
+// The first torch release whose messages name the forward op (Node::forward_op_name()).
+constexpr int kForwardOpNamesMajor = 2;
+constexpr int kForwardOpNamesMinor = 13;
+
+// "2.15.0+cu130" -> {2, 15}; nullopt when it does not start with two numbers.
+std::optional<std::pair<int, int>> MajorMinor(std::string_view version) {
+  int major = 0;
+  int minor = 0;
+  const char* end = version.data() + version.size();
+  auto [dot, major_error] = std::from_chars(version.data(), end, major);
+  if (major_error != std::errc() || dot == end || *dot != '.') return std::nullopt;
+  auto [rest, minor_error] = std::from_chars(dot + 1, end, minor);
+  if (minor_error != std::errc()) return std::nullopt;
+  return std::pair{major, minor};
+}
+
+}  // namespace
+
+std::string PytorchNodeName(std::string_view node_name, std::string_view torch_version) {
+  std::optional<std::pair<int, int>> version = MajorMinor(torch_version);
+  if (!version || *version < std::pair{kForwardOpNamesMajor, kForwardOpNamesMinor}) {
+    return std::string(node_name);
+  }
+  // As torch's Node::forward_op_name(): the last "Backward", when only digits follow it.
+  size_t at = node_name.rfind("Backward");
+  if (at == std::string_view::npos) return std::string(node_name);
+  std::string_view rest = node_name.substr(at + std::strlen("Backward"));
+  if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::string(node_name);
+  }
+  return std::string(node_name.substr(0, at));
+}
 
 }  // namespace torchrr::replayer

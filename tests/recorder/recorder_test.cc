@@ -21,6 +21,7 @@
 #include "torchrr/kernels/fingerprint.h"
 #include "torchrr/recorder.h"
 #include "object_ids.h"
+#include "python_stacks.h"
 
 namespace torchrr {
 namespace {
@@ -106,6 +107,18 @@ std::vector<std::string> OrderProblems(const format::Trace& trace) {
     for (const auto& use : op->outputs) need(described, use.tensor, "tensor", *op);
   }
   return problems;
+}
+
+// Which Python stack walker each CPython takes (python_stacks.h): the frame structs are read
+// directly on 3.11 only; 3.10 (no Py_Version), 3.12 and 3.13 take the API walk.
+TEST(PythonStacks, WalkerPerPythonVersion) {
+  using recorder::PythonStackWalkerFor;
+  EXPECT_STREQ(PythonStackWalkerFor(0, false, false), "api");            // 3.10.
+  EXPECT_STREQ(PythonStackWalkerFor(0x030b07f0, true, false), "frames");  // 3.11.7.
+  EXPECT_STREQ(PythonStackWalkerFor(0x030b07f0, true, true), "api");  // TORCHRR_PYTHON_WALKER=api
+  EXPECT_STREQ(PythonStackWalkerFor(0x030b07f0, false, false), "api");
+  EXPECT_STREQ(PythonStackWalkerFor(0x030c01f0, true, false), "api");    // 3.12.1.
+  EXPECT_STREQ(PythonStackWalkerFor(0x030d00f0, true, false), "api");    // 3.13.0.
 }
 
 TEST(Recorder, SigmoidSavesItsOutputAndMulInPlaceBumpsIt) {

@@ -601,6 +601,35 @@ TEST(ReportTest, NothingToReportSaysSo) {
             std::string::npos);
 }
 
+// torch 2.13 changed "output 0 of SigmoidBackward0" to "output 0 of Sigmoid" in its message.
+TEST(AnalyzerTest, PytorchNamesAsTheRecordingTorchWordsThem) {
+  {
+    SigmoidMulProgram p;
+    Analyzer analyzer;
+    for (const auto& record : p.b.records) analyzer.Add(record);
+    analyzer.SetRecordingTorch("2.15.0+cu130");
+    Report report = analyzer.Finish();
+    ASSERT_EQ(report.violations.size(), 1u);
+    EXPECT_EQ(report.violations[0].pytorch_names, "output 0 of Sigmoid");
+  }
+  for (const char* older : {"2.12.1", "2.9.1+cu128", "", "nightly"}) {
+    SigmoidMulProgram p;
+    Analyzer analyzer;
+    for (const auto& record : p.b.records) analyzer.Add(record);
+    analyzer.SetRecordingTorch(older);
+    Report report = analyzer.Finish();
+    ASSERT_EQ(report.violations.size(), 1u);
+    EXPECT_EQ(report.violations[0].pytorch_names, "output 0 of SigmoidBackward0") << older;
+  }
+  EXPECT_EQ(PytorchNodeName("FBackward", "2.13.0"), "F");
+  EXPECT_EQ(PytorchNodeName("AsStridedBackward0", "2.13.0"), "AsStrided");
+  EXPECT_EQ(PytorchNodeName("CopySlices", "2.15.0"), "CopySlices");
+  EXPECT_EQ(PytorchNodeName("MyBackwardPass", "2.15.0"), "MyBackwardPass");
+  EXPECT_EQ(PytorchNodeName("torch::autograd::CopySlices", "3.0.0"),
+            "torch::autograd::CopySlices");
+  EXPECT_EQ(PytorchNodeName("SigmoidBackward0", "2.12.9"), "SigmoidBackward0");
+}
+
 TEST(AnalyzerTest, StreamingMatchesInMemory) {
   SigmoidMulProgram p;
   Analyzer analyzer;

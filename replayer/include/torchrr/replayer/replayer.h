@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -237,6 +238,10 @@ class Analyzer {
   Analyzer& operator=(const Analyzer&) = delete;
 
   void Add(const format::Record& record);
+  // The torch that recorded the trace (its FileInfo's torch_version, "2.15.0+cu130"), so that the
+  // report words what PyTorch's messages say as that torch words them (PytorchNodeName). Unset or
+  // unparsable: as the torch releases before that wording changed.
+  void SetRecordingTorch(std::string_view torch_version);
   // Ends the trace: runs what is pending (the last backward pass) and builds the report.
   // Call once; later Add() calls are ignored.
   Report Finish();
@@ -245,6 +250,12 @@ class Analyzer {
   class Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// How PyTorch's "which is output N of <node>" names the autograd node `node_name` when the
+// recording torch is `torch_version`: the node's own name (SigmoidBackward0) before 2.13; from
+// 2.13 on, the forward op's (Sigmoid; a Python Function's FBackward is F): the name without a
+// "Backward" suffix followed by digits only. Names without that suffix (CopySlices) are kept.
+std::string PytorchNodeName(std::string_view node_name, std::string_view torch_version);
 
 // Analyzes records already in memory. Same result as feeding them to an Analyzer.
 Report Analyze(const std::vector<format::Record>& records);
