@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench fuzz clean
+.PHONY: all setup configure build test demo bench fuzz dist clean
 
 all: build
 
@@ -40,6 +40,11 @@ fuzz: build
 	mkdir -p $(BUILD)/tests/fuzz/corpus
 	$(BUILD)/bin/fuzz_reader -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -rss_limit_mb=2048 \
 	  -timeout=10 $(BUILD)/tests/fuzz/corpus tests/fuzz/corpus
+
+# The source distribution that `pip install --no-build-isolation dist/torchrr-*.tar.gz` builds
+# (pyproject.toml), written by scikit-build-core's own PEP 517 hook.
+dist: setup
+	$(PY) -c "from scikit_build_core.build import build_sdist; print('dist/' + build_sdist('dist'))"
 
 clean:
 	rm -rf $(BUILD)

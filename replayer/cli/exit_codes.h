@@ -1,7 +1,8 @@
 // The exit codes of the `torchrr` command line, as `torchrr --help` lists them (main.cc):
 //   0 ok, 1 replay found violations, 2 usage error, 3 unreadable file or not a torchrr trace,
 //   4 trace truncated, 5 trace corrupt, 6 trace written by a newer format, 7 any other error,
-//   8 replay: the recording is incomplete (the recorder stopped early or lost records).
+//   8 replay: the recording is incomplete (the recorder stopped early or lost records),
+//   9 record: the program's torch is not the one torchrr was built against, or is unsupported.
 // Header-only, so that tests check the mapping without linking the command line.
 #ifndef TORCHRR_REPLAYER_CLI_EXIT_CODES_H_
 #define TORCHRR_REPLAYER_CLI_EXIT_CODES_H_
@@ -13,6 +14,9 @@ namespace torchrr::cli {
 inline constexpr int kExitViolations = 1;  // replay: violations or unexplained backward errors.
 inline constexpr int kExitUsage = 2;
 inline constexpr int kExitIncomplete = 8;  // replay: the recording misses part of the run.
+// record: the program's torch is not the one the recorder was built against (the program is not
+// run).
+inline constexpr int kExitTorchMismatch = 9;
 
 // The exit code for how reading a trace ended: 0 ok, 3 not a trace or unreadable, 4 truncated
 // (the data before the cut was still used), 5 corrupt (the data that verifies was still used),

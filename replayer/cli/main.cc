@@ -21,6 +21,7 @@ constexpr const char* kExitCodes = R"(Exit codes:
   6  trace written by a newer torchrr format
   7  other error
   8  replay: the recording is incomplete (the recorder stopped early or lost records)
+  9  record: the program's torch is not the one torchrr was built against, or unsupported
 A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported.
 )";
 

@@ -6,7 +6,7 @@
 // sitecustomize already there; any other program (a C++ trainer linked against libtorch) gets
 // libtorchrr_preload.so through LD_PRELOAD. Only the started process records: children it spawns
 // inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID). Both are found relative to this
-// executable, in an install as in the build tree (RecorderLibDir), and both read the options
+// executable, in an install as in the build tree (FindRecorderDirs), and both read the options
 // from the TORCHRR_* variables set here (recorder/src/environment_options.h, where their
 // defaults are).
 //
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "exit_codes.h"
 #include "torchrr/format/writer.h"
 
 namespace torchrr::cli {
@@ -96,16 +97,27 @@ bool LooksLikePython(const std::string& program) {
          base == "accelerate" || base == "deepspeed";
 }
 
-// The directory of the recorder's libraries and of its Python package (torchrr/python/torchrr):
-// <prefix>/<libdir> for <prefix>/<bindir>/torchrr (TORCHRR_LIBDIR_FROM_BINDIR, set by CMake), or
-// <build>/lib for <build>/bin/torchrr. The first that holds the recorder; else the first.
-fs::path RecorderLibDir(const fs::path& exe) {
-  const fs::path candidates[] = {exe.parent_path() / TORCHRR_LIBDIR_FROM_BINDIR,
-                                 exe.parent_path().parent_path() / "lib"};
-  for (const fs::path& dir : candidates) {
-    if (fs::exists(dir / "libtorchrr_recorder.so")) return dir.lexically_normal();
+// Where the recorder's libraries and its Python package are.
+struct RecorderDirs {
+  fs::path lib;
+  fs::path package;  // The torchrr package: __init__.py, _sitecustomize/.
+};
+
+// For the executable `exe`, as installed (cmake/TorchrrInstallDirs.cmake: <prefix>/bin/torchrr
+// with <prefix>/lib and <prefix>/lib/torchrr/python/torchrr; a wheel's torchrr/bin/torchrr with
+// torchrr/lib and torchrr/) or in the build tree (<build>/bin/torchrr with <build>/lib and its
+// link <build>/lib/torchrr/python/torchrr). The first whose directory holds the recorder; else
+// the first.
+RecorderDirs FindRecorderDirs(const fs::path& exe) {
+  const fs::path installed = (exe.parent_path() / TORCHRR_LIBDIR_FROM_BINDIR).lexically_normal();
+  const fs::path build = (exe.parent_path().parent_path() / "lib").lexically_normal();
+  const RecorderDirs candidates[] = {
+      {installed, (installed / TORCHRR_PACKAGE_FROM_LIBDIR).lexically_normal()},
+      {build, build / "torchrr" / "python" / "torchrr"}};
+  for (const RecorderDirs& dirs : candidates) {
+    if (fs::exists(dirs.lib / "libtorchrr_recorder.so")) return dirs;
   }
-  return candidates[0].lexically_normal();
+  return candidates[0];
 }
 
 // The recorder's options (environment_options.h). Each is set only when the command line changes
@@ -141,6 +153,50 @@ void PrependEnv(const char* name, const std::string& value, char separator) {
   setenv(name, joined.c_str(), 1);
 }
 
+// Why the recorder in `package` cannot record under the torch that the interpreter `python`
+// (a command, looked up on PATH) would import: torchrr._native.installed_torch_problem() run in
+// that interpreter, which reads torch's version from its metadata without importing it (about
+// 50 ms). Empty when it can, and whenever the question cannot be asked (no such interpreter, no
+// torch, an old package): the sitecustomize then checks again, and warns, in the program.
+std::string TorchProblem(const std::string& python, const fs::path& package) {
+  int pipe_fds[2];
+  if (pipe(pipe_fds) != 0) return "";
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    return "";
+  }
+  if (pid == 0) {
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    const std::string code =
+        "import sys; sys.path.insert(0, sys.argv[1]); from torchrr import _native; "
+        "sys.stdout.write(_native.installed_torch_problem() or '')";
+    const std::string parent = package.parent_path().string();
+    // -W ignore: the import's own TorchVersionWarning would say it a second time.
+    execlp(python.c_str(), python.c_str(), "-I", "-W", "ignore", "-c", code.c_str(), parent.c_str(),
+           static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  std::string out;
+  char buffer[4096];
+  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    out.append(buffer, static_cast<size_t>(n));
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? out : "";
+}
+
 // Refuses, with one line, an output the recorder could never write (empty, a FIFO, a directory,
 // a device: kExitUsage) or cannot write now (another recording holds it, its directory takes no
 // new file: 7), before the program runs. The recorder checks again when it opens the file.
@@ -157,9 +213,9 @@ int RunRecord(const RecordArgs& args) {
     return kExitUsage;
   }
   std::error_code ec;
-  fs::path lib_dir = RecorderLibDir(fs::canonical("/proc/self/exe", ec));
-  fs::path preload = lib_dir / "libtorchrr_preload.so";
-  fs::path site_dir = lib_dir / "torchrr" / "python" / "torchrr" / "_sitecustomize";
+  const RecorderDirs dirs = FindRecorderDirs(fs::canonical("/proc/self/exe", ec));
+  fs::path preload = dirs.lib / "libtorchrr_preload.so";
+  fs::path site_dir = dirs.package / "_sitecustomize";
   fs::path output = fs::absolute(args.output, ec);
 
   if (int refused = CheckOutput(output.string())) return refused;
@@ -170,9 +226,19 @@ int RunRecord(const RecordArgs& args) {
                  (site_dir / "sitecustomize.py").c_str());
     return 7;
   }
+  // A Python interpreter named directly: asked, before the program runs, whether its torch is
+  // the one the recorder was built against. Launchers (torchrun, pytest) are left to the
+  // sitecustomize, which warns in the program.
+  if (python && fs::path(args.command[0]).filename().string().rfind("python", 0) == 0) {
+    std::string problem = TorchProblem(args.command[0], dirs.package);
+    if (!problem.empty()) {
+      std::fprintf(stderr, "torchrr: error: %s\n", problem.c_str());
+      return kExitTorchMismatch;
+    }
+  }
   if (!python && !fs::exists(preload)) {
-    std::fprintf(stderr, "torchrr: error: %s not found: the recorder is built only when torch "
-                         "is found (make build)\n", preload.c_str());
+    std::fprintf(stderr, "torchrr: error: %s not found: the recorder is not built (make build "
+                         "builds it when it finds torch)\n", preload.c_str());
     return 7;
   }
 
@@ -268,7 +334,8 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
       ->required();
   cmd->footer("The exit status is the program's (128+N when signal N ended it); 127 when it "
               "could not be run, 7 when torchrr itself failed. The program is not run when the "
-              "output is empty or not a regular file (2) or another recording is writing it (7). "
+              "output is empty or not a regular file (2), another recording is writing it (7), or "
+              "its torch is not the one torchrr was built against (9). "
               "Ctrl-C reaches the program once, from the terminal; SIGTERM and SIGHUP sent to "
               "torchrr are passed on.");
   cmd->callback([args, exit_code] { *exit_code = RunRecord(*args); });

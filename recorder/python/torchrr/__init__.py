@@ -11,11 +11,33 @@ gradient computation has been modified by an inplace operation").
 Importing torchrr does not import torch; record()/start() do (before loading the recorder, so it
 binds to the same libtorch). An unchanged script is recorded with ``torchrr record -- python
 script.py`` (see _sitecustomize/sitecustomize.py).
+
+The recorder records only under the torch it was built against (``torchrr_build.json``); the
+import warns (TorchVersionWarning) when the environment's torch is another, and record()/start()
+refuse it. Replaying needs no torch.
 """
+import warnings as _warnings
+
+from . import _native
 from ._recording import Recording, ops_recorded, record, record_error, recording, start, stop
 from ._report import (BackwardNode, Frame, Op, ReplayError, Report, Tensor, Violation, replay)
 
 __all__ = [
-    "BackwardNode", "Frame", "Op", "Recording", "ReplayError", "Report", "Tensor", "Violation",
-    "ops_recorded", "record", "record_error", "recording", "replay", "start", "stop",
+    "BackwardNode", "Frame", "Op", "Recording", "ReplayError", "Report", "Tensor",
+    "TorchVersionWarning", "Violation", "ops_recorded", "record", "record_error", "recording",
+    "replay", "start", "stop",
 ]
+
+
+class TorchVersionWarning(UserWarning):
+    """The environment's torch is not the one torchrr's recorder was built against, or is outside
+    the versions torchrr supports: recording will be refused until torchrr is rebuilt."""
+
+
+def _warn_on_torch_mismatch() -> None:
+    problem = _native.installed_torch_problem()
+    if problem:
+        _warnings.warn(f"torchrr: {problem}", TorchVersionWarning, stacklevel=3)
+
+
+_warn_on_torch_mismatch()

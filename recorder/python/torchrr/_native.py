@@ -1,17 +1,25 @@
-"""Where the native parts are (the recorder library, the ``torchrr`` executable), and the
-recorder library loaded with ctypes.
+"""Where the native parts are (the recorder library, the ``torchrr`` executable), the torch
+they were built against, and the recorder library loaded with ctypes.
 
 They are found, in this order: from ``TORCHRR_LIB`` (the recorder library) and ``TORCHRR_CLI``
-(the executable); from ``TORCHRR_BUILD_DIR`` (a build directory); beside this package when it
-sits at ``<libdir>/torchrr/python/torchrr`` (an install, or the build tree's link to the
+(the executable); from ``TORCHRR_BUILD_DIR`` (a build directory); inside this package, in
+``lib/`` and ``bin/`` (a wheel: ``pip install``); beside this package when it sits at
+``<libdir>/torchrr/python/torchrr`` (``cmake --install``, or the build tree's link to the
 checkout's package, which is how ``torchrr record`` runs it), with the executable in
 ``<prefix>/bin``; from ``_build_dir.txt`` beside this file (the checkout's package, written by
 ``tools/install_into_venv.sh``); the executable also from PATH.
+
+The recorder is C++ compiled against one torch: loaded into another it fails on an undefined
+symbol, or worse, reads that torch's objects with the wrong layout. ``torchrr_build.json``
+beside the library names the torch it was built against and the range torchrr supports; the
+library is loaded only into that torch (check_torch).
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -36,6 +44,15 @@ def build_dir() -> Path | None:
     return Path(text) if text else None
 
 
+def _libdir_in_package() -> Path | None:
+    """This package's lib/ when it holds the recorder (a wheel) and TORCHRR_BUILD_DIR does not
+    name another build; else None."""
+    if os.environ.get("TORCHRR_BUILD_DIR"):
+        return None
+    libdir = _HERE / "lib"
+    return libdir if (libdir / _RECORDER).exists() else None
+
+
 def _libdir_beside_package() -> Path | None:
     """<libdir> when this package is <libdir>/torchrr/python/torchrr beside the recorder, and
     TORCHRR_BUILD_DIR does not name another build; else None."""
@@ -51,7 +68,7 @@ def library_path() -> Path:
     env = os.environ.get("TORCHRR_LIB")
     if env:
         return Path(env)
-    libdir = _libdir_beside_package()
+    libdir = _libdir_in_package() or _libdir_beside_package()
     if libdir is not None:
         return libdir / _RECORDER
     build = build_dir()
@@ -68,6 +85,8 @@ def cli_path() -> str:
     if env:
         return env
     candidates = []
+    if _libdir_in_package() is not None:
+        candidates.append(_HERE / "bin" / "torchrr")
     libdir = _libdir_beside_package()
     if libdir is not None:
         # <prefix>/lib, or a multiarch <prefix>/lib/x86_64-linux-gnu.
@@ -85,19 +104,81 @@ def cli_path() -> str:
                        "tools/install_into_venv.sh BUILD_DIR, or set TORCHRR_CLI")
 
 
+def build_info(library: Path | None = None) -> dict | None:
+    """What the recorder library was built against (``torchrr_build.json`` beside it): keys
+    ``torchrr``, ``torch``, ``torch_cuda``, ``torch_min``, ``torch_max``; None when the file is
+    missing or unreadable (a build older than the file, or no recorder)."""
+    try:
+        path = (library or library_path()).parent / "torchrr_build.json"
+        return json.loads(path.read_text())
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+_REBUILD = ("rebuild torchrr against this torch: `pip install --no-build-isolation "
+            "--force-reinstall --no-deps <torchrr source>` in this environment, or `make build` "
+            "in a checkout")
+
+
+def torch_problem(torch_version: str, info: dict | None) -> str | None:
+    """Why the recorder built as ``info`` says cannot record under torch ``torch_version``
+    (``torch.__version__``), as one message naming both versions and how to rebuild; None when
+    it can, or when ``info`` is None (nothing to compare with)."""
+    if not info:
+        return None
+    low, high, running = _minor(info.get("torch_min", "")), _minor(info.get("torch_max", "")), \
+        _minor(torch_version)
+    if low and high and running and not low <= running <= high:
+        return (f"torch {torch_version} is outside the versions torchrr supports "
+                f"({info['torch_min']} to {info['torch_max']}; this torchrr was built against "
+                f"torch {info.get('torch')}): install a supported torch, then {_REBUILD}")
+    built = info.get("torch")
+    # Public versions only: the package metadata omits torch.__version__'s local part (+cu130),
+    # and builds of one release for several CUDA versions share their C++ ABI.
+    if built and built.split("+")[0] != torch_version.split("+")[0]:
+        return (f"torchrr was built against torch {built}, and this Python has torch "
+                f"{torch_version}: {_REBUILD}")
+    return None
+
+
+def installed_torch_problem() -> str | None:
+    """torch_problem() for the torch this environment has installed, read from its metadata
+    without importing it; None when there is none, it is the right one, or no recorder is
+    known. Never raises."""
+    try:
+        from importlib import metadata
+        version = metadata.version("torch")
+    except Exception:  # No torch (replay needs none), or unreadable metadata.
+        return None
+    try:
+        return torch_problem(version, build_info())
+    except Exception:
+        return None
+
+
 def library() -> ctypes.CDLL:
     """The recorder library, loaded once. Imports torch first, so that the library binds to the
-    libtorch this process already uses. ctypes.CDLL (not PyDLL) releases the GIL during calls:
-    torchrr_stop waits for op callbacks that may be taking the GIL to capture a Python stack."""
+    libtorch this process already uses; raises RuntimeError (torch_problem's message) when that
+    torch is not the one the library was built against. ctypes.CDLL (not PyDLL) releases the GIL
+    during calls: torchrr_stop waits for op callbacks that may be taking the GIL to capture a
+    Python stack."""
     global _lib
     with _lock:
         if _lib is not None:
             return _lib
-        import torch  # noqa: F401  (loads libtorch before the recorder library)
+        import torch  # (loads libtorch before the recorder library)
 
         path = library_path()
         if not path.exists():
             raise RuntimeError(f"torchrr: {path} not found: is the recorder built?")
+        problem = torch_problem(torch.__version__, build_info(path))
+        if problem:
+            raise RuntimeError(f"torchrr: {problem}")
         lib = ctypes.CDLL(str(path))
         lib.torchrr_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
