@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   torchrr::cli::RegisterDumpCommand(app, &exit_code);
   torchrr::cli::RegisterRecordCommand(app, &exit_code);
   torchrr::cli::RegisterReplayCommand(app, &exit_code);
+  torchrr::cli::RegisterExportCommand(app, &exit_code);
 
   try {
     app.parse(argc, argv);
