@@ -18,6 +18,7 @@ void RegisterInfoCommand(CLI::App& app, int* exit_code);
 void RegisterDumpCommand(CLI::App& app, int* exit_code);
 void RegisterRecordCommand(CLI::App& app, int* exit_code);
 void RegisterExportCommand(CLI::App& app, int* exit_code);
+void RegisterRedactCommand(CLI::App& app, int* exit_code);
 
 // `json` as text (compact, or indented by `indent`), valid JSON whatever its strings hold: a byte
 // that is not valid UTF-8 becomes U+FFFD (replayer/SCHEMA.md, "Strings"), where dump() would

@@ -1,0 +1,285 @@
+#include "privacy.h"
+
+#include <fmt/core.h>
+#include <pwd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+#include <variant>
+
+#include "torchrr/replayer/printable.h"
+
+namespace torchrr::cli {
+namespace {
+
+constexpr size_t kPathExamples = 3;
+
+bool IsWordChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+// Where a name may be replaced.
+enum class Boundary {
+  kAnywhere,       // --map: wherever the user's OLD occurs.
+  kWord,           // No letter, digit or "_" on either side: a host or user name.
+  kPathComponent,  // Followed by "/" or the end: a home directory.
+};
+
+// `text` with every occurrence of `from` that `boundary` allows replaced by `to`.
+std::string ReplaceAll(const std::string& text, const std::string& from, const std::string& to,
+                       Boundary boundary) {
+  if (from.empty()) return text;
+  std::string out;
+  size_t done = 0;
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + 1)) {
+    if (at < done) continue;
+    size_t end = at + from.size();
+    bool word_before = at > 0 && IsWordChar(text[at - 1]);
+    bool word_after = end < text.size() && IsWordChar(text[end]);
+    if (boundary == Boundary::kWord && (word_before || word_after)) continue;
+    if (boundary == Boundary::kPathComponent && end < text.size() && text[end] != '/') continue;
+    out.append(text, done, at - done);
+    out += to;
+    done = end;
+  }
+  out.append(text, done, std::string::npos);
+  return out;
+}
+
+// The user name of a home directory ("/home/alice" → "alice", "/root" → "root").
+std::string UserOfHome(const std::string& home) { return home.substr(home.rfind('/') + 1); }
+
+void SortLongestFirst(std::vector<std::string>& names) {
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() > b.size() : a < b;
+  });
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  std::erase(names, "");
+}
+
+}  // namespace
+
+std::vector<std::string> HomeDirectories(const std::string& text) {
+  std::vector<std::string> homes;
+  auto add = [&](std::string home) {
+    if (std::find(homes.begin(), homes.end(), home) == homes.end()) homes.push_back(home);
+  };
+  for (const char* prefix : {"/home/", "/Users/"}) {
+    const size_t n = std::char_traits<char>::length(prefix);
+    for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+      size_t end = text.find('/', at + n);
+      if (end == std::string::npos) end = text.size();
+      if (end > at + n) add(text.substr(at, end - at));
+    }
+  }
+  for (size_t at = text.find("/root"); at != std::string::npos; at = text.find("/root", at + 1)) {
+    size_t end = at + 5;
+    if ((at == 0 || !IsWordChar(text[at - 1])) && (end == text.size() || text[end] == '/')) {
+      add("/root");
+    }
+  }
+  return homes;
+}
+
+void PrivacyScan::SeeString(const std::string& text) {
+  for (const std::string& home : HomeDirectories(text)) {
+    homes_.insert(home);
+    users_.insert(UserOfHome(home));
+  }
+  if (!text.empty() && text.front() == '/') {
+    ++absolute_paths_;
+    if (path_examples_.size() < kPathExamples) path_examples_.push_back(text);
+  }
+}
+
+void PrivacyScan::SeeInfo(const format::FileInfo& info) {
+  host_ = info.host;
+  command_line_ = info.command_line;
+  for (const std::string& arg : info.command_line) SeeString(arg);
+}
+
+void PrivacyScan::See(const format::Record& record) {
+  if (const auto* s = std::get_if<format::StringDef>(&record)) {
+    SeeString(s->text);
+  } else if (const auto* op = std::get_if<format::OpRecord>(&record)) {
+    values_ += op->values.size();
+    for (const format::Value& v : op->values)
+      string_values_ += v.kind == format::ValueKind::kString;
+  } else if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
+    ++error_messages_;
+    SeeString(error->message);
+  }
+}
+
+std::vector<std::string> PrivacyScan::Lines() const {
+  auto list = [](const std::set<std::string>& names) {
+    std::string out;
+    for (const std::string& name : names)
+      out += (out.empty() ? "" : ", ") + replayer::Printable(name);
+    return out.empty() ? std::string("none seen") : out;
+  };
+  std::vector<std::string> lines;
+  lines.push_back("  host name:        " +
+                  (host_.empty() ? "not recorded" : replayer::Printable(host_)));
+  lines.push_back("  user names:       " + list(users_) + " (from home directories in paths)");
+  lines.push_back("  home directories: " + list(homes_));
+  lines.push_back(fmt::format("  command line:     {} arguments", command_line_.size()));
+  lines.push_back("  working dir:      not recorded");
+  lines.push_back("  environment:      not recorded");
+  std::string examples;
+  for (const std::string& path : path_examples_) examples += "\n    " + replayer::Printable(path);
+  lines.push_back(
+      fmt::format("  absolute paths:   {} (source files, libraries){}", absolute_paths_, examples));
+  lines.push_back(
+      fmt::format("  argument values:  {} recorded ({} strings)", values_, string_values_));
+  lines.push_back(fmt::format("  error messages:   {}", error_messages_));
+  lines.push_back("  torchrr redact FILE -o OUT rewrites these (see torchrr redact --help)");
+  return lines;
+}
+
+nlohmann::json PrivacyScan::ToJson() const {
+  return {{"host", host_},
+          {"user_names", users_},
+          {"home_directories", homes_},
+          {"command_line_arguments", command_line_.size()},
+          {"working_directory_recorded", false},
+          {"environment_recorded", false},
+          {"absolute_paths", absolute_paths_},
+          {"absolute_path_examples", path_examples_},
+          {"argument_values", values_},
+          {"string_argument_values", string_values_},
+          {"error_messages", error_messages_}};
+}
+
+void Redaction::AddThisMachine() {
+  if (const passwd* pw = getpwuid(getuid()); pw != nullptr) {
+    if (pw->pw_name != nullptr) users.emplace_back(pw->pw_name);
+    if (pw->pw_dir != nullptr && std::string_view(pw->pw_dir).size() > 1)
+      homes.emplace_back(pw->pw_dir);
+  }
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && std::string_view(home).size() > 1) homes.emplace_back(home);
+}
+
+void Redaction::Finish() {
+  for (std::string& home : homes) {
+    while (home.size() > 1 && home.back() == '/') home.pop_back();
+  }
+  SortLongestFirst(homes);
+  SortLongestFirst(hosts);
+  SortLongestFirst(users);
+}
+
+std::string Redaction::Apply(const std::string& text, bool* changed) const {
+  std::string out = text;
+  for (const auto& [from, to] : maps) out = ReplaceAll(out, from, to, Boundary::kAnywhere);
+  // "/home/al" must not turn "/home/alice" into "~ice".
+  for (const std::string& home : homes) out = ReplaceAll(out, home, "~", Boundary::kPathComponent);
+  for (const std::string& host : hosts) out = ReplaceAll(out, host, "<host>", Boundary::kWord);
+  for (const std::string& user : users) out = ReplaceAll(out, user, "<user>", Boundary::kWord);
+  if (changed != nullptr) *changed = out != text;
+  return out;
+}
+
+void Redaction::Rewrite(std::string& text, int* changed) const {
+  bool one = false;
+  text = Apply(text, &one);
+  *changed += one;
+}
+
+int Redaction::ApplyTo(format::FileInfo& info) const {
+  int changed = 0;
+  Rewrite(info.host, &changed);
+  for (std::string& arg : info.command_line) Rewrite(arg, &changed);
+  return changed;
+}
+
+int Redaction::ApplyTo(format::Record& record) const {
+  int changed = 0;
+  if (auto* s = std::get_if<format::StringDef>(&record)) {
+    if (drop_values && value_strings_.contains(s->id) && !named_strings_.contains(s->id)) {
+      changed += !s->text.empty();
+      s->text.clear();  // Kept, empty: ids stay defined.
+    } else {
+      Rewrite(s->text, &changed);
+    }
+  } else if (auto* op = std::get_if<format::OpRecord>(&record)) {
+    if (drop_values && !op->values.empty()) {
+      op->values.clear();
+      ++changed;
+    }
+  } else if (auto* error = std::get_if<format::ErrorRecord>(&record)) {
+    Rewrite(error->message, &changed);
+  } else if (auto* loss = std::get_if<format::DataLossRecord>(&record)) {
+    Rewrite(loss->reason, &changed);
+  }
+  return changed;
+}
+
+void Redaction::FindNames(const format::FileInfo& info) {
+  if (!info.host.empty()) {
+    hosts.push_back(info.host);
+    // "node7.cluster.example.com" also appears as "node7".
+    if (size_t dot = info.host.find('.'); dot != std::string::npos && dot > 0) {
+      hosts.push_back(info.host.substr(0, dot));
+    }
+  }
+  for (const std::string& arg : info.command_line) {
+    for (const std::string& home : HomeDirectories(arg)) {
+      homes.push_back(home);
+      users.push_back(UserOfHome(home));
+    }
+  }
+}
+
+void Redaction::FindNames(const format::Record& record) {
+  auto find_in = [&](const std::string& text) {
+    for (const std::string& home : HomeDirectories(text)) {
+      homes.push_back(home);
+      users.push_back(UserOfHome(home));
+    }
+  };
+  if (const auto* s = std::get_if<format::StringDef>(&record)) {
+    find_in(s->text);
+  } else if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
+    find_in(error->message);
+    named_strings_.insert(error->type);
+  } else if (const auto* op = std::get_if<format::OpRecord>(&record)) {
+    named_strings_.insert(op->name);
+    named_strings_.insert(op->overload);
+    for (const format::Value& v : op->values) value_strings_.insert(v.s);
+  } else if (const auto* frame = std::get_if<format::FrameDef>(&record)) {
+    named_strings_.insert({frame->function, frame->file, frame->library});
+  } else if (const auto* node = std::get_if<format::NodeRecord>(&record)) {
+    named_strings_.insert(node->name);
+    for (const format::SavedTensor& saved : node->saved) named_strings_.insert(saved.name);
+  } else if (const auto* kernel = std::get_if<format::CudaKernelRecord>(&record)) {
+    named_strings_.insert(kernel->name);
+  } else if (const auto* print = std::get_if<format::FingerprintRecord>(&record)) {
+    named_strings_.insert(print->saved_name);
+  }
+}
+
+std::string Redaction::Describe() const {
+  std::vector<std::string> parts;
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& name : names)
+      out += (out.empty() ? "" : ", ") + replayer::Printable(name);
+    return out;
+  };
+  for (const auto& [from, to] : maps) {
+    parts.push_back(replayer::Printable(from) + " -> " + replayer::Printable(to));
+  }
+  if (!homes.empty()) parts.push_back("home directories " + list(homes) + " -> ~");
+  if (!hosts.empty()) parts.push_back("host " + list(hosts) + " -> <host>");
+  if (!users.empty()) parts.push_back("user " + list(users) + " -> <user>");
+  if (drop_values) parts.push_back("argument values dropped");
+  std::string out;
+  for (const std::string& part : parts) out += (out.empty() ? "" : "; ") + part;
+  return out;
+}
+
+}  // namespace torchrr::cli
