@@ -19,6 +19,7 @@ void RegisterDumpCommand(CLI::App& app, int* exit_code);
 void RegisterRecordCommand(CLI::App& app, int* exit_code);
 void RegisterExportCommand(CLI::App& app, int* exit_code);
 void RegisterRedactCommand(CLI::App& app, int* exit_code);
+void RegisterReportCommand(CLI::App& app, int* exit_code);
 
 // `json` as text (compact, or indented by `indent`), valid JSON whatever its strings hold: a byte
 // that is not valid UTF-8 becomes U+FFFD (replayer/SCHEMA.md, "Strings"), where dump() would

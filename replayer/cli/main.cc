@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   torchrr::cli::RegisterReplayCommand(app, &exit_code);
   torchrr::cli::RegisterExportCommand(app, &exit_code);
   torchrr::cli::RegisterRedactCommand(app, &exit_code);
+  torchrr::cli::RegisterReportCommand(app, &exit_code);
 
   try {
     app.parse(argc, argv);
