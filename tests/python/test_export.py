@@ -203,6 +203,17 @@ def test_damaged_traces_export_what_verifies(tmp_path):
     assert proc.returncode == 2, proc.stderr
 
 
+@pytest.mark.parametrize("hostile", sorted((REPO / "tests" / "golden" / "errors").glob("*.trr")),
+                         ids=lambda p: p.name)
+def test_hostile_traces_give_valid_json(hostile, tmp_path):
+    out = tmp_path / "run.json"
+    proc = export(hostile, out)
+    assert proc.returncode in (0, 3, 4, 5, 6), proc.stderr
+    if proc.returncode not in (3, 6):
+        # read_text() raises on bytes that are not UTF-8.
+        assert check_trace_events(out.read_text(encoding="utf-8")) == []
+
+
 @needs_build
 def test_demo_like_trace(tmp_path):
     trace, script, bug_line, victim_line = record_demo_like(tmp_path)

@@ -116,6 +116,20 @@ def test_goldens(tmp_path):
         assert replay.strip().splitlines()[-1] in html, "no summary line"
 
 
+@pytest.mark.parametrize("hostile", sorted((GOLDEN / "errors").glob("*.trr")),
+                         ids=lambda p: p.name)
+def test_hostile_traces(hostile, tmp_path):
+    out = tmp_path / "r.html"
+    proc = report(hostile, out)
+    assert proc.returncode in (0, 3, 4, 5, 6), proc.stderr
+    if proc.returncode in (3, 6):
+        return
+    html = out.read_bytes().decode("utf-8")  # Raises on bytes that are not UTF-8.
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]", html), "a raw control character"
+    assert_self_contained(html)
+    assert html.rstrip().endswith("</html>")
+
+
 def test_bad_input(tmp_path):
     errors = GOLDEN / "errors"
     out = tmp_path / "r.html"
