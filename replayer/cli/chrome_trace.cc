@@ -116,6 +116,11 @@ class ChromeTraceWriter::Impl {
   }
 
   void Finish() {
+    // A flow ends only where it started: a launching op that was not read (a damaged trace)
+    // leaves its kernels without an arrow.
+    for (const auto& [id, end] : flow_ends_) {
+      if (flows_started_.contains(id)) Emit(end);
+    }
     // Violations whose op was not read (a damaged trace) go at the end too.
     for (auto* anchors : {&use_at_start_, &use_at_end_}) {
       for (const auto& [op, indices] : *anchors) {
@@ -152,6 +157,7 @@ class ChromeTraceWriter::Impl {
     if (const std::vector<uint64_t>* flows = plan_.Launches(op.op)) {
       // A flow starts inside the launching slice: at its start, on its thread.
       for (uint64_t id : *flows) {
+        flows_started_.insert(id);
         Emit(Json{{"ph", "s"},
                   {"name", "launch"},
                   {"cat", "cuda"},
@@ -182,16 +188,16 @@ class ChromeTraceWriter::Impl {
     int64_t tid = StreamTrack(device, stream);
     if (op != 0) args["op"] = op;
     Emit(Slice(name, category, tid, start_ns, end_ns, std::move(args)));
-    if (op != 0 && plan_.Launches(op) != nullptr) {
+    if (op != 0) {
       // "bp":"e": the flow ends at the slice that encloses it, the kernel's own.
-      Emit(Json{{"ph", "f"},
-                {"bp", "e"},
-                {"name", "launch"},
-                {"cat", "cuda"},
-                {"id", device_activities_},
-                {"ts", Micros(start_ns)},
-                {"pid", pid_},
-                {"tid", tid}});
+      flow_ends_.emplace(device_activities_, Json{{"ph", "f"},
+                                                  {"bp", "e"},
+                                                  {"name", "launch"},
+                                                  {"cat", "cuda"},
+                                                  {"id", device_activities_},
+                                                  {"ts", Micros(start_ns)},
+                                                  {"pid", pid_},
+                                                  {"tid", tid}});
     }
   }
 
@@ -315,6 +321,9 @@ class ChromeTraceWriter::Impl {
   std::unordered_map<format::ObjectId, std::vector<size_t>> use_at_start_;
   std::unordered_map<format::ObjectId, std::vector<size_t>> use_at_end_;
   std::vector<size_t> unplaced_;  // Shown at the end, on the whole process.
+  // Flows by id: the ends wait for Finish(), which writes those whose start was written.
+  std::unordered_set<uint64_t> flows_started_;
+  std::map<uint64_t, Json> flow_ends_;
   int64_t last_ns_ = 0;
   uint64_t device_activities_ = 0;  // Flow ids: the same count as the plan's.
   uint64_t events_ = 0;

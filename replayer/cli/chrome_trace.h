@@ -16,8 +16,9 @@
 //
 // The trace is read twice: the first pass (ChromeTracePlan) finds the first timestamp, which ops
 // launched kernels and which op records are node executions, and feeds the analysis; the second
-// (ChromeTraceWriter) writes the events as the records come, so memory stays bounded by the
-// trace's names and tensors, not its ops.
+// (ChromeTraceWriter) writes the events as the records come, but for the flows' ends, which wait
+// for the end to be written only where their start was; memory stays bounded by the trace's
+// names, tensors and CUDA activities, not its ops.
 #ifndef TORCHRR_REPLAYER_CLI_CHROME_TRACE_H_
 #define TORCHRR_REPLAYER_CLI_CHROME_TRACE_H_
 
