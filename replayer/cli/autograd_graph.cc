@@ -1,12 +1,12 @@
 #include "autograd_graph.h"
 
-#include <fmt/core.h>
-#include <fmt/ranges.h>
-
 #include <deque>
 #include <map>
 #include <set>
 #include <variant>
+
+#include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "graphviz.h"
 

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "torchrr/format/json.h"

@@ -1,6 +1,5 @@
 #include "privacy.h"
 
-#include <fmt/core.h>
 #include <pwd.h>
 #include <unistd.h>
 
@@ -9,6 +8,9 @@
 #include <type_traits>
 #include <variant>
 
+#include <fmt/core.h>
+
+#include "torchrr/format/record_fields.h"
 #include "torchrr/replayer/printable.h"
 
 namespace torchrr::cli {
@@ -46,6 +48,44 @@ std::string ReplaceAll(const std::string& text, const std::string& from, const s
   }
   out.append(text, done, std::string::npos);
   return out;
+}
+
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// Calls fn(text) for every string of `s`: its string members, strings in its vectors and in its
+// nested structs, walked through the field lists of record_fields.h, so that a string field added
+// to a record later is seen (and redacted) without a change here. `s` may be const.
+template <class S, class Fn>
+void ForEachString(S& s, Fn&& fn) {
+  format::ForEachField(s, [&](const auto&, auto& value) {
+    using T = std::remove_cvref_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::string>) {
+      fn(value);
+    } else if constexpr (IsVector<T>::value) {
+      using Element = typename T::value_type;
+      for (auto& element : value) {
+        if constexpr (std::is_same_v<Element, std::string>) {
+          fn(element);
+        } else if constexpr (format::HasFields<Element>) {
+          ForEachString(element, fn);
+        }
+      }
+    } else if constexpr (format::HasFields<T>) {
+      ForEachString(value, fn);
+    }
+  });
+}
+
+template <class Fn>
+void ForEachString(const format::Record& record, Fn&& fn) {
+  std::visit([&](const auto& r) { ForEachString(r, fn); }, record);
+}
+template <class Fn>
+void ForEachString(format::Record& record, Fn&& fn) {
+  std::visit([&](auto& r) { ForEachString(r, fn); }, record);
 }
 
 // The user name of a home directory ("/home/alice" → "alice", "/root" → "root").
@@ -97,19 +137,17 @@ void PrivacyScan::SeeString(const std::string& text) {
 void PrivacyScan::SeeInfo(const format::FileInfo& info) {
   host_ = info.host;
   command_line_ = info.command_line;
-  for (const std::string& arg : info.command_line) SeeString(arg);
+  ForEachString(info, [&](const std::string& text) { SeeString(text); });
 }
 
 void PrivacyScan::See(const format::Record& record) {
-  if (const auto* s = std::get_if<format::StringDef>(&record)) {
-    SeeString(s->text);
-  } else if (const auto* op = std::get_if<format::OpRecord>(&record)) {
+  ForEachString(record, [&](const std::string& text) { SeeString(text); });
+  if (const auto* op = std::get_if<format::OpRecord>(&record)) {
     values_ += op->values.size();
     for (const format::Value& v : op->values)
       string_values_ += v.kind == format::ValueKind::kString;
-  } else if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
+  } else if (std::holds_alternative<format::ErrorRecord>(record)) {
     ++error_messages_;
-    SeeString(error->message);
   }
 }
 
@@ -191,30 +229,24 @@ void Redaction::Rewrite(std::string& text, int* changed) const {
 
 int Redaction::ApplyTo(format::FileInfo& info) const {
   int changed = 0;
-  Rewrite(info.host, &changed);
-  for (std::string& arg : info.command_line) Rewrite(arg, &changed);
+  ForEachString(info, [&](std::string& text) { Rewrite(text, &changed); });
   return changed;
 }
 
 int Redaction::ApplyTo(format::Record& record) const {
   int changed = 0;
-  if (auto* s = std::get_if<format::StringDef>(&record)) {
-    if (drop_values && value_strings_.contains(s->id) && !named_strings_.contains(s->id)) {
-      changed += !s->text.empty();
-      s->text.clear();  // Kept, empty: ids stay defined.
-    } else {
-      Rewrite(s->text, &changed);
-    }
-  } else if (auto* op = std::get_if<format::OpRecord>(&record)) {
-    if (drop_values && !op->values.empty()) {
-      op->values.clear();
-      ++changed;
-    }
-  } else if (auto* error = std::get_if<format::ErrorRecord>(&record)) {
-    Rewrite(error->message, &changed);
-  } else if (auto* loss = std::get_if<format::DataLossRecord>(&record)) {
-    Rewrite(loss->reason, &changed);
+  if (auto* s = std::get_if<format::StringDef>(&record);
+      s != nullptr && drop_values && value_strings_.contains(s->id) &&
+      !named_strings_.contains(s->id)) {
+    changed += !s->text.empty();
+    s->text.clear();  // Kept, empty: ids stay defined.
+    return changed;
   }
+  if (auto* op = std::get_if<format::OpRecord>(&record); op != nullptr && drop_values) {
+    changed += !op->values.empty();
+    op->values.clear();
+  }
+  ForEachString(record, [&](std::string& text) { Rewrite(text, &changed); });
   return changed;
 }
 
@@ -226,25 +258,19 @@ void Redaction::FindNames(const format::FileInfo& info) {
       hosts.push_back(info.host.substr(0, dot));
     }
   }
-  for (const std::string& arg : info.command_line) {
-    for (const std::string& home : HomeDirectories(arg)) {
-      homes.push_back(home);
-      users.push_back(UserOfHome(home));
-    }
+  ForEachString(info, [&](const std::string& text) { FindHomes(text); });
+}
+
+void Redaction::FindHomes(const std::string& text) {
+  for (const std::string& home : HomeDirectories(text)) {
+    homes.push_back(home);
+    users.push_back(UserOfHome(home));
   }
 }
 
 void Redaction::FindNames(const format::Record& record) {
-  auto find_in = [&](const std::string& text) {
-    for (const std::string& home : HomeDirectories(text)) {
-      homes.push_back(home);
-      users.push_back(UserOfHome(home));
-    }
-  };
-  if (const auto* s = std::get_if<format::StringDef>(&record)) {
-    find_in(s->text);
-  } else if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
-    find_in(error->message);
+  ForEachString(record, [&](const std::string& text) { FindHomes(text); });
+  if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
     named_strings_.insert(error->type);
   } else if (const auto* op = std::get_if<format::OpRecord>(&record)) {
     named_strings_.insert(op->name);

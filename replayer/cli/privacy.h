@@ -72,7 +72,9 @@ struct Redaction {
 
   // `text` rewritten; says in *changed whether anything was.
   std::string Apply(const std::string& text, bool* changed) const;
-  // Every string field of `record` rewritten in place; returns how many changed.
+  // Every string of `record` (or `info`) rewritten in place, whichever field holds it (the field
+  // lists of record_fields.h are walked, so that a string field added later is redacted too);
+  // returns how many changed.
   int ApplyTo(format::Record& record) const;
   int ApplyTo(format::FileInfo& info) const;
 
@@ -87,6 +89,8 @@ struct Redaction {
  private:
   // `text` rewritten in place; adds 1 to *changed when it changed.
   void Rewrite(std::string& text, int* changed) const;
+  // Adds the home directories in `text`, and their users.
+  void FindHomes(const std::string& text);
 
   std::set<format::InternId> value_strings_;  // Used by an argument.
   std::set<format::InternId> named_strings_;  // Used by anything else: kept by --drop-values.

@@ -1,9 +1,9 @@
 #include "step_timeline.h"
 
-#include <fmt/core.h>
-
 #include <algorithm>
 #include <variant>
+
+#include <fmt/core.h>
 
 #include "html_report.h"
 

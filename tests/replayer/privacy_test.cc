@@ -47,6 +47,22 @@ TEST(Redaction, MapsComeFirstAndSayWhetherAnythingChanged) {
   EXPECT_FALSE(changed);
 }
 
+TEST(Redaction, EveryStringFieldIsRewritten) {
+  Redaction r = Rules();
+  format::FileInfo info{.cuda_version = "/home/al/cuda", .host = "vm",
+                        .command_line = {"python", "/home/alice/x.py"}};
+  EXPECT_EQ(r.ApplyTo(info), 3);
+  EXPECT_EQ(info.cuda_version, "~/cuda");
+  EXPECT_EQ(info.host, "<host>");
+  EXPECT_EQ(info.command_line[1], "~/x.py");
+  format::Record error = format::ErrorRecord{.message = "cannot open /home/al/a.pt on vm"};
+  format::Record loss = format::DataLossRecord{.reason = "disk full: /home/al/run.trr"};
+  EXPECT_EQ(r.ApplyTo(error), 1);
+  EXPECT_EQ(r.ApplyTo(loss), 1);
+  EXPECT_EQ(std::get<format::ErrorRecord>(error).message, "cannot open ~/a.pt on <host>");
+  EXPECT_EQ(std::get<format::DataLossRecord>(loss).reason, "disk full: ~/run.trr");
+}
+
 TEST(Redaction, DropValuesEmptiesOnlyStringsNothingElseUses) {
   Redaction r;
   r.drop_values = true;
