@@ -15,6 +15,8 @@ constexpr double kLabelWidth = 90;  // The thread names' column.
 constexpr double kRowHeight = 26;
 constexpr double kTop = 28;  // The legend's row.
 constexpr double kAxisHeight = 30;
+constexpr double kGapWidth = 14;    // A cut gap, whatever its length.
+constexpr double kGapShare = 0.05;  // Gaps longer than this share of the run are cut.
 
 const char* PhaseColor(StepTimeline::Phase phase) {
   switch (phase) {
@@ -67,27 +69,87 @@ void StepTimeline::See(const format::Record& record, const TraceTables& names) {
   Add(op->thread, op->start_ns, op->end_ns, phase);
 }
 
-// Where things go: x from a timestamp, y from a thread.
+// Where things go: x from a timestamp, y from a thread. Time runs left to right at one scale but
+// across the gaps where no thread ran an op for a long while (importing torch, building the
+// model, a checkpoint save): each is drawn kGapWidth wide, so that the step fills the width.
 struct StepTimeline::Geometry {
-  int64_t first_ns = 0;
-  double ns_per_px = 1;
-  double plot = 0;  // The width of the time axis.
+  struct Segment {
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+    double x0 = 0;
+    double x1 = 0;
+    bool gap = false;
+  };
+  std::vector<Segment> segments;  // In time order, covering first to last.
   std::map<uint32_t, double> row_y;
+  double plot = 0;  // The width of the time axis.
 
   double X(int64_t ns) const {
-    return kLabelWidth + static_cast<double>(ns - first_ns) / ns_per_px;
+    auto it = std::upper_bound(segments.begin(), segments.end(), ns,
+                               [](int64_t t, const Segment& s) { return t < s.start_ns; });
+    const Segment& s = it == segments.begin() ? segments.front() : *std::prev(it);
+    if (s.end_ns <= s.start_ns) return s.x0;
+    double f = static_cast<double>(std::clamp(ns, s.start_ns, s.end_ns) - s.start_ns) /
+               static_cast<double>(s.end_ns - s.start_ns);
+    return s.x0 + f * (s.x1 - s.x0);
+  }
+  // The time drawn at `x`, the inverse of X().
+  int64_t Time(double x) const {
+    for (const Segment& s : segments) {
+      if (x <= s.x1 || &s == &segments.back()) {
+        double f = s.x1 > s.x0 ? std::clamp((x - s.x0) / (s.x1 - s.x0), 0.0, 1.0) : 0.0;
+        return s.start_ns + static_cast<int64_t>(f * static_cast<double>(s.end_ns - s.start_ns));
+      }
+    }
+    return 0;
   }
 };
 
-std::string StepTimeline::Svg() const {
-  if (threads_.empty() || last_ns_ <= first_ns_) return "";
+StepTimeline::Geometry StepTimeline::Layout() const {
   Geometry g;
-  g.first_ns = first_ns_;
   g.plot = kWidth - kLabelWidth - 30;  // Room for the last tick's label.
-  g.ns_per_px = static_cast<double>(last_ns_ - first_ns_) / g.plot;
   for (const auto& [thread, spans] : threads_) {
     g.row_y[thread] = kTop + kRowHeight * static_cast<double>(g.row_y.size());
   }
+  // The busy stretches of all threads together; a gap longer than kGapShare of the whole is cut.
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const auto& [thread, list] : threads_) {
+    for (const Span& span : list)
+      spans.emplace_back(span.start_ns, std::max(span.end_ns, span.start_ns));
+  }
+  std::sort(spans.begin(), spans.end());
+  const double min_gap = static_cast<double>(last_ns_ - first_ns_) * kGapShare;
+  int64_t start = spans.front().first, end = spans.front().second;
+  for (const auto& [s, e] : spans) {
+    if (static_cast<double>(s - end) > min_gap) {
+      g.segments.push_back({start, end});
+      g.segments.push_back({end, s, 0, 0, true});
+      start = s;
+    }
+    end = std::max(end, e);
+  }
+  g.segments.push_back({start, end});
+  int64_t busy_ns = 0;
+  size_t gaps = 0;
+  for (const auto& segment : g.segments) {
+    segment.gap ? ++gaps : busy_ns += segment.end_ns - segment.start_ns;
+  }
+  const double busy_px = g.plot - kGapWidth * static_cast<double>(gaps);
+  double x = kLabelWidth;
+  for (auto& segment : g.segments) {
+    segment.x0 = x;
+    x += segment.gap   ? kGapWidth
+         : busy_ns > 0 ? busy_px * static_cast<double>(segment.end_ns - segment.start_ns) /
+                             static_cast<double>(busy_ns)
+                       : busy_px / static_cast<double>(g.segments.size() - gaps);
+    segment.x1 = x;
+  }
+  return g;
+}
+
+std::string StepTimeline::Svg() const {
+  if (threads_.empty() || last_ns_ <= first_ns_) return "";
+  const Geometry g = Layout();
   const double height = kTop + kRowHeight * static_cast<double>(threads_.size()) + kAxisHeight;
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"timeline\" width=\"{}\" height=\"{}\" "
@@ -139,7 +201,7 @@ void StepTimeline::EmitRow(const Geometry& g, uint32_t thread, const std::vector
   for (size_t i = 0; i < spans.size();) {
     Span merged = spans[i++];
     while (i < spans.size() && spans[i].phase == merged.phase &&
-           static_cast<double>(spans[i].start_ns - merged.end_ns) < g.ns_per_px) {
+           g.X(spans[i].start_ns) - g.X(merged.end_ns) < 1.0) {
       merged.end_ns = std::max(merged.end_ns, spans[i++].end_ns);
     }
     double x = g.X(merged.start_ns);
@@ -172,13 +234,24 @@ void StepTimeline::EmitMarks(const Geometry& g, size_t index, std::string& svg) 
   mark(v.node_exec_op, kUse, v.backward_node.name);
 }
 
-// Ten ticks in milliseconds from the first op:
+// Ten ticks, each labelled with the time drawn there in milliseconds from the first op, and each
+// cut gap as a dashed box across the rows with its length in its tooltip:
+//   <g class="gap"><title>1.62 s without a recorded op, not to scale</title><rect .../></g>
 //   <line x1="90.0" .../><text x="90.0" y="..." text-anchor="middle">0.0 ms</text>
 void StepTimeline::EmitAxis(const Geometry& g, std::string& svg) const {
   double y = kTop + kRowHeight * static_cast<double>(threads_.size()) + 4;
+  for (const auto& segment : g.segments) {
+    if (!segment.gap) continue;
+    svg += fmt::format(
+        "<g class=\"gap\"><title>{:.2f} s without a recorded op, not to scale</title>"
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"#ffffff\" "
+        "stroke=\"#9ca3af\" stroke-dasharray=\"2,2\"/></g>\n",
+        static_cast<double>(segment.end_ns - segment.start_ns) / 1e9, segment.x0 + 2, kTop,
+        segment.x1 - segment.x0 - 4, y - kTop - 2);
+  }
   for (int tick = 0; tick <= 10; ++tick) {
     double x = kLabelWidth + g.plot * tick / 10;
-    double ms = static_cast<double>(last_ns_ - first_ns_) * tick / 10 / 1e6;
+    double ms = static_cast<double>(g.Time(x) - first_ns_) / 1e6;
     svg += fmt::format(
         "<line x1=\"{0:.1f}\" x2=\"{0:.1f}\" y1=\"{1:.1f}\" y2=\"{2:.1f}\" stroke=\"#6b7280\"/>"
         "<text x=\"{0:.1f}\" y=\"{3:.1f}\" text-anchor=\"middle\">{4:.1f} ms</text>\n",

@@ -5,7 +5,9 @@
 // A phase is decided by the outermost ops of each thread: a backward function or node execution
 // is backward, a user scope PyTorch's optimizers open ("Optimizer.step#SGD.step",
 // "Optimizer.zero_grad#...") is the optimizer, anything else forward. Spans closer than a pixel
-// are merged, so the drawing's size is bounded by its width, not by the ops. Memory: the outermost
+// are merged, so the drawing's size is bounded by its width, not by the ops; long stretches with
+// no op on any thread (importing torch, building the model) are cut to a narrow dashed box, so
+// that the step fills the width. Memory: the outermost
 // ops' times (three numbers each) and the marked ops'. Not thread-safe.
 #ifndef TORCHRR_REPLAYER_CLI_STEP_TIMELINE_H_
 #define TORCHRR_REPLAYER_CLI_STEP_TIMELINE_H_
@@ -46,6 +48,7 @@ class StepTimeline {
     int64_t start_ns = 0;
   };
   struct Geometry;
+  Geometry Layout() const;
   void Add(uint32_t thread, int64_t start_ns, int64_t end_ns, Phase phase);
   // The parts of Svg(), each appended to `svg`.
   void EmitLegend(std::string& svg) const;
