@@ -147,6 +147,9 @@ class ChromeTraceWriter::Impl {
       Json args{{"op", op.op}};
       if (!op.inputs.empty()) args["inputs"] = Uses(op.inputs);
       if (!op.outputs.empty()) args["outputs"] = Uses(op.outputs);
+      for (const format::Value& value : op.values) {
+        args["values"].push_back({{"position", value.position}, {"value", tables_.ValueText(value)}});
+      }
       if (op.sequence_nr >= 0) args["sequence_nr"] = op.sequence_nr;
       if (!op.grad_mode) args["grad_mode"] = false;
       if (op.threw) args["threw"] = true;

@@ -4,7 +4,7 @@
 //
 // What becomes what:
 //   - every op: a complete slice ("X") on its thread, its tensors (id, dtype, shape, versions
-//     before and after) and its user frame as args;
+//     before and after), its other arguments (as Python writes them) and its user frame as args;
 //   - every backward node execution: a slice named after the node on the thread that ran it (it
 //     replaces the op record of the same execution, which carries the same time and thread);
 //   - every CUDA kernel, copy and memset: a slice on a track of its own per device and stream, with

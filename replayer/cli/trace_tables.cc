@@ -62,4 +62,34 @@ std::string TraceTables::TensorText(format::ObjectId id) const {
   return fmt::format("{}[{}]", replayer::DTypeName(info->dtype), fmt::join(info->shape, ", "));
 }
 
+std::string TraceTables::ValueText(const format::Value& v) const {
+  using format::ValueKind;
+  switch (v.kind) {
+    case ValueKind::kNone: return "None";
+    case ValueKind::kBool: return v.i != 0 ? "True" : "False";
+    case ValueKind::kInt:
+    case ValueKind::kLayout:
+    case ValueKind::kMemoryFormat: return std::to_string(v.i);
+    case ValueKind::kDouble: return fmt::format("{}", v.d);
+    case ValueKind::kComplex: return fmt::format("({}{:+}j)", v.d, v.d_imag);
+    case ValueKind::kString: return String(v.s);
+    case ValueKind::kIntList: return fmt::format("[{}]", fmt::join(v.ints, ", "));
+    case ValueKind::kBoolList: {
+      std::vector<const char*> bools;
+      for (int64_t b : v.ints) bools.push_back(b != 0 ? "True" : "False");
+      return fmt::format("[{}]", fmt::join(bools, ", "));
+    }
+    case ValueKind::kDoubleList: return fmt::format("[{}]", fmt::join(v.doubles, ", "));
+    case ValueKind::kDType: return replayer::DTypeName(static_cast<format::DType>(v.i));
+    case ValueKind::kDevice: {
+      // type * 256 + index (records.h); the recorder writes index 255 for a device without one.
+      int64_t index = v.i % 256;
+      return replayer::DeviceName(format::Device{static_cast<int8_t>(v.i / 256),
+                                                 static_cast<int8_t>(index == 255 ? -1 : index)});
+    }
+    case ValueKind::kOther: return "<" + String(v.s) + ">";
+  }
+  return "?";
+}
+
 }  // namespace torchrr::cli

@@ -36,6 +36,9 @@ class TraceTables {
   const format::TensorInfo* Tensor(format::ObjectId id) const;
   // "float32[2, 32, 128]", or "tensor #id" when its metadata is unknown.
   std::string TensorText(format::ObjectId id) const;
+  // A non-tensor argument as Python would write it: "2", "0.5", "True", "[2, 3]", "float32",
+  // "cuda:0", "None", its string; "<TypeName>" for a value the recorder kept only the type of.
+  std::string ValueText(const format::Value& value) const;
 
  private:
   std::unordered_map<format::InternId, std::string> strings_;

@@ -223,6 +223,9 @@ def test_demo_like_trace(tmp_path):
     assert culprit_slices, "no slice for the culprit at its line"
     write = culprit_slices[0]["args"]["inputs"][0]
     assert write["version"] == "0->1" and write["type"] == "float32[4, 16]", write
+    randn = [e["args"].get("values") for e in events if e["ph"] == "X"
+             and e["name"] == "aten::randn"]
+    assert {"position": 0, "value": "[4, 16]"} in randn[0], randn
     nodes = {e["name"] for e in events if e["ph"] == "X" and e["cat"] == "autograd"}
     assert "SigmoidBackward0" in nodes or "MulBackward0" in nodes, nodes
     violations = [e for e in events if e["ph"] == "i"]
