@@ -29,6 +29,10 @@ std::string JsonText(const Json& json, int indent = -1) {
   return json.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
+// A verb that reads `trace` twice and writes `output` must not truncate the trace before its
+// second read: returns kExitUsage after one error line when both name the same file, else 0.
+int RefuseOverwrite(const std::string& trace, const std::string& output);
+
 // Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
 // after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.
 int ReportRead(const std::string& path, const format::ReadSummary& summary);

@@ -24,6 +24,7 @@ int RunExport(const ExportOptions& options) {
     std::fprintf(stderr, "torchrr: error: export: name a format (--chrome-trace)\n");
     return kExitUsage;
   }
+  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
   // Pass 1: the analysis and what the events need to know ahead (chrome_trace.h).
   replayer::Analyzer analyzer;
   ChromeTracePlan plan;

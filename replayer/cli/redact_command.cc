@@ -1,8 +1,6 @@
 // `torchrr redact FILE -o OUT`: a copy of the trace without the names its owner may not want to
 // share (privacy.h says which and how), every chunk re-written and re-checksummed by the format's
 // writer. A damaged trace: what verifies is redacted, and the exit code says the copy is partial.
-#include <sys/stat.h>
-
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -24,13 +22,6 @@ struct RedactOptions {
   bool drop_values = false;
 };
 
-bool SameFile(const std::string& a, const std::string& b) {
-  struct stat sa {
-  }, sb{};
-  return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
-
 int Fail(int code, const std::string& message) {
   std::fprintf(stderr, "torchrr: error: %s\n", message.c_str());
   return code;
@@ -46,10 +37,7 @@ int RunRedact(const RedactOptions& options) {
     }
     redaction.maps.emplace_back(map.substr(0, eq), map.substr(eq + 1));
   }
-  if (SameFile(options.path, options.output)) {
-    return Fail(kExitUsage, replayer::Printable(options.output) +
-                                ": the output would overwrite the trace it redacts");
-  }
+  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
   // Pass 1: the names to redact, and whether the trace can be read at all.
   format::ReadSummary summary =
       format::ReadTraceFile(options.path, [&](const format::Record& r) { redaction.FindNames(r); });

@@ -23,6 +23,7 @@ struct ReportOptions {
 };
 
 int RunReport(const ReportOptions& options) {
+  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
   // Pass 1: the analysis, which says what the drawings mark.
   replayer::Analyzer analyzer;
   format::ReadSummary summary =

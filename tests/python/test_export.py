@@ -201,6 +201,11 @@ def test_damaged_traces_export_what_verifies(tmp_path):
     proc = subprocess.run([cli(), "export", str(errors / "truncated.trr"), "-o",
                            str(tmp_path / "x.json")], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
+    copy = tmp_path / "copy.trr"
+    copy.write_bytes(GOLDENS[-1].read_bytes())
+    proc = export(copy, copy)
+    assert proc.returncode == 2 and "overwrite" in proc.stderr, proc.stderr
+    assert copy.read_bytes() == GOLDENS[-1].read_bytes(), "the trace was overwritten"
 
 
 @pytest.mark.parametrize("hostile", sorted((REPO / "tests" / "golden" / "errors").glob("*.trr")),

@@ -138,3 +138,8 @@ def test_bad_input(tmp_path):
     for name, code in (("truncated.trr", 4), ("corrupt.trr", 5)):
         assert report(errors / name, out).returncode == code, name
         assert "</html>" in out.read_text()
+    copy = tmp_path / "copy.trr"
+    copy.write_bytes((GOLDEN / "v1_2.trr").read_bytes())
+    proc = report(copy, copy)
+    assert proc.returncode == 2 and "overwrite" in proc.stderr, proc.stderr
+    assert copy.read_bytes() == (GOLDEN / "v1_2.trr").read_bytes(), "the trace was overwritten"
