@@ -61,8 +61,9 @@ def test_demo_like_page(demo_report):
     assert_self_contained(html)
     replay = subprocess.run([cli(), "replay", "--color", "never", str(trace)],
                             capture_output=True, text=True).stdout
-    # Each violation reads as the replay prints it (HTML-escaped).
-    first = replay.split("\n\n")[0].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # Each violation reads as the replay prints it (HTML-escaped), from its "error:" line on.
+    first = replay[replay.index("error:"):].split("\n\n")[0]
+    first = first.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     assert first in html.replace("&#39;", "'").replace("&quot;", '"'), first
     assert f"{script}:{bug_line}" in html
     graph = html.split('<div class="graph">', 1)[1]
