@@ -54,7 +54,11 @@ class PrivacyScan {
 // then the host and the user names as whole words (between characters that are not letters,
 // digits or "_") → "<host>", "<user>": a short name inside a longer word ("vm" in "aten::_vmap")
 // is left alone, so op names never change.
-struct Redaction {
+//
+// Use: set the public lists and flags, FindNames() on every record and the file info (the first
+// pass), AddThisMachine(), Finish(); then ApplyTo() on each (the second). Not thread-safe.
+class Redaction {
+ public:
   std::vector<std::pair<std::string, std::string>> maps;  // --map OLD=NEW, in the order given.
   std::vector<std::string> homes;                         // Longest first.
   std::vector<std::string> hosts;
@@ -78,7 +82,7 @@ struct Redaction {
   int ApplyTo(format::Record& record) const;
   int ApplyTo(format::FileInfo& info) const;
 
-  // What `torchrr redact` reports it replaced: "home directories /root → ~; host vm → <host>".
+  // What `torchrr redact` reports it replaced: "home directories /root -> ~; host vm -> <host>".
   std::string Describe() const;
 
   // The first pass: the home directories, user names and hosts in `record`'s strings, and which
