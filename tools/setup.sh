@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 DEBS=(cmake ninja-build g++ clang libclang-rt-dev make python3-venv
       flatbuffers-compiler libflatbuffers-dev libzstd-dev libboost-stacktrace-dev libgtest-dev
-      libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev libbenchmark-dev libunwind8)
+      libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev libbenchmark-dev libunwind8
+      zstd graphviz)
 
 missing=()
 for p in "${DEBS[@]}"; do

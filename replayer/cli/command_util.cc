@@ -1,9 +1,23 @@
+#include <sys/stat.h>
+
 #include <cstdio>
 
 #include "commands.h"
 #include "torchrr/replayer/printable.h"
 
 namespace torchrr::cli {
+
+int RefuseOverwrite(const std::string& trace, const std::string& output) {
+  struct stat a {};
+  struct stat b {};
+  if (stat(trace.c_str(), &a) != 0 || stat(output.c_str(), &b) != 0 || a.st_dev != b.st_dev ||
+      a.st_ino != b.st_ino) {
+    return 0;
+  }
+  std::fprintf(stderr, "torchrr: error: %s: the output would overwrite the trace it is made from\n",
+               replayer::Printable(output).c_str());
+  return kExitUsage;
+}
 
 int ReportRead(const std::string& path, const format::ReadSummary& summary) {
   using format::StatusCode;

@@ -17,6 +17,9 @@ namespace torchrr::cli {
 void RegisterInfoCommand(CLI::App& app, int* exit_code);
 void RegisterDumpCommand(CLI::App& app, int* exit_code);
 void RegisterRecordCommand(CLI::App& app, int* exit_code);
+void RegisterExportCommand(CLI::App& app, int* exit_code);
+void RegisterRedactCommand(CLI::App& app, int* exit_code);
+void RegisterReportCommand(CLI::App& app, int* exit_code);
 
 // `json` as text (compact, or indented by `indent`), valid JSON whatever its strings hold: a byte
 // that is not valid UTF-8 becomes U+FFFD (replayer/SCHEMA.md, "Strings"), where dump() would
@@ -25,6 +28,10 @@ template <typename Json>
 std::string JsonText(const Json& json, int indent = -1) {
   return json.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
+
+// A verb that reads `trace` twice and writes `output` must not truncate the trace before its
+// second read: returns kExitUsage after one error line when both name the same file, else 0.
+int RefuseOverwrite(const std::string& trace, const std::string& output);
 
 // Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
 // after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.

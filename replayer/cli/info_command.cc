@@ -9,6 +9,7 @@
 #include <fmt/core.h>
 
 #include "commands.h"
+#include "privacy.h"
 #include "torchrr/format/json.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
@@ -78,13 +79,18 @@ int RunInfo(const InfoOptions& options) {
   using format::ReadSummary;
   // Records are counted by the reader; only what says whether the recording is whole is kept.
   Completeness completeness;
-  ReadSummary s = format::ReadTraceFile(options.path,
-                                        [&](const format::Record& r) { completeness.See(r); });
+  PrivacyScan privacy;
+  ReadSummary s = format::ReadTraceFile(options.path, [&](const format::Record& r) {
+    completeness.See(r);
+    privacy.See(r);
+  });
   int rc = ReportRead(options.path, s);
   if (rc == 3 || rc == 6) return rc;
+  if (s.has_info) privacy.SeeInfo(s.info);
   if (options.json) {
     nlohmann::json j = format::SummaryToJson(s);
     j["recording"] = completeness.ToJson();
+    j["privacy"] = privacy.ToJson();
     fmt::print("{}\n", JsonText(j));
     return rc;
   }
@@ -124,6 +130,8 @@ int RunInfo(const InfoOptions& options) {
                static_cast<double>(s.compressed_bytes) / static_cast<double>(op_count),
                static_cast<double>(s.raw_bytes) / static_cast<double>(op_count));
   }
+  fmt::print("privacy:          what this trace tells whoever reads it\n");
+  for (const std::string& line : privacy.Lines()) fmt::print("{}\n", line);
   return rc;
 }
 

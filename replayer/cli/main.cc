@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   torchrr::cli::RegisterDumpCommand(app, &exit_code);
   torchrr::cli::RegisterRecordCommand(app, &exit_code);
   torchrr::cli::RegisterReplayCommand(app, &exit_code);
+  torchrr::cli::RegisterExportCommand(app, &exit_code);
+  torchrr::cli::RegisterRedactCommand(app, &exit_code);
+  torchrr::cli::RegisterReportCommand(app, &exit_code);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,72 @@
+// `torchrr export --chrome-trace FILE -o OUT.json`: the trace as a Chrome Trace Event file for
+// Perfetto's UI and chrome://tracing (chrome_trace.h says what becomes what).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "chrome_trace.h"
+#include "commands.h"
+#include "torchrr/format/reader.h"
+#include "torchrr/replayer/printable.h"
+
+namespace torchrr::cli {
+namespace {
+
+struct ExportOptions {
+  std::string path;
+  std::string output;
+  bool chrome_trace = false;
+};
+
+int RunExport(const ExportOptions& options) {
+  if (!options.chrome_trace) {
+    std::fprintf(stderr, "torchrr: error: export: name a format (--chrome-trace)\n");
+    return kExitUsage;
+  }
+  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  // Pass 1: the analysis and what the events need to know ahead (chrome_trace.h).
+  replayer::Analyzer analyzer;
+  ChromeTracePlan plan;
+  format::ReadSummary summary = format::ReadTraceFile(options.path, [&](const format::Record& r) {
+    analyzer.Add(r);
+    plan.See(r);
+  });
+  int rc = ReportRead(options.path, summary);
+  if (rc == 3 || rc == 6 || rc == 7) return rc;
+  replayer::Report report = analyzer.Finish();
+
+  std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    std::fprintf(stderr, "torchrr: error: %s: cannot write\n",
+                 replayer::Printable(options.output).c_str());
+    return 7;
+  }
+  ChromeTraceWriter writer(out, plan, report, summary.info);
+  (void)format::ReadTraceFile(options.path, [&](const format::Record& r) { writer.Add(r); });
+  writer.Finish();
+  if (!out) {
+    std::fprintf(stderr, "torchrr: error: %s: write failed\n",
+                 replayer::Printable(options.output).c_str());
+    return 7;
+  }
+  return rc;
+}
+
+}  // namespace
+
+void RegisterExportCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<ExportOptions>();
+  CLI::App* command = app.add_subcommand(
+      "export", "Write a trace in another tool's format (a damaged trace: what verifies)");
+  command->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  command
+      ->add_flag("--chrome-trace", options->chrome_trace,
+                 "Chrome Trace Event JSON, for ui.perfetto.dev and chrome://tracing: ops, "
+                 "backward nodes, CUDA kernels, violations")
+      ->required();
+  command->add_option("-o,--output", options->output, "Output file (.json)")->required();
+  command->callback([options, exit_code] { *exit_code = RunExport(*options); });
+}
+
+}  // namespace torchrr::cli

@@ -1,0 +1,139 @@
+#include "html_report.h"
+
+#include <fmt/core.h>
+
+#include "torchrr/replayer/printable.h"
+
+namespace torchrr::cli {
+namespace {
+
+constexpr const char* kStyle = R"(
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1000px; color: #111827; }
+h1 { font-size: 1.5em; margin-bottom: 0.2em; }
+h2 { font-size: 1.15em; border-bottom: 1px solid #e5e7eb; padding-bottom: 0.2em; }
+.meta { color: #4b5563; }
+.summary { font-weight: 600; }
+pre.diagnostic { background: #111827; color: #f9fafb; padding: 1em; overflow-x: auto;
+                 border-radius: 6px; font-size: 0.85em; line-height: 1.35; }
+section.violation { margin-top: 2em; }
+.culprit { color: #b91c1c; }
+.graph { overflow-x: auto; border: 1px solid #e5e7eb; border-radius: 6px; padding: 0.5em; }
+.graph svg { max-width: 100%; height: auto; }
+.missing { color: #92400e; background: #fef3c7; padding: 0.5em 1em; border-radius: 6px; }
+svg.timeline { border: 1px solid #e5e7eb; border-radius: 6px; }
+)";
+
+// FormatText's text without its last line (the summary, which the page shows once at the top).
+std::string WithoutSummary(const std::string& text) {
+  std::string out = text;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  size_t last = out.rfind('\n');
+  return last == std::string::npos ? std::string() : out.substr(0, last + 1);
+}
+
+std::string LastLine(const std::string& text) {
+  std::string out = text;
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  size_t last = out.rfind('\n');
+  return last == std::string::npos ? out : out.substr(last + 1);
+}
+
+// <h2>1. version: aten::mul_.Tensor at train.py:66</h2>
+std::string ViolationTitle(size_t index, const replayer::Violation& v) {
+  std::string title = fmt::format("{}. {}", index + 1, replayer::ViolationKindName(v.kind));
+  if (v.culprit) {
+    std::string name =
+        v.culprit->overload.empty() ? v.culprit->name : v.culprit->name + "." + v.culprit->overload;
+    title += ": <span class=\"culprit\">" + HtmlEscape(name);
+    if (v.culprit->user_frame) {
+      title += fmt::format(" at {}:{}", HtmlEscape(v.culprit->user_frame->file),
+                           v.culprit->user_frame->line);
+    }
+    title += "</span>";
+  }
+  return title + " modified what " + HtmlEscape(v.backward_node.name) + " saved";
+}
+
+// One violation: its title, the replay's text for it alone, its graph.
+std::string ViolationSection(size_t index, const HtmlReportParts& parts) {
+  const replayer::Violation& v = parts.report->violations[index];
+  replayer::Report one;
+  one.violations = {v};
+  std::string html = fmt::format("<section class=\"violation\" id=\"violation-{}\">\n<h2>{}</h2>\n",
+                                 index + 1, ViolationTitle(index, v));
+  html += "<pre class=\"diagnostic\">" +
+          HtmlEscapePrintable(WithoutSummary(FormatText(one, false))) +
+          "</pre>\n<h3>Autograd graph around it</h3>\n";
+  const std::string& svg = index < parts.graph_svgs.size() ? parts.graph_svgs[index] : "";
+  if (!svg.empty()) {
+    html += "<div class=\"graph\">" + svg + "</div>\n";
+  } else {
+    html += "<p class=\"missing\">Graph not drawn: " +
+            HtmlEscape(parts.graph_problem.empty() ? "no graph" : parts.graph_problem) + "</p>\n";
+  }
+  return html + "</section>\n";
+}
+
+}  // namespace
+
+std::string HtmlEscape(const std::string& text) {
+  return HtmlEscapePrintable(replayer::Printable(text));
+}
+
+std::string HtmlEscapePrintable(const std::string& printable) {
+  std::string out;
+  out.reserve(printable.size());
+  for (char c : printable) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string HtmlReport(const HtmlReportParts& parts) {
+  const replayer::Report& report = *parts.report;
+  std::string full = FormatText(report, false);
+  std::string html = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<title>torchrr report: {}</title>\n<style>{}</style>\n</head>\n<body>\n"
+      "<h1>torchrr report</h1>\n",
+      HtmlEscape(parts.trace_path), kStyle);
+  const format::FileInfo& info = parts.summary->info;
+  html += fmt::format("<p class=\"meta\">{} &middot; written by torchrr {}, torch {}</p>\n",
+                      HtmlEscape(parts.trace_path), HtmlEscape(info.torchrr_version),
+                      HtmlEscape(info.torch_version));
+  html += "<p class=\"summary\">" + HtmlEscapePrintable(LastLine(full)) + "</p>\n";
+  // What is not a violation: the recorder's stop, warnings, unexplained errors.
+  replayer::Report rest = report;
+  rest.violations.clear();
+  std::string notes = WithoutSummary(FormatText(rest, false));
+  if (!notes.empty()) {
+    html += "<pre class=\"diagnostic\">" + HtmlEscapePrintable(notes) + "</pre>\n";
+  }
+  html += "<h2>The step</h2>\n";
+  html += parts.timeline_svg.empty() ? "<p class=\"missing\">The trace has no timed op.</p>\n"
+                                     : parts.timeline_svg + "\n";
+  for (size_t i = 0; i < report.violations.size(); ++i) html += ViolationSection(i, parts);
+  html += "</body>\n</html>\n";
+  return html;
+}
+
+}  // namespace torchrr::cli

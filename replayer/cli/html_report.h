@@ -1,0 +1,41 @@
+// The HTML page of `torchrr report`: one self-contained file (inline CSS, inline SVG, no script,
+// nothing fetched), readable offline and attachable to a bug report.
+//
+// Layout: the trace and the replay's summary line; what the replay warns about; the step's
+// timeline (step_timeline.h); then one section per violation, numbered as the timeline's marks,
+// with the replay's own text for it (replayer::FormatText, so the verdict reads as in a terminal)
+// and the autograd subgraph around it (autograd_graph.h, drawn by Graphviz), or why it is not
+// drawn.
+#ifndef TORCHRR_REPLAYER_CLI_HTML_REPORT_H_
+#define TORCHRR_REPLAYER_CLI_HTML_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "torchrr/format/reader.h"
+#include "torchrr/replayer/replayer.h"
+
+namespace torchrr::cli {
+
+struct HtmlReportParts {
+  std::string trace_path;
+  const format::ReadSummary* summary = nullptr;
+  const replayer::Report* report = nullptr;
+  std::string timeline_svg;             // "" when the trace has no timed op.
+  std::vector<std::string> graph_svgs;  // One per violation; "" when not drawn.
+  std::string graph_problem;            // Why graphs are not drawn; "" when they are.
+};
+
+// The whole page.
+std::string HtmlReport(const HtmlReportParts& parts);
+
+// A string from the trace for HTML text and attribute values: its control characters and bytes
+// that are not UTF-8 escaped first (replayer::Printable), then &, <, >, " and '.
+std::string HtmlEscape(const std::string& text);
+// The same for text that is printable already (FormatText's lines): only &, <, >, " and ', so
+// that its own newlines stay and its escapes are not escaped twice.
+std::string HtmlEscapePrintable(const std::string& printable);
+
+}  // namespace torchrr::cli
+
+#endif  // TORCHRR_REPLAYER_CLI_HTML_REPORT_H_

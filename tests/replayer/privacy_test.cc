@@ -1,0 +1,87 @@
+// torchrr redact's rewrite rules (replayer/cli/privacy.h): which occurrences of a name change.
+#include "privacy.h"
+
+#include <gtest/gtest.h>
+
+namespace torchrr::cli {
+namespace {
+
+TEST(HomeDirectories, FindsEachOnceInOrder) {
+  EXPECT_EQ(HomeDirectories("/home/ana/a.py /Users/bo/b.py /home/ana/c.py /root/d.py"),
+            (std::vector<std::string>{"/home/ana", "/Users/bo", "/root"}));
+  EXPECT_EQ(HomeDirectories("/home/"), std::vector<std::string>{});
+  EXPECT_EQ(HomeDirectories("/rooted/x /x/root"), std::vector<std::string>{});
+  EXPECT_EQ(HomeDirectories("/home/ana"), std::vector<std::string>{"/home/ana"});
+}
+
+Redaction Rules() {
+  Redaction r;
+  r.maps = {{"secret", "public"}};
+  r.homes = {"/home/al", "/home/alice"};
+  r.hosts = {"vm"};
+  r.users = {"al"};
+  r.Finish();
+  return r;
+}
+
+TEST(Redaction, HomesAreWholePathComponentsLongestFirst) {
+  Redaction r = Rules();
+  EXPECT_EQ(r.Apply("/home/alice/x.py", nullptr), "~/x.py");
+  EXPECT_EQ(r.Apply("/home/al/x.py", nullptr), "~/x.py");
+  EXPECT_EQ(r.Apply("/home/alfred/x.py", nullptr), "/home/alfred/x.py");
+}
+
+TEST(Redaction, HostAndUserOnlyAsWholeWords) {
+  Redaction r = Rules();
+  EXPECT_EQ(r.Apply("aten::_vmap", nullptr), "aten::_vmap");
+  EXPECT_EQ(r.Apply("vm:29500 al@vm", nullptr), "<host>:29500 <user>@<host>");
+  EXPECT_EQ(r.Apply("alpha", nullptr), "alpha");
+}
+
+TEST(Redaction, MapsComeFirstAndSayWhetherAnythingChanged) {
+  Redaction r = Rules();
+  bool changed = false;
+  EXPECT_EQ(r.Apply("/home/alice/secret/x.py", &changed), "~/public/x.py");
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(r.Apply("aten::mul_", &changed), "aten::mul_");
+  EXPECT_FALSE(changed);
+}
+
+TEST(Redaction, EveryStringFieldIsRewritten) {
+  Redaction r = Rules();
+  format::FileInfo info{.cuda_version = "/home/al/cuda", .host = "vm",
+                        .command_line = {"python", "/home/alice/x.py"}};
+  EXPECT_EQ(r.ApplyTo(info), 3);
+  EXPECT_EQ(info.cuda_version, "~/cuda");
+  EXPECT_EQ(info.host, "<host>");
+  EXPECT_EQ(info.command_line[1], "~/x.py");
+  format::Record error = format::ErrorRecord{.message = "cannot open /home/al/a.pt on vm"};
+  format::Record loss = format::DataLossRecord{.reason = "disk full: /home/al/run.trr"};
+  EXPECT_EQ(r.ApplyTo(error), 1);
+  EXPECT_EQ(r.ApplyTo(loss), 1);
+  EXPECT_EQ(std::get<format::ErrorRecord>(error).message, "cannot open ~/a.pt on <host>");
+  EXPECT_EQ(std::get<format::DataLossRecord>(loss).reason, "disk full: ~/run.trr");
+}
+
+TEST(Redaction, DropValuesEmptiesOnlyStringsNothingElseUses) {
+  Redaction r;
+  r.drop_values = true;
+  format::OpRecord op;
+  op.name = 1;
+  op.values = {format::Value{.kind = format::ValueKind::kString, .s = 2},
+               format::Value{.kind = format::ValueKind::kString, .s = 1}};
+  r.FindNames(format::Record(op));
+  r.Finish();
+  format::Record name = format::StringDef{1, "aten::pad"};
+  format::Record value = format::StringDef{2, "reflect"};
+  format::Record record = op;
+  EXPECT_EQ(r.ApplyTo(name), 0);
+  EXPECT_EQ(std::get<format::StringDef>(name).text, "aten::pad");
+  EXPECT_EQ(r.ApplyTo(value), 1);
+  EXPECT_EQ(std::get<format::StringDef>(value).text, "");
+  EXPECT_EQ(r.ApplyTo(record), 1);
+  EXPECT_TRUE(std::get<format::OpRecord>(record).values.empty());
+}
+
+}  // namespace
+}  // namespace torchrr::cli
