@@ -14,6 +14,8 @@
 #if TORCHRR_HAVE_CUPTI
 #include <cuda.h>
 #include <cupti.h>
+
+#include "cupti_layouts.h"
 #endif
 
 namespace torchrr::recorder {
@@ -58,18 +60,6 @@ static_assert(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED == kFlushForced);
 static_assert(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2 == CudaActivityTracer::kExternalKind);
 static_assert(ACTIVITY_RECORD_ALIGNMENT == CudaActivityTracer::kBufferAlignment);
 
-// The newest record layouts of the cupti.h we build with. A newer libcupti writes newer versions
-// of them, which only ever append fields: those read here keep their offsets (the kernel's name
-// sits at byte 104 from CUpti_ActivityKernel4 to 10).
-#if CUPTI_API_VERSION >= 130000
-using KernelActivity = CUpti_ActivityKernel10;
-using MemcpyActivity = CUpti_ActivityMemcpy6;
-constexpr uint32_t kMinCuptiVersion = 130000;  // CUDA 13's first; older ones lay records out apart.
-#else
-using KernelActivity = CUpti_ActivityKernel9;
-using MemcpyActivity = CUpti_ActivityMemcpy5;
-constexpr uint32_t kMinCuptiVersion = 0;
-#endif
 #endif  // TORCHRR_HAVE_CUPTI
 
 // The kinds Start() enables, with the names its messages give them. EXTERNAL_CORRELATION last:

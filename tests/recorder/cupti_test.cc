@@ -23,6 +23,8 @@
 
 #if TORCHRR_HAVE_CUPTI
 #include <cupti.h>
+
+#include "cupti_layouts.h"
 #endif
 
 namespace torchrr::recorder {
@@ -142,8 +144,8 @@ size_t RecordSize(CUpti_ActivityKind kind) {
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return sizeof(CUpti_ActivityExternalCorrelation);
     case CUPTI_ACTIVITY_KIND_RUNTIME:
     case CUPTI_ACTIVITY_KIND_DRIVER: return sizeof(CUpti_ActivityAPI);
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return sizeof(CUpti_ActivityKernel10);
-    case CUPTI_ACTIVITY_KIND_MEMCPY: return sizeof(CUpti_ActivityMemcpy6);
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return sizeof(KernelActivity);
+    case CUPTI_ACTIVITY_KIND_MEMCPY: return sizeof(MemcpyActivity);
     case CUPTI_ACTIVITY_KIND_MEMSET: return sizeof(CUpti_ActivityMemset4);
     default: return 0;
   }
@@ -241,8 +243,8 @@ CUpti_ActivityAPI ApiCall(uint32_t correlation,
   return r;
 }
 
-CUpti_ActivityKernel10 Kernel(uint32_t correlation, const char* name) {
-  CUpti_ActivityKernel10 r{};
+KernelActivity Kernel(uint32_t correlation, const char* name) {
+  KernelActivity r{};
   r.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
   r.correlationId = correlation;
   r.name = name;
@@ -253,8 +255,8 @@ CUpti_ActivityKernel10 Kernel(uint32_t correlation, const char* name) {
   return r;
 }
 
-CUpti_ActivityMemcpy6 Memcpy(uint32_t correlation, CUpti_ActivityMemcpyKind kind, uint64_t bytes) {
-  CUpti_ActivityMemcpy6 r{};
+MemcpyActivity Memcpy(uint32_t correlation, CUpti_ActivityMemcpyKind kind, uint64_t bytes) {
+  MemcpyActivity r{};
   r.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
   r.copyKind = static_cast<uint8_t>(kind);
   r.bytes = bytes;
@@ -317,7 +319,7 @@ TEST_F(CuptiTracer, AttributesKernelsCopiesAndMemsetsToTheOpsThatLaunchedThem) {
   buffer.Add(External(7, 42));
   buffer.Add(External(7, 999, CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0));
   buffer.Add(ApiCall(7));
-  CUpti_ActivityKernel10 kernel = Kernel(7, "ampere_sgemm_128x64_nn");
+  KernelActivity kernel = Kernel(7, "ampere_sgemm_128x64_nn");
   kernel.deviceId = 1;
   kernel.streamId = 7;
   kernel.gridX = 4;
@@ -333,7 +335,7 @@ TEST_F(CuptiTracer, AttributesKernelsCopiesAndMemsetsToTheOpsThatLaunchedThem) {
   // Op 43 copies to the device, then sets memory.
   buffer.Add(External(8, 43));
   buffer.Add(ApiCall(8));
-  CUpti_ActivityMemcpy6 copy = Memcpy(8, CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, 4096);
+  MemcpyActivity copy = Memcpy(8, CUPTI_ACTIVITY_MEMCPY_KIND_HTOD, 4096);
   copy.deviceId = 0;
   copy.streamId = 13;
   buffer.Add(copy);
@@ -495,7 +497,7 @@ TEST_F(CuptiTracer, StopFlushesThenDeliversEverythingStillWaiting) {
 
 TEST_F(CuptiTracer, ZeroTimestampsMeanUntimedAndStayZero) {
   Buffer buffer;
-  CUpti_ActivityKernel10 kernel = Kernel(0, "untimed");
+  KernelActivity kernel = Kernel(0, "untimed");
   kernel.start = 0;
   kernel.end = 0;
   buffer.Add(kernel);
