@@ -150,6 +150,13 @@ void GraphCapture::RecordHook(const torch::autograd::SavedVariable& sv, format::
   if (it == hooks_->end()) return;
   const SavedHookFacts& facts = it->second;
   saved.hook = facts.kind;
+  if (facts.unpack_hook.code != 0) {
+    if (!facts.new_codes.empty()) {
+      std::vector<PythonCode> codes = facts.new_codes;
+      interner_.AddPythonCodes(codes);
+    }
+    saved.unpack_hook = interner_.Stack(nullptr, 0, &facts.unpack_hook, 1, defs);
+  }
   if (facts.kind == format::SavedHook::kPackedTensor && facts.packed.defined()) {
     // What backward will get back: the saved tensor itself (a write to it in between changes the
     // gradient, unchecked) or a copy (later writes to the original do not matter). Its version
@@ -274,9 +281,10 @@ namespace {
 
 void ReadSavedHooksOf(torch::autograd::Node* node, SavedHooks& hooks) {
   if (node == nullptr) return;
-  VisitSavedVariables(*node, [&hooks](const char*, uint32_t,
-                                      const torch::autograd::SavedVariable& sv) {
-    if (ReadSavedVariable(sv).has_hooks) hooks.emplace_back(&sv, ReadSavedHook(sv));
+  uint32_t index = 0;  // RecordSavedTensors visits in the same order: the NodeRecord's index.
+  VisitSavedVariables(*node, [&](const char*, uint32_t, const torch::autograd::SavedVariable& sv) {
+    if (ReadSavedVariable(sv).has_hooks) hooks.emplace_back(&sv, ReadSavedHook(*node, sv, index));
+    ++index;
   });
 }
 

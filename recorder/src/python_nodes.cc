@@ -3,17 +3,23 @@
 // Python's symbols: this library is dlopen'ed only by a recorder running inside Python.
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/autograd/python_saved_variable_hooks.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
+#include <typeinfo>
+#include <utility>
+#include <vector>
 
 #include "saved_variables.h"
+#include "torch_compat.h"
+
+namespace compat = torchrr::recorder::compat;
 
 extern "C" void torchrr_visit_py_node(torch::autograd::Node& node,
                                       const torchrr::recorder::SavedVariableVisitor& visit) {
   auto& py_node = static_cast<torch::autograd::PyNode&>(node);
-  auto* function =
-      reinterpret_cast<THPFunction*>(torchrr::recorder::compat::PythonObjectOf(py_node));
+  auto* function = reinterpret_cast<THPFunction*>(compat::PythonObjectOf(py_node));
   if (function == nullptr) return;
   for (size_t i = 0; i < function->saved_variables.size(); ++i) {
     visit("saved_tensors", static_cast<uint32_t>(i), function->saved_variables[i]);
@@ -21,6 +27,121 @@ extern "C" void torchrr_visit_py_node(torch::autograd::Node& node,
 }
 
 namespace {
+
+// PySavedVariableHooks keeps the unpack hook private, and SavedVariable its hooks: named here
+// through explicit instantiation, which may name private members (as torch_internals.cc does), so
+// a torch that renames them fails to compile.
+template <typename Tag, auto Member>
+struct MemberAccess {
+  friend constexpr auto GetMember(Tag) { return Member; }
+};
+struct HooksTag { friend constexpr auto GetMember(HooksTag); };
+struct UnpackHookTag { friend constexpr auto GetMember(UnpackHookTag); };
+template struct MemberAccess<HooksTag, &torch::autograd::SavedVariable::hooks_>;
+template struct MemberAccess<UnpackHookTag, &torch::autograd::PySavedVariableHooks::unpack_hook_>;
+
+// What a wrapped unpack hook returned that differs from what was saved, per thread, with the
+// node it was saved by, until that node's backward function ends (torchrr_take_unpacked).
+// Bounded: unpacks outside backward (grad_fn._saved_result) are never taken.
+constexpr size_t kMaxUnpacked = 64;
+thread_local std::vector<std::pair<const void*, torchrr::format::UnpackedTensor>> t_unpacked;
+
+// A user's unpack hook wrapped to compare what it returns with what the node saved: the hook, and
+// the expectation. Owned by the wrapper's capsule.
+struct UnpackWatch {
+  PyObject* hook = nullptr;  // Strong reference.
+  torchrr::recorder::UnpackExpectation expect;
+};
+constexpr const char* kWatchCapsule = "torchrr.UnpackWatch";
+
+void DropWatch(PyObject* capsule) {
+  auto* watch = static_cast<UnpackWatch*>(PyCapsule_GetPointer(capsule, kWatchCapsule));
+  if (watch == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  Py_XDECREF(watch->hook);
+  delete watch;
+}
+
+// The wrapper: calls the hook and hands back what it returns, unchanged; notes a tensor whose
+// dtype or shape is not the saved one's.
+PyObject* CallWatchedUnpack(PyObject* capsule, PyObject* packed) {
+  auto* watch = static_cast<UnpackWatch*>(PyCapsule_GetPointer(capsule, kWatchCapsule));
+  if (watch == nullptr) return nullptr;
+  PyObject* result = PyObject_CallOneArg(watch->hook, packed);
+  if (result == nullptr || !THPVariable_Check(result)) return result;
+  const at::Tensor& tensor = THPVariable_Unpack(result);
+  const torchrr::recorder::UnpackExpectation& expect = watch->expect;
+  if (!tensor.defined() || tensor.is_nested() ||
+      tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return result;
+  }
+  const auto dtype = static_cast<torchrr::format::DType>(tensor.scalar_type());
+  if (dtype == expect.dtype && tensor.sizes().equals(expect.shape)) return result;
+  if (t_unpacked.size() >= kMaxUnpacked) t_unpacked.erase(t_unpacked.begin());
+  torchrr::format::UnpackedTensor unpacked;
+  unpacked.saved = expect.saved_index;
+  unpacked.dtype = dtype;
+  unpacked.shape = tensor.sizes().vec();
+  unpacked.saved_dtype = expect.dtype;
+  unpacked.saved_shape = expect.shape;
+  t_unpacked.emplace_back(expect.node, std::move(unpacked));
+  return result;
+}
+
+PyMethodDef kWatchDef = {"torchrr_watched_unpack_hook", CallWatchedUnpack, METH_O,
+                         "A saved_tensors_hooks unpack hook, watched by torchrr."};
+
+// The user's hook when `hook` is torchrr's wrapper (a node read again), else `hook`. Borrowed.
+PyObject* Unwatched(PyObject* hook) {
+  if (hook == nullptr || !PyCFunction_Check(hook) ||
+      PyCFunction_GET_FUNCTION(hook) != reinterpret_cast<PyCFunction>(CallWatchedUnpack)) {
+    return hook;
+  }
+  auto* watch =
+      static_cast<UnpackWatch*>(PyCapsule_GetPointer(PyCFunction_GET_SELF(hook), kWatchCapsule));
+  if (watch == nullptr) {
+    PyErr_Clear();
+    return hook;
+  }
+  return watch->hook;
+}
+
+// Replaces the unpack hook of `saved` (Python hooks that packed a tensor) with the wrapper.
+void WatchUnpack(const torch::autograd::SavedVariable& saved,
+                 const torchrr::recorder::UnpackExpectation& expect) {
+  // By the mangled type name, as IsPythonNode does: libtorch_python does not export the type
+  // information a dynamic_cast needs.
+  torch::autograd::SavedVariableHooks* base = (saved.*GetMember(HooksTag{})).get();
+  if (base == nullptr ||
+      std::strcmp(typeid(*base).name(), "N5torch8autograd20PySavedVariableHooksE") != 0) {
+    return;
+  }
+  auto* hooks = static_cast<torch::autograd::PySavedVariableHooks*>(base);
+  auto& slot = hooks->*GetMember(UnpackHookTag{});
+  c10::impl::PyInterpreter* interpreter = getPyInterpreter();
+  PyObject* hook = compat::SlotObject(slot, interpreter);
+  if (hook == nullptr || Unwatched(hook) != hook) return;  // Already watched.
+  Py_INCREF(hook);  // The watch's.
+  auto* watch = new UnpackWatch{hook, expect};
+  PyObject* capsule = PyCapsule_New(watch, kWatchCapsule, DropWatch);
+  if (capsule == nullptr) {
+    Py_DECREF(hook);
+    delete watch;
+    PyErr_Clear();
+    return;
+  }
+  PyObject* wrapper = PyCFunction_New(&kWatchDef, capsule);
+  Py_DECREF(capsule);  // The wrapper holds it (or, on failure, DropWatch ran).
+  if (wrapper == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  // PySavedVariableHooks' reference, which its destructor drops; its reference to the hook is
+  // dropped (the watch holds one).
+  compat::SetSlotObject(slot, wrapper, interpreter, Py_DecRef);
+}
 
 bool PythonUsable() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -61,14 +182,58 @@ PyObject* CheckpointFrameOf(PyObject* hook, int depth) {
   return nullptr;
 }
 
+// The code object of the Python function `hook` runs: a function's, a bound method's function's,
+// a functools.partial's func's. Borrowed reference, or nullptr (a builtin, a callable object).
+PyObject* HookCode(PyObject* hook, int depth) {
+  if (hook == nullptr || depth > 3) return nullptr;
+  if (PyFunction_Check(hook)) return PyFunction_GetCode(hook);
+  if (PyMethod_Check(hook)) return HookCode(PyMethod_GET_FUNCTION(hook), depth + 1);
+  if (std::strcmp(Py_TYPE(hook)->tp_name, "functools.partial") == 0) {
+    PyObject* func = PyObject_GetAttrString(hook, "func");
+    if (func == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    PyObject* code = HookCode(func, depth + 1);  // Borrowed from func, which the partial keeps.
+    Py_DECREF(func);
+    return code;
+  }
+  return nullptr;
+}
+
+// Where the unpack hook was defined: its code object (a new reference, for ReadSavedHook) and
+// first line.
+void ReadHookCode(PyObject* unpack_hook, torchrr::recorder::SavedHookFacts& out) {
+  PyObject* code = HookCode(unpack_hook, 0);
+  if (code == nullptr) return;
+  PyObject* line = PyObject_GetAttrString(code, "co_firstlineno");
+  if (line == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  const long first_line = PyLong_AsLong(line);
+  Py_DECREF(line);
+  if (first_line < 0) {
+    PyErr_Clear();
+    return;
+  }
+  Py_INCREF(code);
+  out.hook_code = code;
+  out.hook_line = static_cast<int32_t>(first_line);
+}
+
 void ReadHookData(PyObject* unpack_hook, PyObject* data, torchrr::recorder::SavedHookFacts& out) {
   if (PyObject* tensor = data != nullptr ? PackedTensorObject(data) : nullptr) {
     out.kind = torchrr::format::SavedHook::kPackedTensor;
     out.packed = THPVariable_Unpack(tensor);
+    ReadHookCode(Unwatched(unpack_hook), out);
     return;
   }
   PyObject* frame = CheckpointFrameOf(unpack_hook, 0);
-  if (frame == nullptr) return;
+  if (frame == nullptr) {
+    ReadHookCode(unpack_hook, out);  // kOpaque: the user's hook, packing something else.
+    return;
+  }
   PyObject* saver = PyObject_GetAttrString(frame, "input_saver");
   if (saver == nullptr) {
     PyErr_Clear();
@@ -100,10 +265,32 @@ extern "C" void torchrr_read_saved_hook(const torch::autograd::SavedVariable& sa
         const c10::impl::PyInterpreter* interpreter = getPyInterpreter();
         ReadHookData(data->first.ptr(interpreter), data->second.ptr(interpreter), *out);
       }
+      // Only a packed tensor's: checkpointing's placeholder is unpacked by recomputation, which
+      // does its own checks.
+      if (out->kind == torchrr::format::SavedHook::kPackedTensor && out->expect) {
+        WatchUnpack(saved, *out->expect);
+      }
     } catch (const std::exception&) {
       // Hooks that are not Python's (a C++ program's own SavedVariableHooks): opaque.
     }
     PyErr_Restore(error_type, error_value, error_trace);
   }
   PyGILState_Release(gil);
+}
+
+// What the node's wrapped unpack hooks returned on this thread that differs from what it saved
+// (TakeUnpackedTensors). Takes neither the GIL nor a lock: thread-local.
+extern "C" void torchrr_take_unpacked(const void* node,
+                                      std::vector<torchrr::format::UnpackedTensor>* out) {
+  if (t_unpacked.empty()) return;
+  auto kept = t_unpacked.begin();
+  for (auto& entry : t_unpacked) {
+    if (entry.first == node) {
+      out->push_back(std::move(entry.second));
+    } else {
+      if (&*kept != &entry) *kept = std::move(entry);
+      ++kept;
+    }
+  }
+  t_unpacked.erase(kept, t_unpacked.end());
 }

@@ -232,6 +232,17 @@ bool IsFramework(const CPython& py, const std::string& file) {
   return false;
 }
 
+// What the trace says of a code object: its file and qualified name. Holds the GIL.
+PythonCode Describe(const CPython& py, PyCodeObject* code, uint32_t id) {
+  PythonCode description;
+  description.code = id;
+  description.file = StrAttr(py, code, "co_filename");
+  description.function = StrAttr(py, code, "co_qualname");  // 3.11+.
+  if (description.function.empty()) description.function = StrAttr(py, code, "co_name");
+  description.framework = IsFramework(py, description.file);
+  return description;
+}
+
 // The entry of `code`, interning it (and describing it into `new_codes`) when first seen in this
 // recording epoch. Holds the GIL.
 CodeEntry& InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
@@ -247,13 +258,7 @@ CodeEntry& InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
   }
   if (entry.described_epoch != epoch && new_codes != nullptr) {
     entry.described_epoch = epoch;
-    PythonCode description;
-    description.code = entry.id;
-    description.file = StrAttr(py, code, "co_filename");
-    description.function = StrAttr(py, code, "co_qualname");  // 3.11+.
-    if (description.function.empty()) description.function = StrAttr(py, code, "co_name");
-    description.framework = IsFramework(py, description.file);
-    new_codes->push_back(std::move(description));
+    new_codes->push_back(Describe(py, code, entry.id));
   }
   return entry;
 }
@@ -391,6 +396,24 @@ bool PythonInterpreterRunning() {
 }
 
 void ForgetPythonCodeDescriptions() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
+
+PythonFrame CodeDefinition(void* code, int32_t first_line, std::vector<PythonCode>* new_codes) {
+  PythonFrame frame;
+  const CPython& py = Api();
+  if (code == nullptr || !py.usable || !py.Py_IsInitialized()) return frame;
+  if (py.IsFinalizing != nullptr && py.IsFinalizing()) return frame;  // Taking the GIL could hang.
+  PyGILStateState gil = py.PyGILState_Ensure();
+  auto* code_object = static_cast<PyCodeObject*>(code);
+  frame.code = InternCode(py, code_object, g_epoch.load(std::memory_order_acquire), nullptr).id;
+  frame.line = first_line;
+  // Described every time, not once per recording: what a node's hooks were read into may be
+  // dropped unrecorded (a node left to an enclosing op's end, read again there), and the
+  // interner must know the code when the NodeRecord names it.
+  new_codes->push_back(Describe(py, code_object, frame.code));
+  py.Py_DecRef(code_object);  // InternCode holds its own.
+  py.PyGILState_Release(gil);
+  return frame;
+}
 
 size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes) {
   if (max == 0) return 0;

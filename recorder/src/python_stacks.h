@@ -32,6 +32,12 @@ struct PythonCode {
 // Takes the GIL: the caller must hold no lock that a thread holding the GIL could wait for.
 size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes);
 
+// The frame where a code object (a PyCodeObject*) begins, for a function that is not running (a
+// saved-tensor hook): its id, with `first_line` (co_firstlineno) as the line. Appends the code's
+// description to `new_codes`, every time. Takes the GIL, and the caller's reference to `code`. A
+// frame with code 0 when Python is not running.
+PythonFrame CodeDefinition(void* code, int32_t first_line, std::vector<PythonCode>* new_codes);
+
 // Which way stacks are read: "frames" (CPython 3.11's frame structs read directly, checked
 // against the API) or "api" (PyFrame_GetBack and friends, under the GIL). TORCHRR_PYTHON_WALKER=api
 // forces the latter. Thread-safe.

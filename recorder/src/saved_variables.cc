@@ -94,12 +94,37 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
   return format::SavedSetKind::kUnknown;
 }
 
-SavedHookFacts ReadSavedHook(const torch::autograd::SavedVariable& saved) {
+SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
+                             const torch::autograd::SavedVariable& saved, uint32_t saved_index) {
   static auto read =
       reinterpret_cast<ReadSavedHookFn>(PythonNodesSymbol("torchrr_read_saved_hook"));
   SavedHookFacts facts;
-if (read != nullptr) read(saved, &facts);
+  if (read == nullptr) return facts;
+  // What CopySlices saved is its wrapped node's: outputs are that node's.
+  torch::autograd::Node* owner = &node;
+  if (auto* copy_slices = dynamic_cast<torch::autograd::CopySlices*>(&node)) {
+    owner = copy_slices->fn.get();
+  }
+  UnpackExpectation expect;
+  c10::ScalarType dtype{};
+  if (owner != nullptr && SavedTensorMetadata(*owner, saved, &dtype, &expect.shape)) {
+    expect.node = &node;
+    expect.saved_index = saved_index;
+    expect.dtype = static_cast<format::DType>(dtype);
+    facts.expect = std::move(expect);
+  }
+  read(saved, &facts);
+  if (facts.hook_code != nullptr) {
+    facts.unpack_hook = CodeDefinition(facts.hook_code, facts.hook_line, &facts.new_codes);
+    facts.hook_code = nullptr;
+  }
   return facts;
+}
+
+void TakeUnpackedTensors(const void* node, std::vector<format::UnpackedTensor>& out) {
+  using TakeFn = void (*)(const void*, std::vector<format::UnpackedTensor>*);
+  static auto take = reinterpret_cast<TakeFn>(PythonNodesSymbol("torchrr_take_unpacked"));
+  if (take != nullptr) take(node, &out);
 }
 
 }  // namespace torchrr::recorder

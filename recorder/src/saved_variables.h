@@ -10,12 +10,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <typeindex>
 #include <unordered_map>
+#include <vector>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include "python_stacks.h"
 #include "torch_compat.h"
 #include "torchrr/format/records.h"
 
@@ -50,16 +53,45 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
 // a tensor (the saved tensor itself, or a copy, as save_on_cpu makes on a GPU), activation
 // checkpointing's placeholder (recomputed in backward from what the checkpoint's input node
 // saved), or an object the recorder cannot follow (kOpaque).
+// What backward needs an unpack hook to hand back for one saved tensor: the dtype and shape
+// autograd keeps for it (SavedTensorMetadata). PyTorch compares neither with what the hook
+// returns; libtorchrr_python_nodes wraps the unpack hook to compare them.
+struct UnpackExpectation {
+  const void* node = nullptr;  // The node, by address: ties an unpack to the node's execution.
+  uint32_t saved_index = 0;    // In the node's NodeRecord.saved (VisitSavedVariables' order).
+  format::DType dtype = 0;
+  std::vector<int64_t> shape;
+};
+
+// With the hooks' unpack function when it is a Python function (not checkpointing's): where it was
+// defined, the frame a report names when backward fails on what it returned.
 struct SavedHookFacts {
   format::SavedHook kind = format::SavedHook::kOpaque;
   at::Tensor packed;                                        // kPackedTensor.
   compat::NodePtr recompute_from;   // kCheckpoint.
+  PythonFrame unpack_hook;  // Code id and first line; code 0 when unknown.
+  std::vector<PythonCode> new_codes;  // For the interner: code objects described first here.
+  // Set by libtorchrr_python_nodes, taken by ReadSavedHook: a new reference to the hook's code
+  // object (PyCodeObject*), which ReadSavedHook turns into `unpack_hook`, and its first line.
+  void* hook_code = nullptr;
+  int32_t hook_line = 0;
+  // In: set by ReadSavedHook when the metadata is known; the unpack hook of a packed tensor is
+  // then wrapped to compare what it returns with it (TakeUnpackedTensors).
+  std::optional<UnpackExpectation> expect;
 };
 
 // Reads it through Python, taking the GIL: never call it with a lock held that a thread holding
 // the GIL could wait for. kOpaque outside Python. Drop the result without that lock too (the
 // last reference to a Python node takes the GIL).
-SavedHookFacts ReadSavedHook(const torch::autograd::SavedVariable& saved);
+// `node` is the node that saved it (the one VisitSavedVariables was given) and `saved_index` its
+// place in the node's saved list.
+SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
+                             const torch::autograd::SavedVariable& saved, uint32_t saved_index);
+
+// Moves into `out` what the wrapped unpack hooks of the node at `node` returned, on this thread,
+// that differs from what was saved (UnpackedTensor.saved indexes the node's saved list). For a
+// backward function's end: the node's execution unpacked them. Takes no lock, not the GIL.
+void TakeUnpackedTensors(const void* node, std::vector<format::UnpackedTensor>& out);
 
 }  // namespace torchrr::recorder
 

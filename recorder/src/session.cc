@@ -655,6 +655,7 @@ void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
     exec.start_ns = op.start_ns;
     exec.end_ns = op.end_ns;
     exec.threw = op.threw;
+    exec.unpacked = std::move(frame.unpacked);
     group.Add(exec);
   }
   PushGroupLocked(group);
@@ -690,6 +691,9 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   }
   CollectOutputs(fn.outputs(), ts.outputs);
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
+  if (op.scope == format::OpScope::kBackwardFunction && frame.exec_node_address != nullptr) {
+    TakeUnpackedTensors(frame.exec_node_address, frame.unpacked);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     EndLocked(fn, frame, ts);

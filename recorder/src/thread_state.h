@@ -58,6 +58,8 @@ struct OpFrame {
   // start).
   format::ObjectId exec_node = 0;
   const void* exec_node_address = nullptr;
+  // What its unpack hooks returned that differs from what the node saved (TakeUnpackedTensors).
+  std::vector<format::UnpackedTensor> unpacked;
   // The session that started the op (Session::serial()): only that one ends it. An op running
   // across a fork ends in the child, whose session never saw it start.
   uint64_t session = 0;

@@ -5,6 +5,8 @@
 //     enable_shared_from_this) and are owned through c10::intrusive_ptr<Node> from 2.13;
 //   - a Python autograd.Function's node (PyNode) held its THPFunction in `obj`, and reaches it
 //     through `pyobj()` from 2.13;
+//   - PySavedVariableHooks held its hooks as PyObject* (owning a reference), and holds them as
+//     std::optional<c10::SafePyObject> in 2.15;
 //   - c10::Stream::native_handle() appeared after 2.9.
 // Each adapter tests for the shape it needs (a C++20 requires-expression, in a template so that
 // only the branch taken is compiled), not for a version number, so a release that keeps a shape
@@ -74,6 +76,32 @@ auto* PythonObjectOf(PyNode& node) {
     return node.pyobj();
   } else {
     return node.obj;
+  }
+}
+
+// The object in a Python-object member of autograd's Python classes (PySavedVariableHooks'
+// unpack_hook_), or nullptr: `Slot` is PyObject* or std::optional<c10::SafePyObject>;
+// `Interpreter` is c10::impl::PyInterpreter. A borrowed reference.
+template <typename Slot, typename Interpreter>
+auto* SlotObject(const Slot& slot, const Interpreter* interpreter) {
+  if constexpr (std::is_pointer_v<Slot>) {
+    return slot;
+  } else {
+    return slot ? slot->ptr(interpreter) : nullptr;
+  }
+}
+
+// Puts `object` in such a member, which takes the caller's reference to it, and drops the
+// member's reference to what it held (through `decref`, Py_DecRef, or the SafePyObject's own).
+// Holds the GIL.
+template <typename Slot, typename Object, typename Interpreter, typename Decref>
+void SetSlotObject(Slot& slot, Object* object, Interpreter* interpreter, Decref decref) {
+  if constexpr (std::is_pointer_v<Slot>) {
+    Object* old = slot;
+    slot = object;
+    if (old != nullptr) decref(old);
+  } else {
+    slot.emplace(object, interpreter);
   }
 }
 

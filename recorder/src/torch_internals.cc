@@ -27,6 +27,8 @@ struct SavedOriginalTag { friend constexpr auto GetMember(SavedOriginalTag); };
 struct IsLeafTag { friend constexpr auto GetMember(IsLeafTag); };
 struct IsOutputTag { friend constexpr auto GetMember(IsOutputTag); };
 struct HooksTag { friend constexpr auto GetMember(HooksTag); };
+struct GradFnTag { friend constexpr auto GetMember(GradFnTag); };
+struct GradAccumulatorTag { friend constexpr auto GetMember(GradAccumulatorTag); };
 template struct MemberAccess<SavedDataTag, &SavedVariable::data_>;
 template struct MemberAccess<SavedVersionTag, &SavedVariable::saved_version_>;
 template struct MemberAccess<OutputNrTag, &SavedVariable::output_nr_>;
@@ -35,6 +37,8 @@ template struct MemberAccess<SavedOriginalTag, &SavedVariable::saved_original_>;
 template struct MemberAccess<IsLeafTag, &SavedVariable::is_leaf_>;
 template struct MemberAccess<IsOutputTag, &SavedVariable::is_output_>;
 template struct MemberAccess<HooksTag, &SavedVariable::hooks_>;
+template struct MemberAccess<GradFnTag, &SavedVariable::grad_fn_>;
+template struct MemberAccess<GradAccumulatorTag, &SavedVariable::grad_accumulator_>;
 
 struct ContextSavedTag { friend constexpr auto GetMember(ContextSavedTag); };
 template struct MemberAccess<ContextSavedTag, &torch::autograd::AutogradContext::saved_variables_>;
@@ -102,6 +106,36 @@ SavedVariableFacts ReadSavedVariable(const SavedVariable& saved) {
   facts.output_nr = saved.*GetMember(OutputNrTag{});
   facts.data = data.defined() ? &data : nullptr;
   return facts;
+}
+
+bool SavedTensorMetadata(const torch::autograd::Node& node, const SavedVariable& saved,
+                         c10::ScalarType* dtype, std::vector<int64_t>* shape) {
+  // Under hooks, SavedVariable keeps no tensor, only what unpack needs to rebuild its autograd
+  // meta: the node and output number of a saved output, the grad_fn or accumulator of an input.
+  const torch::autograd::Node* owner = nullptr;
+  uint32_t index = 0;
+  if (saved.*GetMember(IsOutputTag{})) {
+    owner = &node;
+    index = saved.*GetMember(OutputNrTag{});
+  } else if (const auto& grad_fn = saved.*GetMember(GradFnTag{})) {
+    owner = grad_fn.get();
+    index = saved.*GetMember(OutputNrTag{});
+  } else if (const auto& accumulator = saved.*GetMember(GradAccumulatorTag{})) {
+    owner = accumulator.get();
+  }
+  if (owner == nullptr || index >= owner->num_inputs()) return false;
+  const torch::autograd::InputMetadata& meta = owner->input_metadata(index);
+  if (meta.was_default_constructed() || meta.is_nested_tensor() || meta.is_tensor_subclass()) {
+    return false;
+  }
+  shape->clear();
+  for (const c10::SymInt& size : meta.shape_as_dim_vector()) {
+    std::optional<int64_t> n = size.maybe_as_int();
+    if (!n) return false;
+    shape->push_back(*n);
+  }
+  *dtype = c10::typeMetaToScalarType(meta.dtype());
+  return true;
 }
 
 const std::vector<SavedVariable>& CppNodeSavedVariables(torch::autograd::Node& node) {

@@ -19,6 +19,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
 namespace torchrr::recorder {
@@ -56,6 +57,14 @@ struct SavedVariableFacts {
   const at::Tensor* data = nullptr;  // Valid while the node is alive; null when !defined.
 };
 SavedVariableFacts ReadSavedVariable(const torch::autograd::SavedVariable& saved);
+
+// The dtype and shape autograd keeps for the tensor `saved` stands for, which backward needs an
+// unpack hook to return for it: for a saved output, `node`'s input metadata; for a saved input,
+// that of the input's grad_fn or gradient accumulator (an input that needs no gradient has none).
+// False when unknown, or not plain sizes (nested, a tensor subclass, symbolic sizes).
+bool SavedTensorMetadata(const torch::autograd::Node& node,
+                         const torch::autograd::SavedVariable& saved, c10::ScalarType* dtype,
+                         std::vector<int64_t>* shape);
 
 // For a node of a C++ custom Function (torch::autograd::Function<T>'s CppNode<T>): what
 // ctx->save_for_backward() saved. The caller has checked the node's type; CppNode<T>'s members do

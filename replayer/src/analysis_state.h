@@ -209,6 +209,9 @@ struct Finding {
   int64_t save_ns = 0;
   int64_t use_ns = 0;
   std::vector<std::pair<format::ObjectId, bool>> touches;  // (op, wrote), in order.
+  // kUnpackHook, kSilent: what the unpack hook returned when the recorder saw it differ from the
+  // saved tensor.
+  std::optional<format::UnpackedTensor> unpacked;
 };
 
 struct AnalysisState {

@@ -118,6 +118,7 @@ void BackwardReplay::OnNodeExec(const format::NodeExecRecord& r) {
   exec.node = r.node;
   exec.thread = r.thread;
   exec.threw = r.threw;
+  exec.unpacked = r.unpacked;
   exec.have_exec = true;
   if (!exec.have_op) exec.record_seq = exec.start_seq = state_.seq;
   if (exec.have_op) {
@@ -241,7 +242,11 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
       pass.builders.push_back(node.forward_thread);
     }
     CheckNode(slot, exec.start_seq, /*simulated=*/false, exec_op, exec.threw, pass);
-    if (exec.threw) AddThrowFindings(slot, exec_op, pass.index, earlier_pass, earlier_exec_op);
+    if (exec.threw) {
+      AddThrowFindings(slot, exec_op, pass.index, earlier_pass, earlier_exec_op, exec.unpacked);
+    } else if (!exec.unpacked.empty()) {
+      AddUnpackedFindings(slot, exec_op, pass.index, exec.unpacked);
+    }
     silent_.Unwatch(slot);
   }
   if (exec.threw) {
@@ -258,7 +263,8 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
 //   - unpack_hook: it saved through saved_tensors_hooks, and backward failed on what the unpack
 //     hook returned (PyTorch checks neither its shape, nor its dtype, nor its version).
 void BackwardReplay::AddThrowFindings(uint32_t node_slot, ObjectId exec_op, uint64_t pass,
-                                      uint64_t earlier_pass, ObjectId earlier_exec_op) {
+                                      uint64_t earlier_pass, ObjectId earlier_exec_op,
+                                      const std::vector<format::UnpackedTensor>& unpacked) {
   AddCachedMutated(node_slot, exec_op, pass);
   const NodeState& node = state_.nodes[node_slot];
   uint32_t first_defined = UINT32_MAX, first_hooked = UINT32_MAX;
@@ -290,8 +296,37 @@ void BackwardReplay::AddThrowFindings(uint32_t node_slot, ObjectId exec_op, uint
   Finding hooked = base;
   hooked.kind = ViolationKind::kUnpackHook;
   hooked.saved = first_hooked;
-  hooked.current_version = state_.saved[first_hooked].saved.saved_version;
+  // The tensor the recorder saw a hook hand back unlike the saved one is the likelier cause.
+  if (!unpacked.empty() && unpacked.front().saved < node.saved_count) {
+    hooked.saved = node.saved_begin + unpacked.front().saved;
+    hooked.unpacked = unpacked.front();
+  }
+  hooked.current_version = state_.saved[hooked.saved].saved.saved_version;
   state_.findings.push_back(std::move(hooked));
+}
+
+// The recorder compares what a Python unpack hook returns with the dtype and shape autograd kept
+// for the saved tensor, since PyTorch compares neither: the formula runs on whatever the hook
+// returns, and the engine then casts each gradient to its input's dtype (and reduces a
+// broadcast one to its shape), so another dtype or shape that does not make the formula throw
+// gives a gradient computed from other values, and no error. Comparing in the replayer instead
+// (the backward op's recorded inputs) would need the ops inside backward functions, which are
+// not recorded unless --all-ops, and would not tell which input is the unpacked tensor.
+void BackwardReplay::AddUnpackedFindings(uint32_t node_slot, ObjectId exec_op, uint64_t pass,
+                                         const std::vector<format::UnpackedTensor>& unpacked) {
+  const NodeState& node = state_.nodes[node_slot];
+  for (const format::UnpackedTensor& u : unpacked) {
+    if (u.saved >= node.saved_count) continue;
+    Finding f;
+    f.kind = ViolationKind::kSilent;
+    f.node = node_slot;
+    f.saved = node.saved_begin + u.saved;
+    f.current_version = state_.saved[f.saved].saved.saved_version;
+    f.pass = pass;
+    f.exec_op = exec_op;
+    f.unpacked = u;
+    state_.findings.push_back(std::move(f));
+  }
 }
 
 // Selective activation checkpointing: the recomputation inside the execution threw in an op

@@ -53,6 +53,7 @@ class BackwardReplay {
     bool threw = false;
     bool have_op = false;
     bool have_exec = false;
+    std::vector<format::UnpackedTensor> unpacked;  // The NodeExecRecord's.
   };
 
   // An open backward pass.
@@ -98,8 +99,13 @@ class BackwardReplay {
   void CheckVersion(const SavedState& s, const Finding& base, uint64_t seq);
   void CheckFingerprint(SavedState& s, const Finding& base, uint64_t seq, size_t findings_before);
   void AddCachedMutated(uint32_t node_slot, format::ObjectId exec_op, uint64_t pass);
+  // What the node's unpack hooks returned unlike what it saved, in an execution that did not
+  // throw: a silently wrong gradient each.
+  void AddUnpackedFindings(uint32_t node_slot, format::ObjectId exec_op, uint64_t pass,
+                           const std::vector<format::UnpackedTensor>& unpacked);
   void AddThrowFindings(uint32_t node_slot, format::ObjectId exec_op, uint64_t pass,
-                        uint64_t earlier_pass, format::ObjectId earlier_exec_op);
+                        uint64_t earlier_pass, format::ObjectId earlier_exec_op,
+                        const std::vector<format::UnpackedTensor>& unpacked);
   void EndPass(size_t open_index);
   void SimulateRest(Pass& pass);
   bool IsAccumulateGrad(const NodeState& node) const;

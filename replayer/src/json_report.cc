@@ -30,7 +30,8 @@ json OpJson(const OpRef& op) {
           {"detail", op.detail.empty() ? json(nullptr) : json(op.detail)},
           {"thread", op.thread},
           {"user_frame", UserFrameJson(op.user_frame)},
-          {"stack", std::move(stack)}};
+          {"stack", std::move(stack)},
+          {"hook", op.hook}};
 }
 
 json OptionalOpJson(const std::optional<OpRef>& op) { return op ? OpJson(*op) : json(nullptr); }
@@ -57,6 +58,16 @@ json CounterResetJson(const std::optional<CounterReset>& reset) {
           {"to", reset->to},
           {"before", OpJson(reset->before)},
           {"after", OpJson(reset->after)}};
+}
+
+// What an unpack hook returned unlike the saved tensor: {"dtype", "shape", "saved_dtype",
+// "saved_shape"}.
+json UnpackedJson(const std::optional<UnpackedRef>& unpacked) {
+  if (!unpacked) return nullptr;
+  return {{"dtype", unpacked->dtype},
+          {"shape", unpacked->shape},
+          {"saved_dtype", unpacked->saved_dtype},
+          {"saved_shape", unpacked->saved_shape}};
 }
 
 json ViolationJson(const Violation& v) {
@@ -113,6 +124,7 @@ json ViolationJson(const Violation& v) {
       {"recording_incomplete", v.recording_incomplete},
       {"counter_reset", CounterResetJson(v.counter_reset)},
       {"freed_by_pass", v.freed_by_pass ? json(*v.freed_by_pass) : json(nullptr)},
+      {"unpacked", UnpackedJson(v.unpacked)},
   };
 }
 

@@ -141,6 +141,7 @@ class ReportBuilder {
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
   void AddFreedBy(const Finding& f, Violation& v) const;
+  void AddUnpackHook(const SavedState& s, Violation& v) const;
   void AddCounterReset(const Finding& f, Violation& v) const;
   SavedTensorRef MakeTensorRef(const SavedState& s) const;
   std::optional<std::string> PytorchNames(const Finding& f, const NodeState& node,
@@ -437,6 +438,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   if (f.kind == ViolationKind::kVersion) v.pytorch_names = PytorchNames(f, node, s);
   if (f.kind == ViolationKind::kSilent) {
     v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint
+                 : f.unpacked     ? SilentEvidence::kUnpackHook
                  : f.unchecked    ? SilentEvidence::kUncheckedSave
                  : f.reset        ? SilentEvidence::kCounterReset
                                   : SilentEvidence::kAliasedWrite;
@@ -450,6 +452,11 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   if (f.by_fingerprint) AddFingerprintEvidence(f, v);
   if (f.reset) AddCounterReset(f, v);
   if (f.kind == ViolationKind::kFreed) AddFreedBy(f, v);
+  if (f.kind == ViolationKind::kUnpackHook || f.unpacked) AddUnpackHook(s, v);
+  if (f.unpacked) {
+    v.unpacked = UnpackedRef{DTypeName(f.unpacked->dtype), f.unpacked->shape,
+                             DTypeName(f.unpacked->saved_dtype), f.unpacked->saved_shape};
+  }
   v.simulated = f.simulated;
   v.backward_pass = f.pass;
   v.node_exec_op = f.exec_op;
@@ -486,6 +493,19 @@ void ReportBuilder::AddFreedBy(const Finding& f, Violation& v) const {
     }
   }
   v.culprit = std::move(culprit);
+}
+
+// The unpack hook that handed backward the tensor it failed on: no op wrote anything, the hook's
+// code decided what backward got, so its definition is the line to fix. Its own frame even when
+// it is framework code (save_on_cpu's): the trace knows no other line for it.
+void ReportBuilder::AddUnpackHook(const SavedState& s, Violation& v) const {
+  std::vector<Frame> stack = StackFrames(s.saved.unpack_hook);
+  if (stack.empty() || stack.front().file.empty()) return;
+  OpRef hook;
+  hook.hook = true;
+  hook.user_frame = UserFrame{stack.front().file, stack.front().line, stack.front().function};
+  hook.stack = std::move(stack);
+  v.culprit = std::move(hook);
 }
 
 // The counter went back: the op that last showed the higher version and the one that then

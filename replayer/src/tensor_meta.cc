@@ -66,6 +66,7 @@ const char* SilentEvidenceName(SilentEvidence evidence) {
     case SilentEvidence::kFingerprint: return "fingerprint";
     case SilentEvidence::kCounterReset: return "counter_reset";
     case SilentEvidence::kUncheckedSave: return "unchecked_save";
+    case SilentEvidence::kUnpackHook: return "unpack_hook";
     default: return "";
   }
 }

@@ -58,8 +58,14 @@ std::string Shape(const std::vector<int64_t>& shape) {
 
 // What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
 // "aten::foo (wrote through aten::add_) wrote into its storage", "aten::detach_ detached it in
-// place", "backward pass #0 ran SigmoidBackward0 and freed what it saved".
+// place", "backward pass #0 ran SigmoidBackward0 and freed what it saved", "unpack hook
+// `<lambda>` returned the tensor backward failed on".
 std::string CulpritLabel(const Violation& v) {
+  if (v.culprit->hook) {
+    return "unpack hook `" + Printable(v.culprit->user_frame->function) + "` returned " +
+           (v.kind == ViolationKind::kSilent ? "another tensor than was saved"
+                                             : "the tensor backward failed on");
+  }
   if (v.kind == ViolationKind::kFreed) {
     return "backward pass #" + (v.freed_by_pass ? std::to_string(*v.freed_by_pass) : "?") +
            " ran " + Printable(v.backward_node.name) + " and freed what it saved";
@@ -240,11 +246,15 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
 //   error: saved tensor detached in place
 //   error: saved tensor used after an earlier backward pass freed it
 //   error: backward failed on a saved tensor returned by a saved_tensors_hooks unpack hook
+//   error: a saved_tensors_hooks unpack hook handed backward another tensor than was saved ...
 void TextReport::EmitHeading(const Violation& v) {
   const char* heading = ": saved tensor modified in place";
   switch (v.kind) {
     case ViolationKind::kSilent:
-      heading = v.evidence == SilentEvidence::kUncheckedSave
+      heading = v.evidence == SilentEvidence::kUnpackHook
+                    ? ": a saved_tensors_hooks unpack hook handed backward another tensor than "
+                      "was saved (PyTorch does not check it: the gradient is silently wrong)"
+                : v.evidence == SilentEvidence::kUncheckedSave
                     ? ": saved tensor modified in place where PyTorch does not check (the "
                       "gradient used the modified value)"
                 : v.evidence == SilentEvidence::kCounterReset
@@ -423,6 +433,11 @@ void TextReport::EmitTensor(const Violation& v) {
   if (v.tensor.id != 0) out_ << " (tensor #" << v.tensor.id << ")";
   if (v.pytorch_names) out_ << ", which PyTorch calls \"" << Printable(*v.pytorch_names) << "\"";
   out_ << "\n";
+  if (v.unpacked) {
+    Fact() << "unpacked: the hook returned " << Printable(v.unpacked->dtype)
+           << Shape(v.unpacked->shape) << " where " << Printable(v.unpacked->saved_dtype)
+           << Shape(v.unpacked->saved_shape) << " was saved\n";
+  }
 }
 
 // Only when the fingerprints were recorded and differ:
@@ -453,6 +468,9 @@ void TextReport::EmitPytorch(const Violation& v) {
     }
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     out_ << "no error: it does not check this saved tensor, so gradients are silently wrong";
+  } else if (v.evidence == SilentEvidence::kUnpackHook) {
+    out_ << "no error: it checks nothing of what unpack hooks return, and casts each gradient "
+            "back to its input's dtype, so gradients are silently wrong";
   } else if (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kCounterReset) {
     out_ << "no error: the counter was set back, so its check passed and gradients are silently "
             "wrong";
@@ -491,7 +509,7 @@ void TextReport::EmitHelp(const Violation& v) {
               "graph again, or run forward again to build a new graph\n";
       return;
     case ViolationKind::kUnpackHook:
-      out_ << "make the unpack hook return a tensor of the packed one's shape, dtype and device "
+      out_ << "make the unpack hook return a tensor of the saved one's shape, dtype and device "
               "(PyTorch checks none of them)\n";
       return;
     case ViolationKind::kCachedMutated:
@@ -501,6 +519,11 @@ void TextReport::EmitHelp(const Violation& v) {
     default: break;
   }
   bool silent = v.kind == ViolationKind::kSilent;
+  if (silent && v.evidence == SilentEvidence::kUnpackHook) {
+    out_ << "make the unpack hook return a tensor of the saved one's dtype and shape (cast back "
+            "what the pack hook converted)\n";
+    return;
+  }
   if (silent && v.evidence == SilentEvidence::kCounterReset) {
     out_ << "do not hide an in-place write to a saved tensor by setting its version back; "
             ".clone() it before writing into it\n";

@@ -339,7 +339,7 @@ TEST(Reader, TooNew) {
   Trace trace = ReadTraceBytesAll(bytes);
   EXPECT_EQ(trace.summary.status.code(), StatusCode::kTooNew);
   EXPECT_EQ(trace.summary.status.message(),
-            "written by torchrr format 2.0; this torchrr reads up to 1.2");
+            "written by torchrr format 2.0; this torchrr reads up to 1.3");
   EXPECT_TRUE(trace.records.empty());
 }
 

@@ -39,6 +39,14 @@ void ClearSince1_2(Record& r) {
   }
 }
 
+// The fields added in 1.3, as an older trace reads them.
+void ClearSince1_3(Record& r) {
+  if (auto* exec = std::get_if<NodeExecRecord>(&r)) exec->unpacked.clear();
+  auto* node = std::get_if<NodeRecord>(&r);
+  if (node == nullptr) return;
+  for (SavedTensor& saved : node->saved) saved.unpack_hook = 0;
+}
+
 TEST(Golden, V1_0ReadsEveryKind) {
   Trace trace = ReadTraceFileAll(kGolden + "/v1_0.trr");
   ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
@@ -122,6 +130,7 @@ TEST(Golden, V1_0ReadsEveryKind) {
   for (Record& r : want) {
     if (auto* t = std::get_if<TensorInfo>(&r)) t->storage_address = 0;  // 1.1
     ClearSince1_2(r);
+    ClearSince1_3(r);
   }
   ASSERT_EQ(trace.records.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(trace.records[i], want[i]) << "record " << i;
@@ -138,6 +147,7 @@ void ExpectEveryField(const std::string& file, uint16_t minor) {
   std::vector<Record> want = testing::ManySteps(2);
   for (Record& r : want) {
     if (minor < 2) ClearSince1_2(r);
+    if (minor < 3) ClearSince1_3(r);
   }
   ASSERT_EQ(trace.records.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(trace.records[i], want[i]) << "record " << i;
@@ -156,6 +166,20 @@ TEST(Golden, V1_2ReadsEveryField) {
   ASSERT_FALSE(node.saved.empty());
   EXPECT_EQ(node.saved[0].hook, SavedHook::kCheckpoint);
   EXPECT_FALSE(node.saved[0].checked);
+  EXPECT_EQ(node.saved[0].unpack_hook, 0u);
+}
+
+TEST(Golden, V1_3ReadsEveryField) {
+  ExpectEveryField("/v1_3.trr", 3);
+  const Trace trace = ReadTraceFileAll(kGolden + "/v1_3.trr");
+  const NodeRecord& node = Nth<NodeRecord>(trace, 1);
+  ASSERT_FALSE(node.saved.empty());
+  EXPECT_NE(node.saved[0].unpack_hook, 0u);
+  EXPECT_EQ(node.saved[0].unpack_hook, Nth<StackDef>(trace, 1).id);
+  const NodeExecRecord& exec = Nth<NodeExecRecord>(trace, 1);
+  ASSERT_EQ(exec.unpacked.size(), 1u);
+  EXPECT_EQ(exec.unpacked[0].dtype, 5);
+  EXPECT_EQ(exec.unpacked[0].saved_shape, (std::vector<int64_t>{4, 8}));
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and
@@ -182,7 +206,7 @@ TEST(Golden, ErrorFiles) {
       {"truncated.trr", StatusCode::kTruncated, "truncated after chunk 2"},
       {"corrupt.trr", StatusCode::kCorrupt, "chunk 3 @ 0x"},
       {"too_new.trr", StatusCode::kTooNew,
-       "written by torchrr format 2.0; this torchrr reads up to 1.2"},
+       "written by torchrr format 2.0; this torchrr reads up to 1.3"},
       {"not_a_trace.trr", StatusCode::kNotATrace, "not a torchrr trace"},
       // Crafted (make_golden --hostile).
       {"reordered.trr", StatusCode::kCorrupt,

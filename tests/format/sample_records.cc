@@ -94,10 +94,12 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   saved.hook = SavedHook::kCheckpoint;
   saved.checked = false;
   saved.recompute_from = id(21);
+  saved.unpack_hook = intern(3);
   node.saved = {saved, SavedTensor{}};
   out.push_back(node);
 
-  out.push_back(NodeExecRecord{id(20), id(32), 11, t0 + 2000, t0 + 2500, true});
+  out.push_back(NodeExecRecord{id(20), id(32), 11, t0 + 2000, t0 + 2500, true,
+                               {UnpackedTensor{1, 5, {4, 8}, 6, {4, 8}}}});
   out.push_back(ErrorRecord{ErrorKind::kPythonException, id(32), 11, t0 + 2600, intern(7),
                             "one of the variables needed for gradient computation has been "
                             "modified by an inplace operation",

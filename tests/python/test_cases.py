@@ -5,7 +5,8 @@ its `# CULPRIT` and `# VICTIM` comments mark the lines.
 Keys: `kind`, `node`, `victim_op`, `raised` (0/1) of the first violation; `op` (the culprit's op),
 or `culprit=none`; `saved`, `current` (versions); `evidence` (silent); `message` (a phrase of
 PyTorch's message, `_` for spaces; by default the one of the kind, MESSAGES); `verify_saved=1`;
-`exit` (the script's, 1 by default); `violations` (a count, nothing else checked) and `passes`
+`culprit=hook` (the culprit is the saved_tensors_hooks unpack hook, defined on the `# CULPRIT`
+line); `exit` (the script's, 1 by default); `violations` (a count, nothing else checked) and `passes`
 (backward passes); `victim_prefix` (instead of `victim_op`, for an op name with spaces); `tags`
 (the modes a case runs under, from TAGS, so that each mode's cases can be found:
 `grep -l tags=.*checkpoint`)."""
@@ -109,6 +110,12 @@ def test_case(script, all_ops, tmp_path):
         assert v.culprit is None
         return
     assert v.culprit is not None
+    assert v.culprit.hook == (expect.get("culprit") == "hook"), v.culprit
+    if v.culprit.hook:  # Not an op: where the hook was defined.
+        assert v.culprit.op is None and v.culprit.id == 0
+        assert same_file(v.culprit.user_frame.file, script)
+        assert v.culprit.user_frame.line == marker_line(script, "CULPRIT")
+        return
     if "op" in expect:
         assert v.culprit.op == expect["op"]
     assert same_file(v.culprit.user_frame.file, script)

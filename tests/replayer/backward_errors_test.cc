@@ -16,6 +16,7 @@ namespace {
 
 using format::ObjectId;
 using testing::Forwarded;
+using testing::kFloat32;
 using testing::kOutput;
 using testing::Line;
 using testing::TraceBuilder;
@@ -28,6 +29,8 @@ constexpr char kFreedMessage[] =
     "they have already been freed).";
 constexpr char kSizeMessage[] =
     "The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimension 0";
+constexpr format::DType kInt32 = 3;    // c10::ScalarType::Int
+constexpr format::DType kFloat16 = 5;  // c10::ScalarType::Half
 
 // a = x * 2; b = a.sin(); a.detach_(); b.sum().backward()
 struct DetachProgram {
@@ -219,6 +222,82 @@ TEST(UnpackHookTest, BackwardThatFailsOnAHookedSavedTensorNamesTheSave) {
   EXPECT_NE(text.find("<the unpack hook is not an op: the trace does not show what it returned>"),
             std::string::npos);
   EXPECT_NE(text.find("tensor: float32[8] on cpu"), std::string::npos);
+}
+
+// y = sigmoid(x) at line 10, saved through hooks whose unpack hook `function` is defined at
+// train.py:`hook_line` (format 1.3); loss = y.sum(); backward, where the sigmoid node's execution
+// saw the hook return `unpacked` and, given a message, threw it.
+std::vector<format::Record> HookedSigmoid(uint32_t hook_line, const std::string& function,
+                                          const format::UnpackedTensor& unpacked,
+                                          const char* message) {
+  TraceBuilder b;
+  auto x = b.Leaf({8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x},
+                     {{"result", kOutput, /*has_hooks=*/true}}, b.At(10));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(11), {});
+  const format::InternId hook = b.Stack({{"train.py", hook_line, function, false}});
+  b.Backward({loss.node, y.node}, message != nullptr ? y.node : 0);
+  if (message != nullptr) b.PythonError(message);
+  for (format::Record& r : b.records) {
+    if (auto* node = std::get_if<format::NodeRecord>(&r); node && node->node == y.node) {
+      node->saved[0].unpack_hook = hook;
+    }
+    if (auto* exec = std::get_if<format::NodeExecRecord>(&r); exec && exec->node == y.node) {
+      exec->unpacked = {unpacked};
+    }
+  }
+  return b.records;
+}
+
+// The hook is the culprit, at its definition; the tensor it returned unlike the saved one is the
+// one reported.
+TEST(UnpackHookTest, TheHooksDefinitionIsTheCulprit) {
+  Report report = Analyze(HookedSigmoid(4, "unpack", {0, kFloat16, {4}, kFloat32, {8}},
+                                        kSizeMessage));
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kUnpackHook);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_TRUE(v.culprit->hook);
+  EXPECT_EQ(v.culprit->id, 0u);
+  EXPECT_EQ(Line(v.culprit), 4u);
+  EXPECT_EQ(v.culprit->user_frame->function, "unpack");
+  EXPECT_EQ(Line(v.victim), 10u);
+  ASSERT_TRUE(v.unpacked);
+  EXPECT_EQ(v.unpacked->dtype, "float16");
+  EXPECT_EQ(v.unpacked->saved_shape, std::vector<int64_t>{8});
+  const nlohmann::json json = ToJson(report)["violations"][0];
+  EXPECT_EQ(json["culprit"]["hook"], true);
+  EXPECT_TRUE(json["culprit"]["op"].is_null());
+  EXPECT_EQ(json["unpacked"]["shape"], nlohmann::json::array({4}));
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("--> train.py:4 in unpack"), std::string::npos) << text;
+  EXPECT_NE(text.find("unpacked: the hook returned float16[4] where float32[8] was saved"),
+            std::string::npos)
+      << text;
+}
+
+// A hook that hands backward another dtype than was saved, and a formula that takes it: no
+// error, a wrong gradient.
+TEST(UnpackHookTest, AnotherDtypeBackwardAcceptedIsSilent) {
+  Report report = Analyze(HookedSigmoid(5, "<lambda>", {0, kInt32, {8}, kFloat32, {8}}, nullptr));
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kSilent);
+  EXPECT_EQ(v.evidence, SilentEvidence::kUnpackHook);
+  EXPECT_FALSE(v.pytorch_raised);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_TRUE(v.culprit->hook);
+  EXPECT_EQ(Line(v.culprit), 5u);
+  EXPECT_EQ(Line(v.victim), 10u);
+  ASSERT_TRUE(v.unpacked);
+  EXPECT_EQ(v.unpacked->dtype, "int32");
+  EXPECT_EQ(v.unpacked->saved_dtype, "float32");
+  EXPECT_EQ(ToJson(report)["violations"][0]["evidence"], "unpack_hook");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("error: a saved_tensors_hooks unpack hook handed backward another tensor"),
+            std::string::npos)
+      << text;
 }
 
 // Non-reentrant checkpointing saves through hooks too: its recomputation errors are its own.

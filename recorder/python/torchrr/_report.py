@@ -51,7 +51,9 @@ class Frame:
 @dataclass
 class Op:
     """An OpRecord: ``op`` is the ATen op name (``aten::mul_``), ``user_frame`` the innermost
-    frame outside framework code, ``stack`` all frames innermost first."""
+    frame outside framework code, ``stack`` all frames innermost first. With ``hook`` set it is
+    no op but a saved_tensors_hooks unpack hook (``op`` None, ``id`` 0): ``user_frame`` is where
+    the hook was defined."""
     id: int
     op: Optional[str]
     overload: str = ""
@@ -60,6 +62,7 @@ class Op:
     user_frame: Optional[Frame] = None
     stack: list = field(default_factory=list)
     raw: dict = field(default_factory=dict, repr=False)
+    hook: bool = False
 
     @classmethod
     def from_json(cls, d: Optional[dict]) -> Optional["Op"]:
@@ -67,7 +70,7 @@ class Op:
             return None
         return cls(d.get("id", 0), d.get("op"), d.get("overload", ""), d.get("detail"),
                    d.get("thread", 0), Frame.from_json(d.get("user_frame")),
-                   [Frame.from_json(f) for f in d.get("stack", [])], d)
+                   [Frame.from_json(f) for f in d.get("stack", [])], d, d.get("hook", False))
 
 
 @dataclass
@@ -130,7 +133,8 @@ class Violation:
     freed it: no ``retain_graph``), ``"unpack_hook"`` (backward failed on what a
     saved_tensors_hooks unpack hook returned) or ``"cached_mutated"`` (an output selective
     activation checkpointing cached was modified before the recomputation); replayer/SCHEMA.md has every field. culprit: the op
-    that wrote it; victim: the forward op that saved it; backward_node: the node that needed it.
+    that wrote it (for ``unpack_hook``, the hook: ``culprit.hook``, where it was defined); victim:
+    the forward op that saved it; backward_node: the node that needed it.
     For ``silent``, evidence says how it was found: ``"aliased_write"`` (a recorded write through
     ``.data`` or another alias: the culprit), ``"fingerprint"`` (``--verify-saved``: its bytes'
     fingerprints differ and nothing wrote through the saved tensor; candidates and kernels list

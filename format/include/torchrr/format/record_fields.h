@@ -48,12 +48,14 @@
 #define TORCHRR_SAVED_TENSOR_FIELDS(X, ID, TIME)                                                \
   X(name) X(list_index) ID(tensor) ID(storage) ID(version_counter) X(saved_version)            \
   X(is_output) X(defined) X(has_hooks) X(is_leaf) X(output_nr) X(hook) X(checked)               \
-  ID(recompute_from)
+  ID(recompute_from) X(unpack_hook)
 #define TORCHRR_NODE_RECORD_FIELDS(X, ID, TIME)                                                 \
   ID(node) X(name) X(forward_thread) X(sequence_nr) ID(created_by) ID(variable) X(saved_kind)  \
   X(edges) X(saved)
+#define TORCHRR_UNPACKED_TENSOR_FIELDS(X, ID, TIME) \
+  X(saved) X(dtype) X(shape) X(saved_dtype) X(saved_shape)
 #define TORCHRR_NODE_EXEC_RECORD_FIELDS(X, ID, TIME) \
-  ID(node) ID(op) X(thread) TIME(start_ns) TIME(end_ns) X(threw)
+  ID(node) ID(op) X(thread) TIME(start_ns) TIME(end_ns) X(threw) X(unpacked)
 #define TORCHRR_ERROR_RECORD_FIELDS(X, ID, TIME) \
   X(kind) ID(op) X(thread) TIME(time_ns) X(type) X(message) X(stack)
 #define TORCHRR_DIM3_FIELDS(X, ID, TIME) X(x) X(y) X(z)
@@ -80,6 +82,7 @@
   X(OpRecord, TORCHRR_OP_RECORD_FIELDS)                                                         \
   X(SavedTensor, TORCHRR_SAVED_TENSOR_FIELDS)                                                   \
   X(NodeRecord, TORCHRR_NODE_RECORD_FIELDS)                                                     \
+  X(UnpackedTensor, TORCHRR_UNPACKED_TENSOR_FIELDS)                                             \
   X(NodeExecRecord, TORCHRR_NODE_EXEC_RECORD_FIELDS)                                            \
   X(ErrorRecord, TORCHRR_ERROR_RECORD_FIELDS)                                                   \
   X(CudaKernelRecord, TORCHRR_CUDA_KERNEL_RECORD_FIELDS)                                        \

@@ -204,6 +204,10 @@ struct SavedTensor {
   // kCheckpoint: the node whose saved tensors (the checkpointed call's inputs) backward reads,
   // with their version check, to recompute this one.
   ObjectId recompute_from = 0;
+  // Saved through hooks that Python functions define: the StackDef of one Python frame, the unpack
+  // hook's definition (its code's file, first line and qualified name), which decides what
+  // backward gets back. 0 otherwise (C++ hooks, checkpointing's own, traces before 1.3).
+  InternId unpack_hook = 0;
   bool operator==(const SavedTensor&) const = default;
 };
 
@@ -232,6 +236,18 @@ struct NodeRecord {
   bool operator==(const NodeRecord&) const = default;
 };
 
+// What a saved_tensors_hooks unpack hook handed backward for a saved tensor, when its dtype or
+// shape is not the saved tensor's: PyTorch checks neither, and backward may compute a wrong
+// gradient without an error (the engine casts every gradient back to its input's dtype).
+struct UnpackedTensor {
+  uint32_t saved = 0;                // Index in the node's NodeRecord.saved.
+  DType dtype = 0;                   // What the hook returned.
+  std::vector<int64_t> shape;
+  DType saved_dtype = 0;             // Of the tensor the node saved.
+  std::vector<int64_t> saved_shape;
+  bool operator==(const UnpackedTensor&) const = default;
+};
+
 // A node's execution in a backward pass. The op record of the same execution carries the timing
 // and the thread; this ties it to the node.
 struct NodeExecRecord {
@@ -241,6 +257,7 @@ struct NodeExecRecord {
   int64_t start_ns = 0;
   int64_t end_ns = 0;
   bool threw = false;
+  std::vector<UnpackedTensor> unpacked;  // Unpack hooks' tensors that differ from the saved ones.
   bool operator==(const NodeExecRecord&) const = default;
 };
 

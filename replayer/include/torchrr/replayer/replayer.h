@@ -60,6 +60,9 @@ struct OpRef {
   uint32_t thread = 0;
   std::vector<Frame> stack;      // Innermost first; empty when stacks were off.
   std::optional<UserFrame> user_frame;
+  // Not an op: a saved_tensors_hooks unpack hook, `stack` and `user_frame` its definition (id 0,
+  // no name).
+  bool hook = false;
 };
 
 enum class ViolationKind : uint8_t {
@@ -87,8 +90,11 @@ enum class SilentEvidence : uint8_t {
   kUncheckedSave = 4, // Its counter moved, but backward used it without PyTorch's version check
                       // (a saved-tensor hook packed the tensor itself; checkpointing recomputed
                       // it; AOTAutograd saved it).
+  kUnpackHook = 5,    // A saved_tensors_hooks unpack hook handed backward a tensor of another
+                      // dtype or shape than was saved (Violation::unpacked), and backward
+                      // computed the gradient from it without an error.
 };
-// "", "aliased_write", "fingerprint", "counter_reset", "unchecked_save"
+// "", "aliased_write", "fingerprint", "counter_reset", "unchecked_save", "unpack_hook"
 const char* SilentEvidenceName(SilentEvidence evidence);
 
 // For evidence kCounterReset: the counter went backwards between two recorded ops, the second
@@ -123,6 +129,14 @@ struct KernelRef {
   int64_t end_ns = 0;
 };
 
+// What an unpack hook handed backward for a saved tensor, unlike what was saved.
+struct UnpackedRef {
+  std::string dtype;                    // "float16"; what the hook returned.
+  std::vector<int64_t> shape;
+  std::string saved_dtype;              // What the node saved.
+  std::vector<int64_t> saved_shape;
+};
+
 // The saved tensor, as it was when the node saved it.
 struct SavedTensorRef {
   format::ObjectId id = 0;              // Tensor id; 0 when the recorder did not know it.
@@ -151,7 +165,8 @@ struct Violation {
   // the write was not recorded (the counter jumped between two recorded uses). kDetached: the
   // detach_() op. kFreed: the node's execution in the earlier pass that freed it (id and name of
   // its backward op), with the stack of the backward() or autograd.grad() call that ran that
-  // pass when the trace shows it (else no stack). kUnpackHook: absent (hooks are not ops).
+  // pass when the trace shows it (else no stack). kUnpackHook: the unpack hook (`hook` set), where
+  // it was defined; absent when the trace does not say (a C++ hook, traces before format 1.3).
   std::optional<OpRef> culprit;
   std::vector<OpRef> later_culprits;    // Later writes before the use, in trace order.
   std::optional<OpRef> victim;          // The forward op that created the node (saved the tensor).
@@ -184,6 +199,9 @@ struct Violation {
   std::vector<KernelRef> kernels;
   std::optional<CounterReset> counter_reset;  // kCounterReset: the evidence.
   std::optional<uint64_t> freed_by_pass;      // kFreed: the earlier pass, when recorded.
+  // kUnpackHook, and kSilent with evidence kUnpackHook: what the hook returned, when the recorder
+  // saw it differ from the saved tensor.
+  std::optional<UnpackedRef> unpacked;
 };
 
 // A backward function that raised an error no violation explains: PyTorch's message and the node.
