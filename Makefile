@@ -26,7 +26,7 @@ test: build
 	$(PY) -m pytest -q tests
 
 demo: build
-	@tools/demo.sh
+	@BUILD=$(BUILD) tools/demo.sh
 
 bench: build
 	@tools/bench.sh

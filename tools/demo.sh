@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# make demo: records a LoRA training step with a planted bug, then replays the trace.
+# make demo: records a LoRA training step with a planted bug, replays the trace, and writes the
+# bug report page (torchrr report) that would be attached to an issue.
 # DEMO=peft (default): the transformers + PEFT sample (Python). DEMO=cpp: the C++ libtorch sample.
+# TORCHRR, PY, BUILD and DEMO_DIR name the CLI, the Python, the build tree and the output folder
+# (tests/python/test_report.py runs this script against its own build and a temporary folder).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-TORCHRR=.venv/bin/torchrr
+TORCHRR=${TORCHRR:-.venv/bin/torchrr}
+PY=${PY:-.venv/bin/python}
+BUILD=${BUILD:-build}
+DEMO_DIR=${DEMO_DIR:-demo}
 DEMO=${DEMO:-peft}
 BUG=${BUG:-inplace_activation}
-mkdir -p demo
+mkdir -p "$DEMO_DIR"
 if [ "$DEMO" = cpp ]; then
-  trace=demo/lora_step.trr
-  cmd=(build/bin/lora_step --device cpu --steps 2 --bug "$BUG")
+  trace=$DEMO_DIR/lora_step.trr
+  cmd=("$BUILD/bin/lora_step" --device cpu --steps 2 --bug "$BUG")
   what="the C++ LoRA step"
 else
-  trace=demo/peft_lora.trr
-  cmd=(.venv/bin/python samples/python/peft_lora.py --device cpu --steps 2 --bug "$BUG")
+  trace=$DEMO_DIR/peft_lora.trr
+  cmd=("$PY" samples/python/peft_lora.py --device cpu --steps 2 --bug "$BUG")
   what="the PEFT LoRA step (tiny Llama, transformers + peft)"
 fi
+page=$DEMO_DIR/report.html
 echo "== Recording $what with the planted bug '$BUG'; PyTorch raises in backward:"
 echo "   \$ torchrr record -o $trace -- ${cmd[*]}"
 "$TORCHRR" record -o "$trace" -- "${cmd[@]}" 2>&1 | grep -iE "error|loss" | cut -c1-200 | head -4
@@ -26,4 +33,9 @@ echo "   \$ torchrr replay $trace"
 rc=$?
 [ "$rc" = 1 ] || { echo "demo: expected the replay to find the planted bug (exit 1), got $rc"; exit 1; }
 echo
-echo "The trace: $trace ($(du -h "$trace" | cut -f1)). Also try: torchrr info $trace; DEMO=cpp make demo"
+echo "== The bug report, one HTML page to open in a browser or attach to an issue:"
+echo "   \$ torchrr report $trace -o $page"
+"$TORCHRR" report "$trace" -o "$page" || { echo "demo: torchrr report failed"; exit 1; }
+echo
+echo "The trace: $trace ($(du -h "$trace" | cut -f1)). The report: $page ($(du -h "$page" | cut -f1))."
+echo "Also try: torchrr info $trace; DEMO=cpp make demo"

@@ -4,10 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# graphviz lays out the report's graph; chromium renders the report in tests/python/test_report.py.
 DEBS=(cmake ninja-build g++ clang libclang-rt-dev make python3-venv
       flatbuffers-compiler libflatbuffers-dev libzstd-dev libboost-stacktrace-dev libgtest-dev
       libcli11-dev nlohmann-json3-dev libfmt-dev libxxhash-dev libbenchmark-dev libunwind8
-      zstd graphviz)
+      zstd graphviz chromium)
 
 missing=()
 for p in "${DEBS[@]}"; do

@@ -75,6 +75,30 @@ struct Completeness {
   }
 };
 
+// What a recorded op costs: the file, and the record chunks' payloads compressed and raw, divided
+// by the op records. Absent from a trace that holds no op.
+struct BytesPerOp {
+  double file = 0;
+  double compressed = 0;
+  double raw = 0;
+
+  static std::optional<BytesPerOp> Of(const format::ReadSummary& s) {
+    uint64_t ops = s.records_per_kind[kOpKind];
+    if (ops == 0) return std::nullopt;
+    auto per_op = [ops](uint64_t bytes) {
+      return static_cast<double>(bytes) / static_cast<double>(ops);
+    };
+    return BytesPerOp{per_op(s.file_size), per_op(s.compressed_bytes), per_op(s.raw_bytes)};
+  }
+  std::string Describe() const {
+    return fmt::format("{:.2f} in the file, {:.2f} compressed ({:.1f} raw)", file, compressed,
+                       raw);
+  }
+  nlohmann::json ToJson() const {
+    return {{"file", file}, {"compressed", compressed}, {"raw", raw}};
+  }
+};
+
 int RunInfo(const InfoOptions& options) {
   using format::ReadSummary;
   // Records are counted by the reader; only what says whether the recording is whole is kept.
@@ -87,8 +111,10 @@ int RunInfo(const InfoOptions& options) {
   int rc = ReportRead(options.path, s);
   if (rc == 3 || rc == 6) return rc;
   if (s.has_info) privacy.SeeInfo(s.info);
+  const std::optional<BytesPerOp> bytes_per_op = BytesPerOp::Of(s);
   if (options.json) {
     nlohmann::json j = format::SummaryToJson(s);
+    j["bytes_per_op"] = bytes_per_op ? bytes_per_op->ToJson() : nlohmann::json(nullptr);
     j["recording"] = completeness.ToJson();
     j["privacy"] = privacy.ToJson();
     fmt::print("{}\n", JsonText(j));
@@ -124,12 +150,7 @@ int RunInfo(const InfoOptions& options) {
   }
   fmt::print("raw bytes:        {}\n", s.raw_bytes);
   fmt::print("compressed bytes: {}\n", s.compressed_bytes);
-  uint64_t op_count = s.records_per_kind[kOpKind];
-  if (op_count > 0) {
-    fmt::print("bytes per op:     {:.2f} compressed ({:.1f} raw)\n",
-               static_cast<double>(s.compressed_bytes) / static_cast<double>(op_count),
-               static_cast<double>(s.raw_bytes) / static_cast<double>(op_count));
-  }
+  if (bytes_per_op) fmt::print("bytes per op:     {}\n", bytes_per_op->Describe());
   fmt::print("privacy:          what this trace tells whoever reads it\n");
   for (const std::string& line : privacy.Lines()) fmt::print("{}\n", line);
   return rc;

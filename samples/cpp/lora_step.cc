@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -23,6 +24,19 @@ namespace {
 using torchrr::samples::Bug;
 using torchrr::samples::LlamaConfig;
 using torchrr::samples::LlamaForCausalLM;
+
+// Llama 2 7B's sizes (--shape 7b): the model whose one-step trace must fit in an issue attachment.
+constexpr int64_t k7bLayers = 32;
+constexpr int64_t k7bHidden = 4096;
+constexpr int64_t k7bHeads = 32;
+constexpr int64_t k7bIntermediate = 11008;
+constexpr int64_t k7bVocab = 32000;
+constexpr int64_t k7bSeq = 2048;
+constexpr int64_t k7bRank = 16;
+// --tiny divides the sizes no op depends on by this: the op stream stays that of the full shape
+// (the same ops, layers, heads and LoRA rank) while every tensor fits in a few megabytes.
+// 64 keeps 7B's head dimension even (4096 / 64 / 32 heads = 2), as RoPE needs.
+constexpr int64_t kTinyDivisor = 64;
 
 // One training step on (tokens, labels); returns the loss before the update.
 // Throws c10::Error when backward finds a saved tensor modified in place.
@@ -54,6 +68,8 @@ int main(int argc, char** argv) {
   int64_t batch = 4;
   int64_t seed = 0;
   double learning_rate = 1e-2;
+  std::string shape = "small";
+  bool tiny = false;
 
   CLI::App app{
       "A LoRA fine-tuning step of a small Llama-like model, optionally with an in-place "
@@ -73,6 +89,9 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", config.hidden_size, "hidden size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--intermediate", config.intermediate_size,
+                 "MLP intermediate size (default: 8/3 of hidden, rounded up to 32)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--heads", config.num_heads, "attention heads")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -88,6 +107,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lr", learning_rate, "AdamW learning rate")->capture_default_str();
   app.add_option("--seed", seed, "seed of the weights and the batch")->capture_default_str();
+  app.add_option("--shape", shape,
+                 "sizes the options above do not give: small (their defaults) or 7b (Llama 2 7B: "
+                 "32 layers, hidden 4096, 32 heads, MLP 11008, vocab 32000, seq 2048, rank 16)")
+      ->check(CLI::IsMember({"small", "7b"}))
+      ->capture_default_str();
+  app.add_flag("--tiny", tiny,
+               "divide hidden, MLP, vocab and seq by 64: the ops of that shape on small tensors");
   CLI11_PARSE(app, argc, argv);
 
   if (list_bugs) {
@@ -101,6 +127,29 @@ int main(int argc, char** argv) {
   if (!bug) {
     std::cerr << "error: unknown bug '" << bug_name << "' (see --list-bugs)\n";
     return 2;
+  }
+  if (shape == "7b") {
+    // An option given on the command line wins over the preset.
+    auto preset = [&app](const char* option, int64_t& field, int64_t value) {
+      if (app.count(option) == 0) field = value;
+    };
+    preset("--layers", config.num_layers, k7bLayers);
+    preset("--hidden", config.hidden_size, k7bHidden);
+    preset("--heads", config.num_heads, k7bHeads);
+    preset("--intermediate", config.intermediate_size, k7bIntermediate);
+    preset("--vocab", config.vocab_size, k7bVocab);
+    preset("--seq", config.max_seq_len, k7bSeq);
+    preset("--rank", config.lora_rank, k7bRank);
+  }
+  if (app.count("--intermediate") == 0 && shape != "7b") {
+    // Llama's 8/3 ratio, rounded up to a multiple of 32.
+    config.intermediate_size = (config.hidden_size * 8 / 3 + 31) / 32 * 32;
+  }
+  if (tiny) {
+    for (int64_t* size : {&config.hidden_size, &config.intermediate_size, &config.vocab_size,
+                          &config.max_seq_len}) {
+      *size = std::max<int64_t>(*size / kTinyDivisor, 2);
+    }
   }
   const int64_t head_dim = config.hidden_size / config.num_heads;
   if (config.hidden_size % config.num_heads != 0 || head_dim % 2 != 0) {
@@ -117,8 +166,6 @@ int main(int argc, char** argv) {
     return 2;
   }
 #endif
-  // Llama's 8/3 ratio, rounded up to a multiple of 32.
-  config.intermediate_size = (config.hidden_size * 8 / 3 + 31) / 32 * 32;
   const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
 
   // Weights and batch are drawn on the CPU, so every device starts from the same numbers.

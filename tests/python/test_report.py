@@ -1,16 +1,19 @@
 """`torchrr report`: one self-contained HTML page (nothing fetched) with each violation as the
 replay prints it, the autograd graph around it drawn by Graphviz, and the step's timeline with the
 save, the write and the use marked; checked as text, and as a browser renders it (headless
-Chromium) when one is installed."""
+Chromium) when one is installed, for a small script's trace and for `make demo`'s own report
+(tools/demo.sh run against this build into a temporary folder)."""
+import html as html_text
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import cli, needs_build
+from conftest import cli, marker_line, needs_build
 from demo_like import record_demo_like
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,9 +41,25 @@ def assert_self_contained(html):
 
 
 def chromium(*args, tmp_path):
+    # As root in a container: no sandbox (it needs user namespaces), no GPU, and no /dev/shm,
+    # which containers often make too small for Chromium's shared memory.
     return subprocess.run([CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox",
+                           "--disable-dev-shm-usage",
                            f"--user-data-dir={tmp_path / 'chromium-profile'}", *args],
                           capture_output=True, text=True, timeout=120)
+
+
+def rendered_dom(page, tmp_path):
+    """The DOM Chromium builds from `page`, after asserting it loaded with nothing on the
+    console. The report holds no script, so any console line (a script's message, an uncaught
+    exception, a load the page was refused) is a fault."""
+    proc = chromium("--enable-logging=stderr", "--v=0", "--dump-dom", Path(page).as_uri(),
+                    tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines()
+               if re.search(r":CONSOLE[:(]", line) or "Uncaught" in line]
+    assert console == [], console
+    return proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -94,14 +113,47 @@ def test_without_dot_the_page_says_so(demo_report, tmp_path):
 @needs_chromium
 def test_chromium_renders_it(demo_report, tmp_path):
     out, _, script, bug_line, _ = demo_report
-    proc = chromium("--enable-logging=stderr", "--v=0", "--dump-dom", out.as_uri(),
-                    tmp_path=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"{script}:{bug_line}" in proc.stdout
-    assert "<svg" in proc.stdout
-    errors = [line for line in proc.stderr.splitlines()
-              if "Uncaught" in line or re.search(r"CONSOLE.*error|console error", line, re.I)]
-    assert errors == [], errors
+    dom = rendered_dom(out, tmp_path)
+    assert f"{script}:{bug_line}" in dom
+    assert "<svg" in dom
+
+
+@needs_chromium
+def test_chromium_console_is_seen(tmp_path):
+    page = tmp_path / "noisy.html"
+    page.write_text('<html><body><script>console.error("broken")</script></body></html>')
+    with pytest.raises(AssertionError, match="broken"):
+        rendered_dom(page, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def made_demo(tmp_path_factory):
+    """The output folder of tools/demo.sh run as `make demo` runs it (the PEFT sample with
+    inplace_activation), with this build's CLI and this Python."""
+    directory = tmp_path_factory.mktemp("demo")
+    env = dict(os.environ, TORCHRR=str(cli()), PY=sys.executable, DEMO_DIR=str(directory),
+               DEMO="peft", BUG="inplace_activation")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for name in ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "RANK"):
+        env.pop(name, None)
+    proc = subprocess.run([str(REPO / "tools" / "demo.sh")], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"The report: {directory / 'report.html'}" in proc.stdout, proc.stdout[-3000:]
+    return directory
+
+
+@needs_build
+@needs_dot
+@needs_chromium
+def test_chromium_renders_the_demo_report(made_demo, tmp_path):
+    script = REPO / "samples" / "python" / "peft_lora.py"
+    bug_line = marker_line(script, r"BUG\(inplace_activation\)")
+    code = script.read_text().splitlines()[bug_line - 1].strip()
+    dom = rendered_dom(made_demo / "report.html", tmp_path)
+    assert f"{script.name}:{bug_line}" in dom, "the culprit's line is not on the page"
+    assert html_text.escape(code, quote=False) in dom, f"the culprit's code {code!r} is not there"
+    assert re.search(r'<div class="graph">\s*<svg\b', dom), "no graph drawn"
 
 
 @needs_dot
