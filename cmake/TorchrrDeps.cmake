@@ -52,7 +52,13 @@ set(TORCHRR_TORCH_FOUND OFF)
 if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
   execute_process(
     COMMAND ${TORCHRR_PYTHON} -c "import torch, sys; sys.stdout.write(torch.utils.cmake_prefix_path)"
-    OUTPUT_VARIABLE TORCHRR_TORCH_PREFIX RESULT_VARIABLE torch_rc ERROR_QUIET)
+    OUTPUT_VARIABLE TORCHRR_TORCH_PREFIX RESULT_VARIABLE torch_rc ERROR_VARIABLE torch_error)
+  if(NOT torch_rc EQUAL 0)
+    # Said, not swallowed: a torch that does not import is otherwise just "torch not found".
+    string(REGEX MATCH "[^\n]*\n?$" torch_error_line "${torch_error}")
+    message(STATUS "torchrr: `import torch` failed in ${TORCHRR_PYTHON} (${torch_rc}): "
+                   "${torch_error_line}")
+  endif()
   if(torch_rc EQUAL 0)
     list(APPEND CMAKE_PREFIX_PATH ${TORCHRR_TORCH_PREFIX})
     # Torch's config looks for CUDA when its libraries were built with it; the CPU build of
