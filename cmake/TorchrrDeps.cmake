@@ -71,6 +71,15 @@ if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
     find_package(Torch CONFIG QUIET)
     if(Torch_FOUND)
       set(TORCHRR_TORCH_FOUND ON)
+      # torch's CUDA libraries need the libraries of pip's NVIDIA wheels (NCCL, cuDNN, ...), which
+      # they find at run time through their own RPATH. The linker looks for them first along the
+      # -rpath list, where the CUDA toolkit's older copies (an older libnccl) would be found and
+      # fail the link of every executable with undefined symbols: the wheels' come first.
+      file(GLOB nvidia_lib_dirs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+      if(nvidia_lib_dirs)
+        list(JOIN nvidia_lib_dirs ":" nvidia_lib_path)
+        list(APPEND TORCH_LIBRARIES "-Wl,-rpath-link,${nvidia_lib_path}")
+      endif()
       execute_process(
         COMMAND ${TORCHRR_PYTHON} -c "import torch, sys; sys.stdout.write(torch.__version__)"
         OUTPUT_VARIABLE TORCHRR_TORCH_VERSION)
