@@ -619,14 +619,15 @@ std::string PytorchNodeName(std::string_view node_name, std::string_view torch_v
   if (!version || *version < std::pair{kForwardOpNamesMajor, kForwardOpNamesMinor}) {
     return std::string(node_name);
   }
-  // As torch's Node::forward_op_name(): the last "Backward", when only digits follow it.
+  // As torch's Node::forward_op_name(): without the last "Backward" when only digits follow it,
+  // and without those digits when they are the first overload's "0" (AddBackward1 is Add1).
   size_t at = node_name.rfind("Backward");
   if (at == std::string_view::npos) return std::string(node_name);
   std::string_view rest = node_name.substr(at + std::strlen("Backward"));
   if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return std::string(node_name);
   }
-  return std::string(node_name.substr(0, at));
+  return std::string(node_name.substr(0, at)) + std::string(rest == "0" ? "" : rest);
 }
 
 }  // namespace torchrr::replayer

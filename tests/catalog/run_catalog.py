@@ -90,9 +90,9 @@ def check_op_line(errors, what, op, want_line, source_name):
 
 def forward_op_name(node):
     """How torch 2.13 and later name `node` in their messages: without a Backward<digits>
-    suffix (replayer.h's PytorchNodeName)."""
-    match = re.fullmatch(r"(.*)Backward\d*", node or "")
-    return match[1] if match else node
+    suffix, keeping digits other than "0" (AddBackward1 is Add1; replayer.h's PytorchNodeName)."""
+    match = re.fullmatch(r"(.*)Backward(\d*)", node or "")
+    return match[1] + ("" if match[2] == "0" else match[2]) if match else node
 
 
 def check_violation(errors, case, category, v, marks, expected, source_name, pytorch_node):

@@ -622,6 +622,8 @@ TEST(AnalyzerTest, PytorchNamesAsTheRecordingTorchWordsThem) {
     EXPECT_EQ(report.violations[0].pytorch_names, "output 0 of SigmoidBackward0") << older;
   }
   EXPECT_EQ(PytorchNodeName("FBackward", "2.13.0"), "F");
+  EXPECT_EQ(PytorchNodeName("ClampBackward1", "2.15.0"), "Clamp1");
+  EXPECT_EQ(PytorchNodeName("AddBackward10", "2.15.0"), "Add10");
   EXPECT_EQ(PytorchNodeName("AsStridedBackward0", "2.13.0"), "AsStrided");
   EXPECT_EQ(PytorchNodeName("CopySlices", "2.15.0"), "CopySlices");
   EXPECT_EQ(PytorchNodeName("MyBackwardPass", "2.15.0"), "MyBackwardPass");

@@ -271,8 +271,9 @@ class Analyzer {
 
 // How PyTorch's "which is output N of <node>" names the autograd node `node_name` when the
 // recording torch is `torch_version`: the node's own name (SigmoidBackward0) before 2.13; from
-// 2.13 on, the forward op's (Sigmoid; a Python Function's FBackward is F): the name without a
-// "Backward" suffix followed by digits only. Names without that suffix (CopySlices) are kept.
+// 2.13 on, the forward op's (Sigmoid; AddBackward1 is Add1; a Python Function's FBackward is F):
+// the name without a last "Backward" followed by digits only, and without the digits when they
+// are "0". Names without that suffix (CopySlices) are kept.
 std::string PytorchNodeName(std::string_view node_name, std::string_view torch_version);
 
 // Analyzes records already in memory. Same result as feeding them to an Analyzer.
