@@ -70,12 +70,14 @@ WeakNodePtr WeakRef(Node* node) {
 // The Python object (a THPFunction) of a Python autograd.Function's node; `PyNode` is
 // torch::autograd::PyNode, a template parameter so that only python_nodes.cc, which has Python's
 // headers, instantiates it.
+// Before 2.13 Node::pyobj() also exists, but is another object (the node's own Python wrapper,
+// unset for a PyNode): `obj` is tested first.
 template <typename PyNode>
 auto* PythonObjectOf(PyNode& node) {
-  if constexpr (requires { node.pyobj(); }) {
-    return node.pyobj();
-  } else {
+  if constexpr (requires { node.obj; }) {
     return node.obj;
+  } else {
+    return node.pyobj();
   }
 }
 
