@@ -37,4 +37,9 @@ int ReportRead(const std::string& path, const format::ReadSummary& summary) {
   return ExitCodeFor(code);
 }
 
+replayer::Report FinishAnalysis(replayer::Analyzer& analyzer, const format::ReadSummary& summary) {
+  if (summary.has_info) analyzer.SetRecordingTorch(summary.info.torch_version);
+  return analyzer.Finish();
+}
+
 }  // namespace torchrr::cli

@@ -9,6 +9,7 @@
 
 #include "exit_codes.h"
 #include "torchrr/format/reader.h"
+#include "torchrr/replayer/replayer.h"
 
 namespace torchrr::cli {
 
@@ -36,6 +37,11 @@ int RefuseOverwrite(const std::string& trace, const std::string& output);
 // Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
 // after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.
 int ReportRead(const std::string& path, const format::ReadSummary& summary);
+
+// The report of `analyzer`, fed every record of a trace whose read ended in `summary`: the
+// analysis is told the torch that recorded it (FileInfo), so that every verb words PyTorch's
+// messages as that torch does. Call once, after the read.
+replayer::Report FinishAnalysis(replayer::Analyzer& analyzer, const format::ReadSummary& summary);
 
 }  // namespace torchrr::cli
 

@@ -34,7 +34,7 @@ int RunExport(const ExportOptions& options) {
   });
   int rc = ReportRead(options.path, summary);
   if (rc == 3 || rc == 6 || rc == 7) return rc;
-  replayer::Report report = analyzer.Finish();
+  replayer::Report report = FinishAnalysis(analyzer, summary);
 
   std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
   if (!out) {

@@ -60,8 +60,7 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
     *verdict = name + ": not read (" + std::string(StatusName(code)) + ")";
     return read_code;
   }
-  if (summary.has_info) analyzer.SetRecordingTorch(summary.info.torch_version);
-  replayer::Report report = analyzer.Finish();
+  replayer::Report report = FinishAnalysis(analyzer, summary);
   if (code != format::StatusCode::kOk) {
     std::cerr << "torchrr: warning: " << replayer::Printable(path) << ": analysed the "
               << summary.records()

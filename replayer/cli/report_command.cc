@@ -30,7 +30,7 @@ int RunReport(const ReportOptions& options) {
       format::ReadTraceFile(options.path, [&](const format::Record& r) { analyzer.Add(r); });
   int rc = ReportRead(options.path, summary);
   if (rc == 3 || rc == 6 || rc == 7) return rc;
-  const replayer::Report report = analyzer.Finish();
+  const replayer::Report report = FinishAnalysis(analyzer, summary);
 
   // Pass 2: the graph and the timeline.
   TraceTables tables;
