@@ -139,6 +139,9 @@ class Encoder {
   auto Vector(const std::vector<E>& v) {
     if constexpr (std::is_arithmetic_v<E>) {
       return v.empty() ? fbs::Offset<fbs::Vector<E>>() : fbb_.CreateVector(v);
+    } else if constexpr (std::is_same_v<E, std::string>) {
+      using Out = fbs::Offset<fbs::Vector<fbs::Offset<fbs::String>>>;
+      return v.empty() ? Out() : fbb_.CreateVectorOfStrings(v);
     } else if constexpr (IsTable<E>) {
       using Out = fbs::Offset<fbs::Vector<fbs::Offset<typename Fb<E>::Type>>>;
       if (v.empty()) return Out();

@@ -8,7 +8,7 @@ namespace {
 // In Record's alternative order.
 constexpr std::array<const char*, kRecordKindCount> kKindNames = {
     "string", "frame", "stack", "tensor", "op", "node", "node_exec", "error", "cuda_kernel",
-    "cuda_memcpy", "data_loss", "fingerprint",
+    "cuda_memcpy", "data_loss", "fingerprint", "source_file", "source_lines",
 };
 
 }  // namespace

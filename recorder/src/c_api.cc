@@ -61,6 +61,7 @@ extern "C" int torchrr_start(const char* path, int native_stacks, int python_sta
   options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
   options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
   options.follow_forks = (flags & TORCHRR_FOLLOW_FORKS) != 0;
+  options.source = (flags & TORCHRR_NO_SOURCE) == 0;
   return Start(options);
 }
 

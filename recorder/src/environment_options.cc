@@ -70,6 +70,7 @@ std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& l
   ReadSwitch(lookup, "TORCHRR_CUDA_KERNELS", &options.cuda_kernels);
   ReadSwitch(lookup, "TORCHRR_ALL_OPS", &options.all_ops);
   ReadSwitch(lookup, "TORCHRR_FOLLOW_FORKS", &options.follow_forks);
+  ReadSwitch(lookup, "TORCHRR_SOURCE", &options.source);
   if (const char* bytes = lookup("TORCHRR_MAX_BUFFERED_BYTES"); bytes && *bytes) {
     std::optional<unsigned long long> n = ParseCount(bytes);
     if (n && *n > 0) {

@@ -18,6 +18,8 @@
 //   TORCHRR_ALL_OPS             RecorderOptions::all_ops. Default: off.
 //   TORCHRR_FOLLOW_FORKS        RecorderOptions::follow_forks: a forked child records into
 //                               FILE.pidN.EXT. Default: off.
+//   TORCHRR_SOURCE              RecorderOptions::source: user code's lines in the trace.
+//                               Default: on.
 //   TORCHRR_FAIL_AT_OP          RecorderOptions::fail_at_op, for tests. Default: 0 (never).
 //
 // A switch reads 1/true/yes/on or 0/false/no/off. A value not understood prints one warning and

@@ -250,6 +250,7 @@ std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std
   sink_options.max_buffered_bytes = options.max_buffered_bytes;
   sink_options.when_full = options.when_full;
   sink_options.zstd_level = options.zstd_level;
+  sink_options.record_source = options.source;
   // The writer thread takes pending groups each time it looks at the queue: the session outlives
   // the sink's thread (Stop closes the sink).
   Session* raw = session.get();

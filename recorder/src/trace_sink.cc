@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <unordered_map>
 
 #include "native_stacks.h"
 #include "record_bytes.h"
+#include "torchrr/format/source_files.h"
 
 namespace torchrr::recorder {
 
@@ -33,6 +35,16 @@ constexpr auto kFlushInterval = std::chrono::milliseconds(500);
 // the training thread a futex wake-up and a context switch per op.
 constexpr size_t kWakeBytes = 1u << 20;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
+
+// Source context: the lines before and after a frame's line that the trace carries.
+constexpr uint32_t kSourceContextLines = 3;
+// Bounds on what source costs: the files read (kept for the run: each frame's lines are cut from
+// them when first seen), the lines written, and the longest line written (a minified or generated
+// file's). A line past them is not written: the replay reads it from its own machine's file, when
+// that is the same file.
+constexpr size_t kMaxSourceBytesRead = 64u << 20;
+constexpr size_t kMaxSourceBytesWritten = 16u << 20;
+constexpr size_t kMaxSourceLineBytes = 16u << 10;
 
 // Blocks SIGXFSZ on the calling thread while it lives, so that a write past the file-size limit
 // (ulimit -f, RLIMIT_FSIZE) fails with EFBIG, and the sink fails with one warning, instead of the
@@ -215,12 +227,20 @@ bool TraceSink::WriteBatch(std::string_view batch) {
       return false;
     }
     format::Record& record = *next;
+    format::InternId source_file = 0;
+    uint32_t source_line = 0;
     if (auto* frame = std::get_if<format::FrameDef>(&record)) {
       if (frame->kind == format::FrameKind::kNative && frame->function == 0 && frame->pc != 0) {
         // A placeholder from the training thread: written as the frames it symbolizes to.
         if (!Symbolize(*frame)) return false;
         continue;
       }
+      if (!frame->framework) {
+        source_file = frame->file;
+        source_line = frame->line;
+      }
+    } else if (auto* string = std::get_if<format::StringDef>(&record)) {
+      if (options_.record_source) string_texts_[string->id] = string->text;
     } else if (auto* stack = std::get_if<format::StackDef>(&record)) {
       expanded_stack_.clear();
       for (format::InternId id : stack->frames) {
@@ -238,8 +258,70 @@ bool TraceSink::WriteBatch(std::string_view batch) {
       Fail(status.message());
       return false;
     }
+    if (source_file != 0 && options_.record_source) {
+      auto path = string_texts_.find(source_file);
+      if (path != string_texts_.end() && !WriteSource(source_file, path->second, source_line)) {
+        return false;
+      }
+    }
   }
   return true;
+}
+
+bool TraceSink::WriteSource(format::InternId file, const std::string& path, uint32_t line) {
+  if (!options_.record_source || file == 0 || line == 0 || path.empty()) return true;
+  auto [it, first_seen] = sources_.try_emplace(path);
+  Source& source = it->second;
+  if (first_seen) {
+    if (path.front() == '<' || source_bytes_read_ >= kMaxSourceBytesRead) return true;
+    std::optional<std::string> bytes = format::ReadSourceFile(
+        path, std::min(format::kMaxSourceBytes, kMaxSourceBytesRead - source_bytes_read_));
+    if (!bytes) return true;  // "<stdin>", a file gone or unreadable: the trace has no code.
+    source_bytes_read_ += bytes->size();
+    source.readable = true;
+    source.file = file;
+    source.bytes = std::move(*bytes);
+    source.lines = format::SplitSourceLines(source.bytes);
+    source.written.assign(source.lines.size(), false);
+    format::SourceFile def;
+    def.file = file;
+    def.hash = format::SourceHash(source.bytes);
+    def.bytes = source.bytes.size();
+    def.lines = static_cast<uint32_t>(source.lines.size());
+    format::Status status = writer_->Append(format::Record(def));
+    if (!status.ok()) {
+      Fail(status.message());
+      return false;
+    }
+  }
+  if (!source.readable || line > source.lines.size()) return true;
+  // The lines around `line` not yet written, in runs of consecutive ones.
+  const uint32_t first = line > kSourceContextLines ? line - kSourceContextLines : 1;
+  const uint32_t last = std::min<uint32_t>(line + kSourceContextLines,
+                                           static_cast<uint32_t>(source.lines.size()));
+  format::SourceLines run;
+  run.file = source.file;
+  auto flush = [&] {
+    if (run.text.empty()) return true;
+    format::Status status = writer_->Append(format::Record(run));
+    run.text.clear();
+    if (!status.ok()) Fail(status.message());
+    return status.ok();
+  };
+  for (uint32_t n = first; n <= last; ++n) {
+    std::string_view text = source.lines[n - 1];
+    const bool take = !source.written[n - 1] && text.size() <= kMaxSourceLineBytes &&
+                      source_bytes_written_ + text.size() <= kMaxSourceBytesWritten;
+    if (!take) {
+      if (!flush()) return false;
+      continue;
+    }
+    if (run.text.empty()) run.first_line = n;
+    run.text.emplace_back(text);
+    source.written[n - 1] = true;
+    source_bytes_written_ += text.size();
+  }
+  return flush();
 }
 
 format::InternId TraceSink::InternSymbolString(const std::string& text, bool* ok) {
@@ -276,6 +358,7 @@ bool TraceSink::Symbolize(const format::FrameDef& placeholder) {
       Fail(status.message());
       return false;
     }
+    if (!frame.framework && !WriteSource(frame.file, symbols.file, frame.line)) return false;
     ids.push_back(frame.id);
   }
   return true;

@@ -40,6 +40,10 @@ class TraceSink {
     size_t max_buffered_bytes = 256u << 20;
     WhenFull when_full = WhenFull::kWait;
     int zstd_level = 3;
+    // The lines around each user frame's line (FrameDef.framework false) of the files they name,
+    // with each file's hash (SourceFile, SourceLines), read by the writer thread when a frame is
+    // first written. RecorderOptions::source.
+    bool record_source = true;
     // Called by the writer thread before each look at the queue, without the sink's lock: the
     // producer pushes what it holds back (Push with may_wait false). Must not block.
     std::function<void()> pull;
@@ -89,6 +93,18 @@ class TraceSink {
   // Writer thread only.
   bool Symbolize(const format::FrameDef& placeholder);
   format::InternId InternSymbolString(const std::string& text, bool* ok);
+  // With record_source: the lines of `path` (StringDef `file`) around `line` that the trace does
+  // not hold yet, and the file's SourceFile first. False when the sink failed. Writer thread only.
+  bool WriteSource(format::InternId file, const std::string& path, uint32_t line);
+
+  // A source file as the writer thread read it.
+  struct Source {
+    bool readable = false;
+    format::InternId file = 0;        // The StringDef id the first frame named it by.
+    std::string bytes;
+    std::vector<std::string_view> lines;  // Into bytes.
+    std::vector<bool> written;            // Per line: already in the trace.
+  };
 
   const Options options_;
   const size_t wake_bytes_;  // Queued bytes that wake the writer before its next poll.
@@ -111,6 +127,12 @@ class TraceSink {
   std::vector<format::InternId> expanded_stack_;                      // Writer thread only.
   std::unordered_map<std::string, format::InternId> symbol_strings_;  // Writer thread only.
   std::unordered_map<format::InternId, std::vector<format::InternId>> expanded_frames_;  // Writer.
+  // With record_source, writer thread only: the queued StringDefs' texts (a Python frame names
+  // its file by id), and the files read, by path.
+  std::unordered_map<format::InternId, std::string> string_texts_;
+  std::unordered_map<std::string, Source> sources_;
+  size_t source_bytes_read_ = 0;     // Of the files read.
+  size_t source_bytes_written_ = 0;  // Of the lines written.
   std::atomic<format::InternId> next_string_id_{0};
   std::atomic<format::InternId> next_frame_id_{0};
   std::atomic<bool> failed_{false};

@@ -60,6 +60,7 @@ std::string ViolationSection(size_t index, const HtmlReportParts& parts) {
   const replayer::Violation& v = parts.report->violations[index];
   replayer::Report one;
   one.violations = {v};
+  one.sources = parts.report->sources;  // The code it quotes.
   std::string html = fmt::format("<section class=\"violation\" id=\"violation-{}\">\n<h2>{}</h2>\n",
                                  index + 1, ViolationTitle(index, v));
   html += "<pre class=\"diagnostic\">" +

@@ -148,6 +148,12 @@ void PrivacyScan::See(const format::Record& record) {
       string_values_ += v.kind == format::ValueKind::kString;
   } else if (std::holds_alternative<format::ErrorRecord>(record)) {
     ++error_messages_;
+  } else if (const auto* file = std::get_if<format::SourceFile>(&record)) {
+    source_files_.insert(file->file);
+  } else if (const auto* lines = std::get_if<format::SourceLines>(&record)) {
+    source_files_.insert(lines->file);
+    source_lines_ += lines->text.size();
+    for (const std::string& line : lines->text) source_bytes_ += line.size() + 1;
   }
 }
 
@@ -173,6 +179,11 @@ std::vector<std::string> PrivacyScan::Lines() const {
   lines.push_back(
       fmt::format("  argument values:  {} recorded ({} strings)", values_, string_values_));
   lines.push_back(fmt::format("  error messages:   {}", error_messages_));
+  lines.push_back(source_lines_ == 0
+                      ? std::string("  source code:      none")
+                      : fmt::format("  source code:      {} lines of {} file{} ({} bytes)",
+                                    source_lines_, source_files_.size(),
+                                    source_files_.size() == 1 ? "" : "s", source_bytes_));
   lines.push_back("  torchrr redact FILE -o OUT rewrites these (see torchrr redact --help)");
   return lines;
 }
@@ -188,7 +199,10 @@ nlohmann::json PrivacyScan::ToJson() const {
           {"absolute_path_examples", path_examples_},
           {"argument_values", values_},
           {"string_argument_values", string_values_},
-          {"error_messages", error_messages_}};
+          {"error_messages", error_messages_},
+          {"source_files", source_files_.size()},
+          {"source_lines", source_lines_},
+          {"source_bytes", source_bytes_}};
 }
 
 void Redaction::AddThisMachine() {
@@ -231,6 +245,11 @@ int Redaction::ApplyTo(format::FileInfo& info) const {
   int changed = 0;
   ForEachString(info, [&](std::string& text) { Rewrite(text, &changed); });
   return changed;
+}
+
+bool Redaction::Drops(const format::Record& record) const {
+  return drop_source && (std::holds_alternative<format::SourceFile>(record) ||
+                         std::holds_alternative<format::SourceLines>(record));
 }
 
 int Redaction::ApplyTo(format::Record& record) const {
@@ -303,6 +322,7 @@ std::string Redaction::Describe() const {
   if (!hosts.empty()) parts.push_back("host " + list(hosts) + " -> <host>");
   if (!users.empty()) parts.push_back("user " + list(users) + " -> <user>");
   if (drop_values) parts.push_back("argument values dropped");
+  if (drop_source) parts.push_back("source code dropped");
   std::string out;
   for (const std::string& part : parts) out += (out.empty() ? "" : "; ") + part;
   return out;

@@ -2,8 +2,9 @@
 //
 // A trace records who ran what where: the host name, the pid and the command line (FileInfo), and
 // in its strings every source file's and library's path (home directories, hence user names),
-// PyTorch's error messages, and the string arguments of ops. It records no environment and no
-// working directory. PrivacyScan lists what a trace holds (`torchrr info`); Redaction rewrites the
+// PyTorch's error messages, the string arguments of ops, and (format 1.4, unless recorded with
+// --no-source) the lines of user code around the frames its stacks name. It records no environment
+// and no working directory. PrivacyScan lists what a trace holds (`torchrr info`); Redaction rewrites the
 // strings so that none of the names it was given is left, while file basenames, line numbers,
 // op names and every id stay as they were, so that the redacted trace replays to the same verdicts.
 #ifndef TORCHRR_REPLAYER_CLI_PRIVACY_H_
@@ -47,6 +48,9 @@ class PrivacyScan {
   uint64_t values_ = 0;                     // Non-tensor arguments recorded.
   uint64_t string_values_ = 0;
   uint64_t error_messages_ = 0;
+  std::set<format::InternId> source_files_;  // SourceFile records' files.
+  uint64_t source_lines_ = 0;
+  uint64_t source_bytes_ = 0;
 };
 
 // The rewrite rules of `torchrr redact`, applied to every string of a trace in this order: the
@@ -65,6 +69,7 @@ class Redaction {
   std::vector<std::string> users;
   bool drop_values = false;  // --drop-values: every op's non-tensor arguments are dropped, and
                              // the strings only they used are emptied.
+  bool drop_source = false;  // --drop-source: no SourceFile or SourceLines record is kept.
 
   // Rules for a trace: `homes`, `users` and `hosts` as found by the first pass (FindNames) plus
   // this machine's user and home, so that a trace recorded here loses them even when only some
@@ -80,6 +85,8 @@ class Redaction {
   // lists of record_fields.h are walked, so that a string field added later is redacted too);
   // returns how many changed.
   int ApplyTo(format::Record& record) const;
+  // Whether the record is left out of the copy (--drop-source).
+  bool Drops(const format::Record& record) const;
   int ApplyTo(format::FileInfo& info) const;
 
   // What `torchrr redact` reports it replaced: "home directories /root -> ~; host vm -> <host>".

@@ -46,6 +46,7 @@ struct RecordArgs {
   bool no_cuda_kernels = false;
   bool all_ops = false;
   bool follow_forks = false;
+  bool no_source = false;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -126,7 +127,7 @@ RecorderDirs FindRecorderDirs(const fs::path& exe) {
 constexpr const char* kOptionVariables[] = {
     "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
     "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
-    "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS"};
+    "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS",  "TORCHRR_SOURCE"};
 
 void SetOptionVariables(const RecordArgs& args) {
   for (const char* name : kOptionVariables) unsetenv(name);
@@ -144,6 +145,7 @@ void SetOptionVariables(const RecordArgs& args) {
   if (args.no_cuda_kernels) setenv("TORCHRR_CUDA_KERNELS", "0", 1);
   if (args.all_ops) setenv("TORCHRR_ALL_OPS", "1", 1);
   if (args.follow_forks) setenv("TORCHRR_FOLLOW_FORKS", "1", 1);
+  if (args.no_source) setenv("TORCHRR_SOURCE", "0", 1);
 }
 
 void PrependEnv(const char* name, const std::string& value, char separator) {
@@ -326,6 +328,10 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                 "Record each forked process (os.fork, DataLoader workers with the fork start "
                 "method) into a trace of its own, FILE.pidN.trr beside FILE (by default a forked "
                 "process records nothing)");
+  cmd->add_flag("--no-source", args->no_source,
+                "Leave the code out: by default the trace carries the lines around each line of "
+                "user code its stacks name (not torch's, site-packages' or the standard "
+                "library's), so it replays with code elsewhere");
   cmd->add_flag("--drop-when-full", args->drop_when_full,
                 "When the writer cannot keep up, drop records (and say so) instead of waiting");
   cmd->add_flag("--python", args->force_python, "The command is a Python program");

@@ -20,6 +20,7 @@ struct RedactOptions {
   std::string output;
   std::vector<std::string> maps;  // OLD=NEW
   bool drop_values = false;
+  bool drop_source = false;
 };
 
 int Fail(int code, const std::string& message) {
@@ -30,6 +31,7 @@ int Fail(int code, const std::string& message) {
 int RunRedact(const RedactOptions& options) {
   Redaction redaction;
   redaction.drop_values = options.drop_values;
+  redaction.drop_source = options.drop_source;
   for (const std::string& map : options.maps) {
     size_t eq = map.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -57,7 +59,7 @@ int RunRedact(const RedactOptions& options) {
   format::Status written = format::Status::Ok();
   uint64_t strings_changed = 0;
   (void)format::ReadTraceFile(options.path, [&](const format::Record& r) {
-    if (!written.ok()) return;
+    if (!written.ok() || redaction.Drops(r)) return;
     format::Record copy = r;
     strings_changed += redaction.ApplyTo(copy);
     written = (*writer)->Append(copy);
@@ -86,7 +88,7 @@ void RegisterRedactCommand(CLI::App& app, int* exit_code) {
   CLI::App* command = app.add_subcommand(
       "redact",
       "Copy a trace without its home directories, user and host names (and, on request, "
-      "argument values); it replays to the same verdicts");
+      "argument values or source code); it replays to the same verdicts");
   command->add_option("FILE", options->path, "Trace file (.trr)")->required();
   command->add_option("-o,--output", options->output, "The redacted copy (.trr)")->required();
   command
@@ -95,6 +97,9 @@ void RegisterRedactCommand(CLI::App& app, int* exit_code) {
       ->type_name("OLD=NEW");
   command->add_flag("--drop-values", options->drop_values,
                     "Drop the ops' non-tensor arguments (numbers, strings, lists)");
+  command->add_flag("--drop-source", options->drop_source,
+                    "Drop the source code the trace carries (the replay then quotes code only "
+                    "where the files are at hand)");
   command->callback([options, exit_code] { *exit_code = RunRedact(*options); });
 }
 

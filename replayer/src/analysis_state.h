@@ -221,6 +221,9 @@ struct AnalysisState {
   std::vector<std::string> strings;
   std::vector<format::FrameDef> frames;
   std::vector<std::vector<format::InternId>> stacks;
+  // The trace's source (1.4), by path; source_bytes: the lines' bytes kept, bounded.
+  std::map<std::string, RecordedSource> sources;
+  size_t source_bytes = 0;
 
   IdIndex index;  // Slots in the tables below, and in SilentWriteWatch's per-storage lists.
   LayoutPool layouts;

@@ -45,6 +45,10 @@ void Put(std::vector<T>& table, uint32_t id, T value) {
   table[id] = std::move(value);
 }
 
+// The source lines an analysis keeps at most: far more than the context of every frame of a
+// real trace.
+constexpr size_t kMaxRecordedSourceBytes = 64u << 20;
+
 }  // namespace
 
 class Analyzer::Impl {
@@ -75,6 +79,8 @@ class Analyzer::Impl {
   void On(const format::CudaKernelRecord& r);
   void On(const format::CudaMemcpyRecord& r);
   void On(const format::FingerprintRecord& r) { silent_.OnFingerprint(r); }
+  void On(const format::SourceFile& r);
+  void On(const format::SourceLines& r);
 
   CounterState& GetCounter(ObjectId id);
   uint64_t CloseOpSubtree(const format::OpRecord& r);
@@ -129,7 +135,31 @@ Report Analyzer::Impl::Finish() {
   if (finished_) return {};
   backward_.Finish();
   finished_ = true;
-  return BuildReport(state_);
+  Report report = BuildReport(state_);
+  report.sources = std::move(state_.sources);
+  return report;
+}
+
+void Analyzer::Impl::On(const format::SourceFile& r) {
+  const std::string& path = state_.Str(r.file);
+  if (path.empty()) return;
+  RecordedSource& source = state_.sources[path];
+  source.hash = r.hash;
+  source.bytes = r.bytes;
+  source.lines = r.lines;
+}
+
+void Analyzer::Impl::On(const format::SourceLines& r) {
+  const std::string& path = state_.Str(r.file);
+  if (path.empty() || r.first_line == 0) return;
+  RecordedSource& source = state_.sources[path];
+  uint32_t number = r.first_line;
+  for (const std::string& line : r.text) {
+    // A stranger's trace may carry any amount: what a report quotes is kept, up to a bound.
+    if (state_.source_bytes + line.size() > kMaxRecordedSourceBytes || number == 0) break;
+    auto [it, inserted] = source.text.try_emplace(number++, line);
+    if (inserted) state_.source_bytes += line.size();
+  }
 }
 
 void Analyzer::Impl::On(const format::StringDef& r) {

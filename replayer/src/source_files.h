@@ -1,14 +1,10 @@
-// SourceCache: the lines of the source files a trace's stacks name, read from this machine for the
-// text report's quotes.
+// SourceCache: the lines a report quotes, from the trace when it recorded them (format 1.4), else
+// from the file of the same path on this machine, read safely (torchrr/format/source_files.h).
 //
-// A trace may come from a stranger, and its stacks can name any path: a quote must never print a
-// file that is no source (/proc/self/environ, a device), hang on one (a FIFO, a terminal) or run
-// out of memory on one (/dev/zero). So a file is read only when it is a regular file of at most
-// kMaxSourceBytes, not under /proc, /sys or /dev and not on a kernel file system (procfs, sysfs
-// and the like, wherever mounted): its path is resolved (realpath) and stat'ed, the file opened
-// with O_NONBLOCK | O_NOFOLLOW | O_NOCTTY, and the open descriptor checked again (fstat, fstatfs)
-// before a byte is read. What it does read is the user's own machine's: a regular file the
-// replaying user can read.
+// A recorded file is the one the run executed: its lines are quoted even where this machine has
+// another file at that path, which the cache then reports as differing (another hash). A line the
+// trace did not record is read from this machine's file only when that file is the recorded one
+// (same hash), so a quote never mixes two versions of a file.
 #ifndef TORCHRR_REPLAYER_SRC_SOURCE_FILES_H_
 #define TORCHRR_REPLAYER_SRC_SOURCE_FILES_H_
 
@@ -19,26 +15,42 @@
 #include <string>
 #include <vector>
 
+#include "torchrr/replayer/replayer.h"
+
 namespace torchrr::replayer {
 
-// 8 MiB: larger than any source file worth quoting.
-inline constexpr size_t kMaxSourceBytes = 8u << 20;
-// 256 MiB: what one report reads at most, over all the files it quotes.
+// 256 MiB: what one report reads from this machine at most, over all the files it quotes.
 inline constexpr size_t kMaxSourceBytesPerReport = 256u << 20;
 
-// The bytes of the file at `path` when it may be read (the class comment says when), else
-// nullopt: unsafe, missing, unreadable, or larger than `max_bytes`. Thread-safe.
-std::optional<std::string> ReadSourceFile(const std::string& path, size_t max_bytes);
+// Where a quoted line came from.
+enum class SourceOrigin : uint8_t {
+  kNone,      // Neither recorded nor readable here.
+  kTrace,     // Recorded; this machine has no readable file at that path, or the same one.
+  kTraceDiffers,  // Recorded; this machine's file at that path is another (another hash).
+  kLocal,     // Not recorded (an older trace, --no-source): this machine's file.
+};
 
-// Source files read once each, for one report. Not thread-safe.
+// Not thread-safe; one per report.
 class SourceCache {
  public:
-  // The line (1-based, without its line break), or nullptr when the file may not be read, or has
-  // no such line.
-  const std::string* Line(const std::string& path, uint32_t line);
+  // `recorded`: the trace's (Report::sources); may be null. Must outlive the cache.
+  explicit SourceCache(const std::map<std::string, RecordedSource>* recorded = nullptr)
+      : recorded_(recorded) {}
+
+  // The line (1-based, without its line break), or nullptr when neither the trace nor this
+  // machine has it. `origin`, when given, says where it came from.
+  const std::string* Line(const std::string& path, uint32_t line, SourceOrigin* origin = nullptr);
 
  private:
-  std::map<std::string, std::vector<std::string>> files_;  // Empty: not read.
+  struct LocalFile {
+    bool read = false;
+    std::optional<uint64_t> hash;       // Of the bytes read; unset: not readable here.
+    std::vector<std::string> lines;
+  };
+  LocalFile& Local(const std::string& path);
+
+  const std::map<std::string, RecordedSource>* recorded_;
+  std::map<std::string, LocalFile> files_;
   size_t bytes_read_ = 0;
 };
 

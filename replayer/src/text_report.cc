@@ -4,6 +4,7 @@
 // files, messages, source lines) goes through Printable where it enters the report.
 #include <cstdio>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -96,7 +97,7 @@ std::string CulpritLabel(const Violation& v) {
 // Writes one report. Not thread-safe; one per FormatText call.
 class TextReport {
  public:
-  explicit TextReport(bool color) : p_(color) {}
+  TextReport(bool color, const Report& report) : p_(color), sources_(&report.sources) {}
 
   void EmitRecordingStop(const RecordingStop& stop);
   void EmitWarning(const std::string& warning);
@@ -127,6 +128,7 @@ class TextReport {
 
   Painter p_;
   SourceCache sources_;
+  std::set<std::string> said_differs_;  // Files said to differ here from the recorded ones.
   std::ostringstream out_;
 };
 
@@ -218,14 +220,17 @@ void TextReport::EmitSummary(const Report& report) {
   }
 }
 
-// Quotes the op's user line, indentation dropped, with `label` under it; writes nothing and
-// returns false when the file is not readable here:
+// Quotes the op's user line, indentation dropped, with `label` under it, from the trace or else
+// this machine's file (SourceCache); writes nothing and returns false when neither has it. The
+// first quote from a file that differs here from the recorded one says so:
 //      |
 //   12 |     y.mul_(2)
 //      |     ^^^^^^^^^ aten::mul_ changed the version 0 -> 1
+//      = train.py on this machine differs from the file the run used: the code shown is the run's
 bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   if (!op.user_frame) return false;
-  const std::string* line = sources_.Line(op.user_frame->file, op.user_frame->line);
+  SourceOrigin origin;
+  const std::string* line = sources_.Line(op.user_frame->file, op.user_frame->line, &origin);
   if (line == nullptr) return false;
   std::string number = std::to_string(op.user_frame->line);
   std::string pad(number.size(), ' ');
@@ -235,6 +240,10 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   out_ << p_.Gutter(number + " |") << "     " << code << "\n";
   out_ << pad << " " << p_.Gutter("|") << "     "
        << p_.Bold(std::string(code.empty() ? 1 : code.size(), '^')) << " " << label << "\n";
+  if (origin == SourceOrigin::kTraceDiffers && said_differs_.insert(op.user_frame->file).second) {
+    Fact() << Printable(op.user_frame->file)
+           << " on this machine differs from the file the run used: the code shown is the run's\n";
+  }
   return true;
 }
 
@@ -556,7 +565,7 @@ void TextReport::EmitHelp(const Violation& v) {
 }  // namespace
 
 std::string FormatText(const Report& report, bool color) {
-  TextReport text(color);
+  TextReport text(color, report);
   if (report.recording_stopped) text.EmitRecordingStop(*report.recording_stopped);
   for (const std::string& warning : report.warnings) text.EmitWarning(warning);
   for (const Violation& v : report.violations) text.EmitViolation(v);

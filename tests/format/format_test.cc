@@ -339,7 +339,8 @@ TEST(Reader, TooNew) {
   Trace trace = ReadTraceBytesAll(bytes);
   EXPECT_EQ(trace.summary.status.code(), StatusCode::kTooNew);
   EXPECT_EQ(trace.summary.status.message(),
-            "written by torchrr format 2.0; this torchrr reads up to 1.3");
+            "written by torchrr format 2.0; this torchrr reads up to 1." +
+                std::to_string(kFormatMinor));
   EXPECT_TRUE(trace.records.empty());
 }
 

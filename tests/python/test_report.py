@@ -156,6 +156,29 @@ def test_chromium_renders_the_demo_report(made_demo, tmp_path):
     assert re.search(r'<div class="graph">\s*<svg\b', dom), "no graph drawn"
 
 
+@needs_build
+def test_demo_trace_replays_with_code_elsewhere(made_demo, tmp_path):
+    """The demo's trace moved to a fresh folder, its paths naming a checkout that exists nowhere
+    (as on the machine of whoever receives it): the replay quotes the code from the trace."""
+    script = REPO / "samples" / "python" / "peft_lora.py"
+    bug_line = marker_line(script, r"BUG\(inplace_activation\)")
+    code = script.read_text().splitlines()[bug_line - 1].strip()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    shutil.copy(made_demo / "peft_lora.trr", fresh / "received.trr")
+    moved = fresh / "moved.trr"
+    proc = subprocess.run([cli(), "redact", fresh / "received.trr", "-o", moved, "--map",
+                           f"{REPO}=/nonexistent/checkout"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    replay = subprocess.run([cli(), "replay", moved], capture_output=True, text=True,
+                            timeout=120, cwd=fresh)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert f"/nonexistent/checkout/samples/python/peft_lora.py:{bug_line}" in replay.stdout, \
+        replay.stdout
+    assert code in replay.stdout, f"the culprit's code {code!r} is not quoted"
+
+
 @needs_dot
 def test_goldens(tmp_path):
     for name in ("v1_1.trr", "v1_2.trr"):

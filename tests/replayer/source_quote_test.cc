@@ -14,6 +14,7 @@
 #include <future>
 #include <string>
 
+#include "torchrr/format/source_files.h"
 #include "torchrr/replayer/replayer.h"
 #include "trace_builder.h"
 
@@ -41,6 +42,20 @@ std::optional<std::string> ReportNaming(const std::string& path) {
   if (fd >= 0) ::close(fd);
   report.wait();
   return std::nullopt;
+}
+
+// The same with the trace carrying `lines` of `path` (format 1.4) from line 1, with `hash`.
+std::string ReportCarrying(const std::string& path, const std::vector<std::string>& lines,
+                           uint64_t hash) {
+  TraceBuilder b;
+  auto x = b.Leaf({4});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}},
+                     b.At(2, path));
+  b.records.push_back(format::SourceFile{b.Str(path), hash, 64, 3});
+  b.records.push_back(format::SourceLines{b.Str(path), 1, lines});
+  b.Inplace("aten::mul_", y.out, {}, b.At(1, path), false);
+  b.Backward({y.node}, y.node);
+  return FormatText(Analyze(b.records), /*color=*/false);
 }
 
 // A path in the test's temporary directory, removed first.
@@ -85,6 +100,34 @@ TEST(SourceQuoteTest, SpecialAndKernelFilesAreNeverRead) {
   std::remove(fifo.c_str());
   std::remove(environ_link.c_str());
   std::remove(large.c_str());
+}
+
+TEST(SourceQuoteTest, TheTracesCodeIsQuotedWhereTheFileIsGone) {
+  std::string path = TempPath("gone.py");
+  std::string text = ReportCarrying(path, {"    y.mul_(2)", "    y = torch.sigmoid(x)"}, 1);
+  EXPECT_NE(text.find("1 |     y.mul_(2)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 |     y = torch.sigmoid(x)\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("differs"), std::string::npos) << text;
+}
+
+TEST(SourceQuoteTest, AFileHereThatDiffersIsSaidOnceAndNeverQuoted) {
+  std::string path = TempPath("edited.py");
+  const std::string edited = "    y.add_(1)\n    z = x\n    w = 3\n";
+  std::ofstream(path) << edited;
+  // Line 2 was not recorded: this machine's line 2 belongs to another version of the file.
+  std::string text = ReportCarrying(path, {"    y.mul_(2)"}, format::SourceHash(edited) + 1);
+  EXPECT_NE(text.find("1 |     y.mul_(2)\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("y.add_(1)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("z = x"), std::string::npos) << text;
+  const std::string kSaid = "on this machine differs from the file the run used";
+  size_t said = text.find(kSaid);
+  EXPECT_NE(said, std::string::npos) << text;
+  EXPECT_EQ(text.find(kSaid, said + kSaid.size()), std::string::npos) << text;
+  // The same file here (same hash): its unrecorded lines are quoted, nothing said.
+  text = ReportCarrying(path, {"    y.add_(1)"}, format::SourceHash(edited));
+  EXPECT_NE(text.find("2 |     z = x\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("differs"), std::string::npos) << text;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ extern "C" {
 #define TORCHRR_NO_CUDA_KERNELS 2u  /* RecorderOptions::cuda_kernels off: no CUPTI. */
 #define TORCHRR_ALL_OPS 4u          /* RecorderOptions::all_ops: no op folded into another. */
 #define TORCHRR_FOLLOW_FORKS 8u     /* RecorderOptions::follow_forks: a forked child records. */
+#define TORCHRR_NO_SOURCE 16u       /* RecorderOptions::source off: no source lines in the trace. */
 
 /* Starts recording into `path`. native_stacks, python_stacks: 0/1 (Python frames are captured
  * only in a process that runs Python, on threads with a Python thread state);
@@ -29,7 +30,7 @@ int torchrr_start(const char* path, int native_stacks, int python_stacks,
 /* Starts recording as `torchrr record` asked through the environment: TORCHRR_OUTPUT (the trace;
  * FILE.rankN.trr when RANK=N is set), TORCHRR_NATIVE_STACKS, TORCHRR_PYTHON_STACKS,
  * TORCHRR_MAX_BUFFERED_BYTES, TORCHRR_WHEN_FULL (wait/drop), TORCHRR_VERIFY_SAVED,
- * TORCHRR_CUDA_KERNELS, TORCHRR_ALL_OPS, TORCHRR_FOLLOW_FORKS (switches: 0/1). An unset variable
+ * TORCHRR_CUDA_KERNELS, TORCHRR_ALL_OPS, TORCHRR_FOLLOW_FORKS, TORCHRR_SOURCE (switches: 0/1). An unset variable
  * takes its default: RecorderOptions' (recorder.h), except C++ stacks, off when this process runs
  * a Python interpreter. Returns 0 when recording; 1 when TORCHRR_OUTPUT is unset or empty
  * (silently), already recording or the file could not be opened (a warning says which). A value

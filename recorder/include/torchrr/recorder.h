@@ -65,6 +65,11 @@ struct RecorderOptions {
   // multiprocessing child (torchrr's Python package hooks it, as those end with os._exit); a
   // child that ends otherwise leaves a trace cut after its last whole chunk.
   bool follow_forks = false;
+  // The source lines around every user frame the trace's stacks name (not torch's, site-packages'
+  // or the standard library's; a C++ program's own files), with a hash of each file, so the trace
+  // replays with its code on a machine without the sources. Read by the writer thread, off the
+  // training threads, when a frame is first written.
+  bool source = true;
   // For tests of what a stopped recording looks like: the end of the Nth recorded op fails as an
   // internal error would, and the recording stops there (the trace says why). 0: never.
   uint64_t fail_at_op = 0;

@@ -11,6 +11,7 @@ _VERIFY_SAVED = 1
 _NO_CUDA_KERNELS = 2
 _ALL_OPS = 4
 _FOLLOW_FORKS = 8
+_NO_SOURCE = 16
 
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
@@ -22,7 +23,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
           python_stacks: bool = True, max_buffered_bytes: int = 0,
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
-          all_ops: bool = False, follow_forks: bool = False) -> bool:
+          all_ops: bool = False, follow_forks: bool = False, source: bool = True) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
@@ -43,7 +44,9 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     (os.fork, DataLoader workers with the fork start method) records into a trace of its own,
     ``FILE.pidN.trr`` beside ``path``, closed when it exits (a multiprocessing child's too, which
     ends with os._exit; not one that calls os._exit itself); without it a forked process records
-    nothing.
+    nothing. source: the lines around each line of user code the stacks name (not torch's,
+    site-packages' or the standard library's) go into the trace with each file's hash, so that it
+    replays with its code on a machine without the sources; False leaves the code out.
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
@@ -55,7 +58,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                            (_VERIFY_SAVED if verify_saved else 0) |
                            (0 if cuda_kernels else _NO_CUDA_KERNELS) |
                            (_ALL_OPS if all_ops else 0) |
-                           (_FOLLOW_FORKS if follow_forks else 0))
+                           (_FOLLOW_FORKS if follow_forks else 0) |
+                           (0 if source else _NO_SOURCE))
     if rc == 0:
         _close_in_forked_children()
     return rc == 0

@@ -70,6 +70,8 @@
 #define TORCHRR_FINGERPRINT_RECORD_FIELDS(X, ID, TIME)                                          \
   ID(node) X(saved_name) X(list_index) ID(storage) ID(tensor) X(when) X(byte_offset)           \
   X(byte_length) X(hash) TIME(time_ns)
+#define TORCHRR_SOURCE_FILE_FIELDS(X, ID, TIME) X(file) X(hash) X(bytes) X(lines)
+#define TORCHRR_SOURCE_LINES_FIELDS(X, ID, TIME) X(file) X(first_line) X(text)
 
 // Every struct with a list that trace.fbs stores as a table of the same name, X(Struct, LIST).
 #define TORCHRR_TABLE_FIELD_LISTS(X)                                                            \
@@ -88,7 +90,9 @@
   X(CudaKernelRecord, TORCHRR_CUDA_KERNEL_RECORD_FIELDS)                                        \
   X(CudaMemcpyRecord, TORCHRR_CUDA_MEMCPY_RECORD_FIELDS)                                        \
   X(DataLossRecord, TORCHRR_DATA_LOSS_RECORD_FIELDS)                                            \
-  X(FingerprintRecord, TORCHRR_FINGERPRINT_RECORD_FIELDS)
+  X(FingerprintRecord, TORCHRR_FINGERPRINT_RECORD_FIELDS)                                       \
+  X(SourceFile, TORCHRR_SOURCE_FILE_FIELDS)                                                     \
+  X(SourceLines, TORCHRR_SOURCE_LINES_FIELDS)
 // Every struct with a list that trace.fbs stores as a struct of the same name.
 #define TORCHRR_STRUCT_FIELD_LISTS(X) \
   X(TensorUse, TORCHRR_TENSOR_USE_FIELDS) X(Edge, TORCHRR_EDGE_FIELDS) X(Dim3, TORCHRR_DIM3_FIELDS)

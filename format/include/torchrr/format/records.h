@@ -344,9 +344,29 @@ struct FingerprintRecord {
   bool operator==(const FingerprintRecord&) const = default;
 };
 
+// A source file that the trace's stacks name in user code (1.4), as the writer read it: the
+// replayer quotes the file's lines from the trace (SourceLines), and says where the file on its own
+// machine differs (another hash).
+struct SourceFile {
+  InternId file = 0;       // StringDef id: the path, as FrameDef.file names it.
+  uint64_t hash = 0;       // XXH64, seed 0, of the file's bytes (`xxhsum -H64` prints it).
+  uint64_t bytes = 0;      // The file's size.
+  uint32_t lines = 0;      // Its number of lines.
+  bool operator==(const SourceFile&) const = default;
+};
+
+// Consecutive lines of a SourceFile, written around the lines that frames name (1.4). Each line of
+// a file is written at most once in a trace; a reader keeps every SourceLines of a file.
+struct SourceLines {
+  InternId file = 0;                // StringDef id, as SourceFile.file.
+  uint32_t first_line = 0;          // 1-based number of text[0].
+  std::vector<std::string> text;    // Without their line breaks.
+  bool operator==(const SourceLines&) const = default;
+};
+
 using Record = std::variant<StringDef, FrameDef, StackDef, TensorInfo, OpRecord, NodeRecord,
                             NodeExecRecord, ErrorRecord, CudaKernelRecord, CudaMemcpyRecord,
-                            DataLossRecord, FingerprintRecord>;
+                            DataLossRecord, FingerprintRecord, SourceFile, SourceLines>;
 
 // The record kind's name, as `torchrr info` and `dump --json` print it ("op", "tensor", ...).
 const char* RecordKindName(const Record& record);

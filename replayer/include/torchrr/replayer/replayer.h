@@ -20,6 +20,7 @@
 #define TORCHRR_REPLAYER_REPLAYER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -219,6 +220,14 @@ struct RecordingStop {
   std::string message;      // The recorder's reason.
 };
 
+// A source file as the trace recorded it (format 1.4): the lines around the frames that name it.
+struct RecordedSource {
+  uint64_t hash = 0;    // format::SourceHash of the file's bytes; 0 when the trace did not say.
+  uint64_t bytes = 0;
+  uint32_t lines = 0;
+  std::map<uint32_t, std::string> text;  // Line number (1-based) -> the line.
+};
+
 // What the analysis found, and how much it looked at.
 struct Report {
   // Every violation. When PyTorch raised, the first one is the one it stopped at; the rest follow
@@ -242,6 +251,9 @@ struct Report {
   // What the analysis could not be sure of (nodes with unknown saved sets, lost records, a
   // PyTorch version error the trace does not explain), one line each.
   std::vector<std::string> warnings;
+  // The source the trace carries, by path as its frames name it; empty for traces before 1.4 and
+  // those recorded with --no-source or redacted with --drop-source.
+  std::map<std::string, RecordedSource> sources;
 };
 
 // The streaming analysis: feed records in file order, then Finish(). Memory grows with the
@@ -280,8 +292,10 @@ std::string PytorchNodeName(std::string_view node_name, std::string_view torch_v
 Report Analyze(const std::vector<format::Record>& records);
 
 // The human report, one compiler-style diagnostic per violation (ANSI colours when `color`).
-// Source lines are quoted when the recorded file is a regular file readable on this machine, of at
-// most 8 MiB; never a special or kernel file (a FIFO, a device, /proc), whatever the trace names.
+// Source lines are quoted from the trace (Report::sources), else from the recorded path when it is a
+// regular file readable on this machine, of at most 8 MiB; never a special or kernel file (a FIFO,
+// a device, /proc), whatever the trace names. A file here that differs from the recorded one is
+// said so once.
 // Ends with a summary line; says "no saved tensor was modified" when there is nothing to report.
 std::string FormatText(const Report& report, bool color);
 
