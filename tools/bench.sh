@@ -24,6 +24,9 @@ if [ -f samples/python/bench_peft.py ]; then
   echo
   echo "## Recorder: short-lived tensors (a tight loop of x.add(1))"
   .venv/bin/python samples/python/bench_churn.py
+  echo
+  echo "## Recorder: a whole run, recorded whole and with --keep-last 2 (the flight recorder)"
+  .venv/bin/python samples/python/bench_keep_last.py
 fi
 if [ -x "$B/bin/bench_fingerprint" ]; then
   echo

@@ -9,6 +9,7 @@ namespace {
 constexpr std::array<const char*, kRecordKindCount> kKindNames = {
     "string", "frame", "stack", "tensor", "op", "node", "node_exec", "error", "cuda_kernel",
     "cuda_memcpy", "data_loss", "fingerprint", "source_file", "source_lines",
+    "step",
 };
 
 }  // namespace

@@ -50,6 +50,18 @@ int Start(const torchrr::RecorderOptions& options) {
 extern "C" int torchrr_start(const char* path, int native_stacks, int python_stacks,
                              size_t max_buffered_bytes, int drop_when_full, int rank,
                              uint32_t flags) {
+  return torchrr_start_keeping(path, native_stacks, python_stacks, max_buffered_bytes,
+                               drop_when_full, rank, flags, 0, 0);
+}
+
+extern "C" void torchrr_step(void) {
+  if (auto session = torchrr::recorder::Session::Active()) session->MarkStep();
+}
+
+extern "C" int torchrr_start_keeping(const char* path, int native_stacks, int python_stacks,
+                                     size_t max_buffered_bytes, int drop_when_full, int rank,
+                                     uint32_t flags, size_t keep_last_steps,
+                                     size_t keep_last_bytes) {
   torchrr::RecorderOptions options;
   options.path = path != nullptr ? path : "torchrr.trr";
   options.native_stacks = native_stacks != 0;
@@ -62,6 +74,8 @@ extern "C" int torchrr_start(const char* path, int native_stacks, int python_sta
   options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
   options.follow_forks = (flags & TORCHRR_FOLLOW_FORKS) != 0;
   options.source = (flags & TORCHRR_NO_SOURCE) == 0;
+  options.keep_last_steps = keep_last_steps;
+  if (keep_last_bytes != 0) options.keep_last_bytes = keep_last_bytes;
   return Start(options);
 }
 

@@ -50,6 +50,21 @@ std::string RankTracePath(const std::string& output, unsigned long long rank) {
   return path.string() + ".rank" + std::to_string(rank) + extension;
 }
 
+// A count variable: `*value` when it is set to a number of at least `least`; a warning and the
+// default otherwise.
+template <class T>
+void ReadCount(const EnvironmentLookup& lookup, const char* name, unsigned long long least,
+               const char* what, T* value) {
+  const char* text = lookup(name);
+  if (text == nullptr || *text == '\0') return;
+  std::optional<unsigned long long> n = ParseCount(text);
+  if (n && *n >= least) {
+    *value = static_cast<T>(*n);
+  } else {
+    WarnIgnored(name, text, what);
+  }
+}
+
 }  // namespace
 
 std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& lookup,
@@ -71,22 +86,12 @@ std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& l
   ReadSwitch(lookup, "TORCHRR_ALL_OPS", &options.all_ops);
   ReadSwitch(lookup, "TORCHRR_FOLLOW_FORKS", &options.follow_forks);
   ReadSwitch(lookup, "TORCHRR_SOURCE", &options.source);
-  if (const char* bytes = lookup("TORCHRR_MAX_BUFFERED_BYTES"); bytes && *bytes) {
-    std::optional<unsigned long long> n = ParseCount(bytes);
-    if (n && *n > 0) {
-      options.max_buffered_bytes = static_cast<size_t>(*n);
-    } else {
-      WarnIgnored("TORCHRR_MAX_BUFFERED_BYTES", bytes, "a number of bytes above 0");
-    }
-  }
-  if (const char* op = lookup("TORCHRR_FAIL_AT_OP"); op && *op) {
-    std::optional<unsigned long long> n = ParseCount(op);
-    if (n) {
-      options.fail_at_op = *n;
-    } else {
-      WarnIgnored("TORCHRR_FAIL_AT_OP", op, "a number of ops");
-    }
-  }
+  ReadCount(lookup, "TORCHRR_MAX_BUFFERED_BYTES", 1, "a number of bytes above 0",
+            &options.max_buffered_bytes);
+  ReadCount(lookup, "TORCHRR_KEEP_LAST", 0, "a number of steps", &options.keep_last_steps);
+  ReadCount(lookup, "TORCHRR_KEEP_LAST_BYTES", 1, "a number of bytes above 0",
+            &options.keep_last_bytes);
+  ReadCount(lookup, "TORCHRR_FAIL_AT_OP", 0, "a number of ops", &options.fail_at_op);
   if (const char* full = lookup("TORCHRR_WHEN_FULL"); full && *full) {
     const std::string v = full;
     if (v == "wait") {

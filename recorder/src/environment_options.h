@@ -20,6 +20,8 @@
 //                               FILE.pidN.EXT. Default: off.
 //   TORCHRR_SOURCE              RecorderOptions::source: user code's lines in the trace.
 //                               Default: on.
+//   TORCHRR_KEEP_LAST           RecorderOptions::keep_last_steps. Default: 0 (every step).
+//   TORCHRR_KEEP_LAST_BYTES     RecorderOptions::keep_last_bytes. Default: RecorderOptions'.
 //   TORCHRR_FAIL_AT_OP          RecorderOptions::fail_at_op, for tests. Default: 0 (never).
 //
 // A switch reads 1/true/yes/on or 0/false/no/off. A value not understood prints one warning and

@@ -34,6 +34,10 @@ void Recorder::RecordError(const std::string& type, const std::string& message) 
   }
 }
 
+void Recorder::Step() {
+  if (impl_->session) impl_->session->MarkStep();
+}
+
 uint64_t Recorder::ops_recorded() const {
   return impl_->session ? impl_->session->ops_recorded() : 0;
 }

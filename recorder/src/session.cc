@@ -251,6 +251,8 @@ std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std
   sink_options.when_full = options.when_full;
   sink_options.zstd_level = options.zstd_level;
   sink_options.record_source = options.source;
+  sink_options.keep_last_steps = options.keep_last_steps;
+  sink_options.keep_last_bytes = options.keep_last_bytes;
   // The writer thread takes pending groups each time it looks at the queue: the session outlives
   // the sink's thread (Stop closes the sink).
   Session* raw = session.get();
@@ -433,8 +435,8 @@ void Session::ForgetInterned() {
   ids_.ForgetMetadata();
 }
 
-void Session::RecordError(format::ErrorKind kind, const std::string& type,
-                          const std::string& message) {
+template <class Fill>
+void Session::PushFromProgram(Fill&& fill) {
   ThreadState* ts = ThisThread();
   if (!recording() || ts == nullptr) return;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
@@ -442,17 +444,33 @@ void Session::RecordError(format::ErrorKind kind, const std::string& type,
   EncodedRecords group;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    fill(*ts, group);
+    PushGroupLocked(group);
+  }
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void Session::RecordError(format::ErrorKind kind, const std::string& type,
+                          const std::string& message) {
+  PushFromProgram([&](ThreadState& ts, EncodedRecords& group) {
     format::ErrorRecord error;
     error.kind = kind;
-    error.op = ts->op_stack.empty() ? 0 : ts->op_stack.back();
+    error.op = ts.op_stack.empty() ? 0 : ts.op_stack.back();
     error.thread = static_cast<uint32_t>(at::RecordFunction::currentThreadId());
     error.time_ns = NowNs();
     error.type = interner_->String(type, group);
     error.message = message;
     group.Add(error);
-    PushGroupLocked(group);
-  }
-  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  });
+}
+
+void Session::MarkStep() {
+  PushFromProgram([](ThreadState&, EncodedRecords& group) {
+    format::StepRecord mark;
+    mark.time_ns = NowNs();
+    mark.marked = true;
+    group.Add(mark);
+  });
 }
 
 format::ObjectId Session::RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out) {

@@ -63,6 +63,8 @@ class Session {
   }
 
   void RecordError(format::ErrorKind kind, const std::string& type, const std::string& message);
+  // A StepRecord marked by the program (Recorder::Step, torchrr.step()).
+  void MarkStep();
 
   uint64_t ops_recorded() const { return ops_recorded_.load(std::memory_order_relaxed); }
   uint64_t records_dropped() const { return sink_ ? sink_->dropped_records() : 0; }
@@ -105,6 +107,10 @@ class Session {
   // what is pending each time it looks at the queue (PullPending), so a batch waits no longer than
   // the queue's own poll.
   void PushGroupLocked(EncodedRecords& group);
+  // Pushes the group fill(ThreadState&, EncodedRecords&) builds under the lock, for the program's
+  // own calls from outside any op (an error, a step mark) on a thread that recorded before.
+  template <class Fill>
+  void PushFromProgram(Fill&& fill);
   void FlushPendingLocked(bool may_wait);
   void PullPending();  // The writer thread's: skips when mu_ is busy.
   void ForgetInterned();  // After a dropped group: everything is defined again on next use.

@@ -7,7 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <ctime>
+#include <iterator>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +129,10 @@ TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter
     : options_(options),
       wake_bytes_(std::min(kWakeBytes, std::max<size_t>(options.max_buffered_bytes / 4, 1))),
       writer_(std::move(writer)) {
+  if (options.keep_last_steps > 0) {
+    window_ = std::make_unique<StepWindow>(options.keep_last_steps, options.keep_last_bytes);
+    InstallSignalHandlers();
+  }
   thread_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -210,12 +217,21 @@ void TraceSink::WriterLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (queue_.empty()) break;
     }
+    if (dump_requested_.load()) {
+      // A fatal signal: what is queued, then the window, now; the handler waits for it.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batch.swap(queue_);
+      }
+      if (!batch.empty() && !failed()) WriteBatch(batch.view());
+      batch.clear();
+      Finish();
+      dump_done_.store(true);
+      return;
+    }
   }
-  // The index and the trailer, from this thread like every other write.
-  if (!failed()) {
-    format::Status status = writer_->Close();
-    if (!status.ok()) Fail(status.message());
-  }
+  // The window if any, the index and the trailer, from this thread like every other write.
+  Finish();
 }
 
 bool TraceSink::WriteBatch(std::string_view batch) {
@@ -253,11 +269,7 @@ bool TraceSink::WriteBatch(std::string_view batch) {
       }
       stack->frames.swap(expanded_stack_);
     }
-    format::Status status = writer_->Append(record);
-    if (!status.ok()) {
-      Fail(status.message());
-      return false;
-    }
+    if (!Emit(record)) return false;
     if (source_file != 0 && options_.record_source) {
       auto path = string_texts_.find(source_file);
       if (path != string_texts_.end() && !WriteSource(source_file, path->second, source_line)) {
@@ -266,6 +278,99 @@ bool TraceSink::WriteBatch(std::string_view batch) {
     }
   }
   return true;
+}
+
+bool TraceSink::Emit(const format::Record& record) {
+  if (window_) {
+    window_->Add(record);
+    return true;
+  }
+  format::Status status;
+  if (const auto* mark = std::get_if<format::StepRecord>(&record)) {
+    format::StepRecord numbered = *mark;
+    numbered.step = marked_steps_++;
+    status = writer_->Append(format::Record(numbered));
+  } else {
+    status = writer_->Append(record);
+  }
+  if (!status.ok()) Fail(status.message());
+  return status.ok();
+}
+
+void TraceSink::Finish() {
+  if (finished_) return;
+  finished_ = true;
+  if (failed()) return;
+  if (window_) {
+    format::Status status = window_->WriteTo(*writer_);
+    if (!status.ok()) {
+      Fail(status.message());
+      return;
+    }
+  }
+  format::Status status = writer_->Close();
+  if (!status.ok()) Fail(status.message());
+}
+
+namespace {
+
+// The sink whose window a fatal signal writes; one at a time (the process's recording).
+std::atomic<TraceSink*> g_window_sink{nullptr};
+constexpr int kWindowSignals[] = {SIGTERM, SIGINT, SIGABRT};
+struct sigaction g_previous_actions[3];
+// How long a fatal signal waits for the window to be written before the process goes on dying.
+constexpr int kDumpWaitMs = 10000;
+
+}  // namespace
+
+void TraceSink::OnFatalSignal(int signal) {
+  const int saved_errno = errno;
+  if (TraceSink* sink = g_window_sink.exchange(nullptr)) {
+    sink->dump_requested_.store(true);
+    const timespec tick{0, 10 * 1000 * 1000};
+    for (int waited = 0; waited < kDumpWaitMs && !sink->dump_done_.load(); waited += 10) {
+      nanosleep(&tick, nullptr);
+    }
+  }
+  // The action the program had (the default: end the process), as if torchrr were not there.
+  for (size_t i = 0; i < std::size(kWindowSignals); ++i) {
+    if (kWindowSignals[i] == signal) sigaction(signal, &g_previous_actions[i], nullptr);
+  }
+  errno = saved_errno;
+  raise(signal);
+}
+
+void TraceSink::InstallSignalHandlers() {
+  TraceSink* expected = nullptr;
+  if (!g_window_sink.compare_exchange_strong(expected, this)) return;  // Another sink has them.
+  handlers_installed_ = true;
+  for (size_t i = 0; i < std::size(kWindowSignals); ++i) {
+    struct sigaction current {};
+    if (sigaction(kWindowSignals[i], nullptr, &current) != 0) continue;
+    g_previous_actions[i] = current;
+    // Only where the signal would end the process with no handler of the program's (Python's
+    // SIGINT handler raises KeyboardInterrupt, and the trace is closed at exit as usual).
+    if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL) {
+      struct sigaction action {};
+      action.sa_handler = &TraceSink::OnFatalSignal;
+      sigemptyset(&action.sa_mask);
+      sigaction(kWindowSignals[i], &action, nullptr);
+    }
+  }
+}
+
+void TraceSink::RestoreSignalHandlers() {
+  if (!handlers_installed_) return;
+  handlers_installed_ = false;
+  TraceSink* self = this;
+  g_window_sink.compare_exchange_strong(self, nullptr);
+  for (size_t i = 0; i < std::size(kWindowSignals); ++i) {
+    struct sigaction current {};
+    if (sigaction(kWindowSignals[i], nullptr, &current) == 0 &&
+        !(current.sa_flags & SA_SIGINFO) && current.sa_handler == &TraceSink::OnFatalSignal) {
+      sigaction(kWindowSignals[i], &g_previous_actions[i], nullptr);
+    }
+  }
 }
 
 bool TraceSink::WriteSource(format::InternId file, const std::string& path, uint32_t line) {
@@ -288,11 +393,7 @@ bool TraceSink::WriteSource(format::InternId file, const std::string& path, uint
     def.hash = format::SourceHash(source.bytes);
     def.bytes = source.bytes.size();
     def.lines = static_cast<uint32_t>(source.lines.size());
-    format::Status status = writer_->Append(format::Record(def));
-    if (!status.ok()) {
-      Fail(status.message());
-      return false;
-    }
+    if (!Emit(format::Record(def))) return false;
   }
   if (!source.readable || line > source.lines.size()) return true;
   // The lines around `line` not yet written, in runs of consecutive ones.
@@ -303,10 +404,9 @@ bool TraceSink::WriteSource(format::InternId file, const std::string& path, uint
   run.file = source.file;
   auto flush = [&] {
     if (run.text.empty()) return true;
-    format::Status status = writer_->Append(format::Record(run));
+    bool ok = Emit(format::Record(run));
     run.text.clear();
-    if (!status.ok()) Fail(status.message());
-    return status.ok();
+    return ok;
   };
   for (uint32_t n = first; n <= last; ++n) {
     std::string_view text = source.lines[n - 1];
@@ -329,9 +429,7 @@ format::InternId TraceSink::InternSymbolString(const std::string& text, bool* ok
   auto it = symbol_strings_.find(text);
   if (it != symbol_strings_.end()) return it->second;
   format::StringDef def{NextStringId(), text};
-  format::Status status = writer_->Append(format::Record(def));
-  if (!status.ok()) {
-    Fail(status.message());
+  if (!Emit(format::Record(def))) {
     *ok = false;
     return 0;
   }
@@ -353,11 +451,7 @@ bool TraceSink::Symbolize(const format::FrameDef& placeholder) {
     frame.line = symbols.line;
     frame.framework = symbols.framework;
     if (!ok) return false;
-    format::Status status = writer_->Append(format::Record(frame));
-    if (!status.ok()) {
-      Fail(status.message());
-      return false;
-    }
+    if (!Emit(format::Record(frame))) return false;
     if (!frame.framework && !WriteSource(frame.file, symbols.file, frame.line)) return false;
     ids.push_back(frame.id);
   }
@@ -374,6 +468,7 @@ bool TraceSink::Close() {
   has_work_.notify_one();
   has_room_.notify_all();
   if (thread_.joinable()) thread_.join();  // It closes the trace last.
+  RestoreSignalHandlers();
   return !failed();
 }
 

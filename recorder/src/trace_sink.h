@@ -27,6 +27,7 @@
 #include <sys/types.h>
 
 #include "record_bytes.h"
+#include "step_window.h"
 #include "torchrr/format/records.h"
 #include "torchrr/format/writer.h"
 #include "torchrr/recorder.h"
@@ -44,6 +45,12 @@ class TraceSink {
     // with each file's hash (SourceFile, SourceLines), read by the writer thread when a frame is
     // first written. RecorderOptions::source.
     bool record_source = true;
+    // --keep-last: 0 writes every record as it comes; N > 0 keeps only the last N steps in memory
+    // (StepWindow), at most keep_last_bytes of them compressed, and writes them at Close(), or
+    // when SIGTERM, SIGINT or SIGABRT is about to end the process (handlers installed while the
+    // sink lives, for the signals whose action was the default).
+    size_t keep_last_steps = 0;
+    size_t keep_last_bytes = size_t{1} << 30;
     // Called by the writer thread before each look at the queue, without the sink's lock: the
     // producer pushes what it holds back (Push with may_wait false). Must not block.
     std::function<void()> pull;
@@ -96,6 +103,13 @@ class TraceSink {
   // With record_source: the lines of `path` (StringDef `file`) around `line` that the trace does
   // not hold yet, and the file's SourceFile first. False when the sink failed. Writer thread only.
   bool WriteSource(format::InternId file, const std::string& path, uint32_t line);
+  // Hands a record to the trace: the file, or the step window. False when the sink failed.
+  bool Emit(const format::Record& record);
+  // The end of the trace: the window (if any), then the index and the trailer.
+  void Finish();
+  static void OnFatalSignal(int signal);
+  void InstallSignalHandlers();
+  void RestoreSignalHandlers();
 
   // A source file as the writer thread read it.
   struct Source {
@@ -133,6 +147,13 @@ class TraceSink {
   std::unordered_map<std::string, Source> sources_;
   size_t source_bytes_read_ = 0;     // Of the files read.
   size_t source_bytes_written_ = 0;  // Of the lines written.
+  std::unique_ptr<StepWindow> window_;  // Writer thread only; keep_last_steps > 0.
+  uint64_t marked_steps_ = 0;           // StepRecords the program marked (writer thread).
+  // A fatal signal's handler asks the writer thread to write the window now, and waits for it.
+  std::atomic<bool> dump_requested_{false};
+  std::atomic<bool> dump_done_{false};
+  bool finished_ = false;               // Writer thread: Finish() ran.
+  bool handlers_installed_ = false;
   std::atomic<format::InternId> next_string_id_{0};
   std::atomic<format::InternId> next_frame_id_{0};
   std::atomic<bool> failed_{false};

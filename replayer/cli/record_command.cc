@@ -47,6 +47,8 @@ struct RecordArgs {
   bool all_ops = false;
   bool follow_forks = false;
   bool no_source = false;
+  size_t keep_last = 0;
+  size_t keep_last_mb = 0;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -127,7 +129,8 @@ RecorderDirs FindRecorderDirs(const fs::path& exe) {
 constexpr const char* kOptionVariables[] = {
     "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
     "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
-    "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS",  "TORCHRR_SOURCE"};
+    "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS",  "TORCHRR_SOURCE",
+    "TORCHRR_KEEP_LAST",     "TORCHRR_KEEP_LAST_BYTES"};
 
 void SetOptionVariables(const RecordArgs& args) {
   for (const char* name : kOptionVariables) unsetenv(name);
@@ -146,6 +149,10 @@ void SetOptionVariables(const RecordArgs& args) {
   if (args.all_ops) setenv("TORCHRR_ALL_OPS", "1", 1);
   if (args.follow_forks) setenv("TORCHRR_FOLLOW_FORKS", "1", 1);
   if (args.no_source) setenv("TORCHRR_SOURCE", "0", 1);
+  if (args.keep_last != 0) setenv("TORCHRR_KEEP_LAST", std::to_string(args.keep_last).c_str(), 1);
+  if (args.keep_last_mb != 0) {
+    setenv("TORCHRR_KEEP_LAST_BYTES", std::to_string(args.keep_last_mb << 20).c_str(), 1);
+  }
 }
 
 void PrependEnv(const char* name, const std::string& value, char separator) {
@@ -332,6 +339,13 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                 "Leave the code out: by default the trace carries the lines around each line of "
                 "user code its stacks name (not torch's, site-packages' or the standard "
                 "library's), so it replays with code elsewhere");
+  cmd->add_option("--keep-last", args->keep_last,
+                  "Keep only the last N steps of the run, in memory, and write them when it ends "
+                  "(exit, uncaught exception, SIGTERM/SIGINT/SIGABRT; not SIGKILL)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  cmd->add_option("--keep-last-mb", args->keep_last_mb,
+                  "With --keep-last: memory for the kept steps, compressed (default 1024)")
+      ->check(CLI::Range(size_t{1}, kMaxBufferMbLimit));
   cmd->add_flag("--drop-when-full", args->drop_when_full,
                 "When the writer cannot keep up, drop records (and say so) instead of waiting");
   cmd->add_flag("--python", args->force_python, "The command is a Python program");

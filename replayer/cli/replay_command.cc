@@ -82,9 +82,13 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
                                                    : "no violation") +
              (code != format::StatusCode::kOk ? ", trace " + std::string(StatusName(code))
               : report.incomplete()             ? ", recording incomplete"
+              : report.window()                 ? ", steps " + std::to_string(report.first_step) +
+                                                      " to " + std::to_string(report.last_step) +
+                                                      " kept"
                                                 : "");
-  return ReplayExitCode(read_code, report.incomplete(),
-                        !report.violations.empty() || !report.unexplained_errors.empty());
+  const bool found = !report.violations.empty() || !report.unexplained_errors.empty();
+  // A window with nothing in it is no clean bill for the steps it did not keep.
+  return ReplayExitCode(read_code, report.incomplete() || (report.window() && !found), found);
 }
 
 // How unclean a replay exit code is: a damaged or unread trace, then an incomplete recording,

@@ -224,6 +224,10 @@ struct AnalysisState {
   // The trace's source (1.4), by path; source_bytes: the lines' bytes kept, bounded.
   std::map<std::string, RecordedSource> sources;
   size_t source_bytes = 0;
+  // StepRecords: how many, the first's and the last's step numbers.
+  uint64_t steps = 0;
+  uint64_t first_step = 0;
+  uint64_t last_step = 0;
 
   IdIndex index;  // Slots in the tables below, and in SilentWriteWatch's per-storage lists.
   LayoutPool layouts;

@@ -81,6 +81,10 @@ class Analyzer::Impl {
   void On(const format::FingerprintRecord& r) { silent_.OnFingerprint(r); }
   void On(const format::SourceFile& r);
   void On(const format::SourceLines& r);
+  void On(const format::StepRecord& r) {
+    if (state_.steps++ == 0) state_.first_step = r.step;
+    state_.last_step = r.step;
+  }
 
   CounterState& GetCounter(ObjectId id);
   uint64_t CloseOpSubtree(const format::OpRecord& r);

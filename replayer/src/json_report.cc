@@ -148,9 +148,15 @@ json RecordingJson(const Report& report) {
                {"time_ns", stop.time_ns},
                {"message", stop.message}};
   }
+  json steps = nullptr;
+  if (report.steps != 0) {
+    steps = {{"first", report.first_step}, {"last", report.last_step}, {"count", report.steps},
+             {"window", report.window()}};
+  }
   return {{"complete", !report.incomplete()},
           {"stopped", std::move(stopped)},
-          {"records_lost", report.records_lost}};
+          {"records_lost", report.records_lost},
+          {"steps", std::move(steps)}};
 }
 
 }  // namespace

@@ -115,6 +115,9 @@ class ReportBuilder {
     report.data_loss_records = state_.data_loss_records;
     report.records_lost = state_.data_lost;
     report.recording_stopped = state_.recording_stopped;
+    report.steps = state_.steps;
+    report.first_step = state_.first_step;
+    report.last_step = state_.last_step;
     AddViolations(report);
     for (Violation& v : report.violations) v.recording_incomplete = report.incomplete();
     AddWarnings(report);

@@ -204,10 +204,17 @@ void TextReport::EmitSummary(const Report& report) {
                        std::to_string(report.node_executions) + " node executions in " +
                        std::to_string(report.backward_passes) + " backward pass" +
                        (report.backward_passes == 1 ? "" : "es");
+  if (report.window()) {
+    counts += "; steps " + std::to_string(report.first_step) + " to " +
+              std::to_string(report.last_step) + " of the run, the earlier ones not kept";
+  }
   if (report.violations.empty() && !report.unexplained_errors.empty()) {
     size_t n = report.unexplained_errors.size();
     out_ << "no saved tensor was modified, but backward raised " << n << " error"
          << (n == 1 ? "" : "s") << " that torchrr does not explain (" << counts << ")\n";
+  } else if (report.violations.empty() && report.window() && !report.incomplete()) {
+    out_ << "no saved tensor was modified in the kept steps, but the steps before them were not "
+            "kept (" << counts << ")\n";
   } else if (report.violations.empty() && report.incomplete()) {
     out_ << "no saved tensor was modified in the recorded part, but the recording is incomplete ("
          << counts << ")\n";

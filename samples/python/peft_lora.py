@@ -23,8 +23,10 @@ line whose saved tensor it breaks carries ``# VICTIM(<name>)`` when it is in thi
 | view_write | ``log_probs.select(-1, PAD).zero_()`` in next_token_loss | ``torch.log_softmax(logits, -1)`` (saved its result) | LogSoftmaxBackward0 |
 | silent_dlpack | ``scale_through_dlpack(up, 0.5)`` in mlp_forward: an extension-style kernel rescales the up projection through a DLPack alias (another storage, another version counter) | ``act * up`` (aten::mul saved ``up``) | none: nothing raises, the gradients are silently wrong; ``torchrr record --verify-saved`` reports a ``silent`` violation for MulBackward0 |
 
-    peft_lora.py [--device cuda|cpu] [--steps 3] [--bug none|NAME] [--list-bugs] [--seed 0]
-                 [--gradient-checkpointing] [--compile [BACKEND]]
+    peft_lora.py [--device cuda|cpu] [--steps 3] [--bug none|NAME] [--bug-at-step K]
+                 [--list-bugs] [--seed 0] [--gradient-checkpointing] [--compile [BACKEND]]
+
+``--bug-at-step K`` plants the bug from step K on: the steps before train cleanly.
 
 Prints ``step N loss L`` per step. Exit status: 0 trained; 1 PyTorch raised (stderr: ``error:
 <message>``); 2 usage.
@@ -172,6 +174,8 @@ def build_model(args):
 
 
 def train(args):
+    global BUG
+    planted = BUG
     model = build_model(args)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -180,6 +184,8 @@ def train(args):
     input_ids = torch.randint(1, args.vocab, (args.batch, args.seq), generator=generator)
     input_ids = input_ids.to(args.device)
     for step in range(args.steps):
+        # --bug-at-step K: the steps before K train cleanly, as a run whose bug first bites late.
+        BUG = planted if step >= args.bug_at_step else "none"
         logits = model(input_ids=input_ids).logits
         loss = next_token_loss(logits, input_ids)
         if BUG == "optimizer_before_backward":
@@ -199,6 +205,8 @@ def main(argv=None):
                         default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--bug", default="none")
+    parser.add_argument("--bug-at-step", type=int, default=0, metavar="K",
+                        help="plant the bug from step K on (0-based; the earlier steps are clean)")
     parser.add_argument("--list-bugs", action="store_true")
     add_model_arguments(parser)
     parser.add_argument("--lr", type=float, default=1e-3)

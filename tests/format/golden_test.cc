@@ -48,7 +48,7 @@ void ClearSince1_3(Record& r) {
 }
 
 // How many record kinds a minor version has: Record's first ones.
-size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : kRecordKindCount; }
+size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : minor < 5 ? 14 : kRecordKindCount; }
 
 // The records of `want` as a trace of that minor version holds them: without the kinds added
 // since, the fields added since at their defaults.
@@ -201,6 +201,14 @@ TEST(Golden, V1_4ReadsEveryField) {
   EXPECT_EQ(lines.first_line, 40u);
   ASSERT_EQ(lines.text.size(), 4u);
   EXPECT_EQ(lines.text[3], "\ty.add_(1)  # \xc3\xa9");
+}
+
+TEST(Golden, V1_5ReadsEveryField) {
+  ExpectEveryField("/v1_5.trr", 5);
+  const Trace trace = ReadTraceFileAll(kGolden + "/v1_5.trr");
+  EXPECT_EQ(Nth<StepRecord>(trace, 1).step, 1100u);
+  EXPECT_EQ(Nth<StepRecord>(trace, 1).time_ns, 2'000'000'005);
+  EXPECT_TRUE(Nth<StepRecord>(trace, 1).marked);
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and

@@ -134,6 +134,7 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   out.push_back(fingerprint);
   out.push_back(SourceFile{intern(1), 0xfedcba9876543210 + base, 4096 + base, 120});
   out.push_back(SourceLines{intern(1), 40, {"def step(x):", "    y = x * w", "", "\ty.add_(1)  # \xc3\xa9"}});
+  out.push_back(StepRecord{base, t0 + 5, base % 2 == 0});
   return out;
 }
 

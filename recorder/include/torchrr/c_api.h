@@ -27,6 +27,14 @@ extern "C" {
 int torchrr_start(const char* path, int native_stacks, int python_stacks,
                   size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
 
+/* torchrr_start with RecorderOptions::keep_last_steps and keep_last_bytes (0: the default). */
+int torchrr_start_keeping(const char* path, int native_stacks, int python_stacks,
+                          size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags,
+                          size_t keep_last_steps, size_t keep_last_bytes);
+
+/* Marks the start of a training step in the active recording (Recorder::Step). */
+void torchrr_step(void);
+
 /* Starts recording as `torchrr record` asked through the environment: TORCHRR_OUTPUT (the trace;
  * FILE.rankN.trr when RANK=N is set), TORCHRR_NATIVE_STACKS, TORCHRR_PYTHON_STACKS,
  * TORCHRR_MAX_BUFFERED_BYTES, TORCHRR_WHEN_FULL (wait/drop), TORCHRR_VERIFY_SAVED,

@@ -70,6 +70,13 @@ struct RecorderOptions {
   // replays with its code on a machine without the sources. Read by the writer thread, off the
   // training threads, when a frame is first written.
   bool source = true;
+  // Keep only the last N steps of the run (0: every record, written as it comes). The steps are
+  // kept in memory, compressed, at most keep_last_bytes of them (the oldest go first; the step
+  // under way always stays), and written when the recording stops: at exit, at an uncaught
+  // exception, or when SIGTERM, SIGINT or SIGABRT (whose action was the default) ends the process.
+  // A process killed outright (SIGKILL, the OOM killer) loses them. Steps: format/SPEC.md, Steps.
+  size_t keep_last_steps = 0;
+  size_t keep_last_bytes = size_t{1} << 30;
   // For tests of what a stopped recording looks like: the end of the Nth recorded op fails as an
   // internal error would, and the recording stops there (the trace says why). 0: never.
   uint64_t fail_at_op = 0;
@@ -92,6 +99,11 @@ class Recorder {
   // Records an error message into the trace (for example the what() of an exception the caller
   // caught from backward()), so the replay can quote it. Thread-safe; a no-op when not recording.
   void RecordError(const std::string& type, const std::string& message);
+
+  // Marks the start of a training step (call it where each step begins). From the first call on,
+  // the program's marks are the only step boundaries (RecorderOptions::keep_last_steps and the
+  // trace's StepRecords); without any, the recorder finds the steps itself. Thread-safe.
+  void Step();
 
   // Counts so far. Thread-safe.
   uint64_t ops_recorded() const;

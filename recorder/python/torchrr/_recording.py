@@ -23,7 +23,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
           python_stacks: bool = True, max_buffered_bytes: int = 0,
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
-          all_ops: bool = False, follow_forks: bool = False, source: bool = True) -> bool:
+          all_ops: bool = False, follow_forks: bool = False, source: bool = True,
+          keep_last: int = 0, keep_last_bytes: int = 0) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
@@ -47,19 +48,26 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     nothing. source: the lines around each line of user code the stacks name (not torch's,
     site-packages' or the standard library's) go into the trace with each file's hash, so that it
     replays with its code on a machine without the sources; False leaves the code out.
+    keep_last: keep only the last N steps of the run (0: all), in memory and compressed, at most
+    keep_last_bytes of them (0: 1 GiB), written when the recording stops (at exit, at an uncaught
+    exception, or when SIGTERM, SIGINT or SIGABRT ends the process); step() marks steps, else the
+    recorder finds them (a backward pass, the forward ops before it, the optimizer after it).
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
     """
     lib = _native.library()
-    rc = lib.torchrr_start(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
-                           int(bool(python_stacks)), int(max_buffered_bytes),
-                           int(bool(drop_when_full)), -1 if rank is None else int(rank),
-                           (_VERIFY_SAVED if verify_saved else 0) |
-                           (0 if cuda_kernels else _NO_CUDA_KERNELS) |
-                           (_ALL_OPS if all_ops else 0) |
-                           (_FOLLOW_FORKS if follow_forks else 0) |
-                           (0 if source else _NO_SOURCE))
+    if keep_last < 0 or keep_last_bytes < 0:
+        raise ValueError("keep_last and keep_last_bytes must be 0 or more")
+    rc = lib.torchrr_start_keeping(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
+                                   int(bool(python_stacks)), int(max_buffered_bytes),
+                                   int(bool(drop_when_full)), -1 if rank is None else int(rank),
+                                   (_VERIFY_SAVED if verify_saved else 0) |
+                                   (0 if cuda_kernels else _NO_CUDA_KERNELS) |
+                                   (_ALL_OPS if all_ops else 0) |
+                                   (_FOLLOW_FORKS if follow_forks else 0) |
+                                   (0 if source else _NO_SOURCE),
+                                   int(keep_last), int(keep_last_bytes))
     if rc == 0:
         _close_in_forked_children()
     return rc == 0
@@ -130,6 +138,15 @@ def stop() -> bool:
     when nothing was recording. Never imports torch."""
     lib = _native.loaded()
     return lib is not None and lib.torchrr_stop() == 0
+
+
+def step() -> None:
+    """Marks the start of a training step in the active recording (call it where each step
+    begins). From the first call on, the program's marks are the only step boundaries; without
+    any, the recorder finds the steps itself. A no-op when nothing records."""
+    lib = _native.loaded()
+    if lib is not None:
+        lib.torchrr_step()
 
 
 def recording() -> bool:

@@ -72,6 +72,7 @@
   X(byte_length) X(hash) TIME(time_ns)
 #define TORCHRR_SOURCE_FILE_FIELDS(X, ID, TIME) X(file) X(hash) X(bytes) X(lines)
 #define TORCHRR_SOURCE_LINES_FIELDS(X, ID, TIME) X(file) X(first_line) X(text)
+#define TORCHRR_STEP_RECORD_FIELDS(X, ID, TIME) X(step) TIME(time_ns) X(marked)
 
 // Every struct with a list that trace.fbs stores as a table of the same name, X(Struct, LIST).
 #define TORCHRR_TABLE_FIELD_LISTS(X)                                                            \
@@ -92,7 +93,8 @@
   X(DataLossRecord, TORCHRR_DATA_LOSS_RECORD_FIELDS)                                            \
   X(FingerprintRecord, TORCHRR_FINGERPRINT_RECORD_FIELDS)                                       \
   X(SourceFile, TORCHRR_SOURCE_FILE_FIELDS)                                                     \
-  X(SourceLines, TORCHRR_SOURCE_LINES_FIELDS)
+  X(SourceLines, TORCHRR_SOURCE_LINES_FIELDS)                                                   \
+  X(StepRecord, TORCHRR_STEP_RECORD_FIELDS)
 // Every struct with a list that trace.fbs stores as a struct of the same name.
 #define TORCHRR_STRUCT_FIELD_LISTS(X) \
   X(TensorUse, TORCHRR_TENSOR_USE_FIELDS) X(Edge, TORCHRR_EDGE_FIELDS) X(Dim3, TORCHRR_DIM3_FIELDS)

@@ -364,9 +364,21 @@ struct SourceLines {
   bool operator==(const SourceLines&) const = default;
 };
 
+// The start of a training step (1.5): the records after it, up to the next StepRecord, are that
+// step's (SPEC.md, Steps). Written where the recorder keeps only some steps (--keep-last), and
+// where the program marks its steps itself (torchrr.step()). A trace whose first StepRecord has
+// `step` above 0 holds only the steps from there: earlier ones were not kept.
+struct StepRecord {
+  uint64_t step = 0;        // 0-based, counted from the start of the recording.
+  int64_t time_ns = 0;      // When the step started: its first op's start.
+  bool marked = false;      // The program marked it (torchrr.step()); else the recorder found it.
+  bool operator==(const StepRecord&) const = default;
+};
+
 using Record = std::variant<StringDef, FrameDef, StackDef, TensorInfo, OpRecord, NodeRecord,
                             NodeExecRecord, ErrorRecord, CudaKernelRecord, CudaMemcpyRecord,
-                            DataLossRecord, FingerprintRecord, SourceFile, SourceLines>;
+                            DataLossRecord, FingerprintRecord, SourceFile, SourceLines,
+                            StepRecord>;
 
 // The record kind's name, as `torchrr info` and `dump --json` print it ("op", "tensor", ...).
 const char* RecordKindName(const Record& record);

@@ -248,6 +248,13 @@ struct Report {
   // The recording misses part of the run: it stopped early or lost records. Its verdicts cover
   // only what was recorded, and "nothing found" is not a clean bill of health.
   bool incomplete() const { return recording_stopped.has_value() || data_loss_records != 0; }
+  // The steps the trace holds (StepRecords, format 1.5): none in a trace that marks no steps.
+  uint64_t steps = 0;
+  uint64_t first_step = 0;
+  uint64_t last_step = 0;
+  // A window of the run (--keep-last): the steps before first_step were not kept, so "nothing
+  // found" covers only the kept ones.
+  bool window() const { return steps != 0 && first_step != 0; }
   // What the analysis could not be sure of (nodes with unknown saved sets, lost records, a
   // PyTorch version error the trace does not explain), one line each.
   std::vector<std::string> warnings;

@@ -1,0 +1,228 @@
+#include "step_window.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <set>
+#include <type_traits>
+#include <variant>
+
+#include "torchrr/format/record_fields.h"
+
+namespace torchrr::recorder {
+namespace {
+
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// Calls fn(id) for every object id `s` names (the fields record_fields.h codes as ids), in nested
+// structs and vectors of them too.
+template <class S, class Fn>
+void ForEachId(const S& s, Fn&& fn) {
+  format::ForEachField(s, [&](const auto& field, const auto& value) {
+    using F = std::remove_cvref_t<decltype(field)>;
+    using T = std::remove_cvref_t<decltype(value)>;
+    if constexpr (F::coding == format::Coding::kId) {
+      if (value != 0) fn(value);
+    } else if constexpr (IsVector<T>::value) {
+      if constexpr (format::HasFields<typename T::value_type>) {
+        for (const auto& element : value) ForEachId(element, fn);
+      }
+    } else if constexpr (format::HasFields<T>) {
+      ForEachId(value, fn);
+    }
+  });
+}
+
+template <class Fn>
+void ForEachId(const format::Record& record, Fn&& fn) {
+  std::visit([&](const auto& r) { ForEachId(r, fn); }, record);
+}
+
+bool IsInterned(const format::Record& record) {
+  return std::holds_alternative<format::StringDef>(record) ||
+         std::holds_alternative<format::FrameDef>(record) ||
+         std::holds_alternative<format::StackDef>(record) ||
+         std::holds_alternative<format::SourceFile>(record) ||
+         std::holds_alternative<format::SourceLines>(record);
+}
+
+}  // namespace
+
+StepWindow::StepWindow(size_t keep_steps, size_t keep_bytes)
+    : keep_steps_(std::max<size_t>(keep_steps, 1)), keep_bytes_(keep_bytes) {}
+
+void StepWindow::Add(const format::Record& record) {
+  if (const auto* mark = std::get_if<format::StepRecord>(&record)) {
+    if (!mark->marked) return;  // Only the program's marks come this way.
+    marked_ = true;
+    if (!open_.empty()) CloseStepAt(open_.size());
+    open_mark_.time_ns = mark->time_ns;
+    open_mark_.marked = true;
+    return;
+  }
+  const auto* op = std::get_if<format::OpRecord>(&record);
+  if (std::holds_alternative<format::NodeRecord>(record)) ++nodes_since_top_;
+  if (op != nullptr && !marked_) {
+    if (op->scope == format::OpScope::kBackwardFunction) {
+      backward_seen_ = true;
+    } else if (op->parent == 0 && backward_seen_ && nodes_since_top_ > 0) {
+      // A top-level op that made autograd nodes, after a backward pass: the next step's forward.
+      CloseStepAt(boundary_);
+      open_mark_.time_ns = op->start_ns;
+      backward_seen_ = false;
+    }
+  }
+  if (open_.empty() && open_mark_.time_ns == 0 && op != nullptr) open_mark_.time_ns = op->start_ns;
+  format::AppendRecordBytes(record, open_);
+  if (op != nullptr && op->parent == 0) {
+    boundary_ = open_.size();
+    nodes_since_top_ = 0;
+    // A step with no end in sight (no backward: inference, or a loop the rule does not fit) is
+    // cut after a top-level op once it holds keep_bytes_ uncompressed, so memory stays bounded.
+    if (open_.size() > keep_bytes_) {
+      const int64_t next_start = op->end_ns;
+      CloseStepAt(boundary_);
+      open_mark_.time_ns = next_start;
+    }
+  }
+}
+
+void StepWindow::CloseStepAt(size_t end) {
+  const std::string_view all = open_.view();
+  end = std::min(end, all.size());
+  if (end == 0) return;  // Nothing before the boundary: the open step goes on.
+  ClosedStep step;
+  step.mark = open_mark_;
+  step.raw_bytes = end;
+  step.stored = !Compress(all.substr(0, end), &step.compressed);
+  closed_bytes_ += step.compressed.size();
+  closed_.push_back(std::move(step));
+  format::ByteBuffer rest;
+  rest.Append(all.data() + end, all.size() - end);
+  open_.swap(rest);
+  boundary_ = 0;
+  open_mark_ = format::StepRecord{};
+  open_mark_.step = next_step_++;
+  open_mark_.marked = marked_;
+  Evict();
+}
+
+void StepWindow::Evict() {
+  while (!closed_.empty() &&
+         (closed_.size() + 1 > keep_steps_ || closed_bytes_ > keep_bytes_)) {
+    ClosedStep& oldest = closed_.front();
+    std::string bytes;
+    if (Decompress(oldest, &bytes)) ApplyToBefore(bytes, oldest.mark.step);
+    closed_bytes_ -= oldest.compressed.size();
+    closed_.pop_front();
+  }
+}
+
+void StepWindow::ApplyToBefore(std::string_view bytes, uint64_t step) {
+  size_t pos = 0;
+  while (const format::Record* record = reader_.Next(bytes, &pos)) {
+    if (IsInterned(*record)) {
+      interned_.push_back(*record);
+      continue;
+    }
+    if (const auto* tensor = std::get_if<format::TensorInfo>(record)) {
+      tensors_[tensor->tensor] = {*tensor, step};
+    } else if (const auto* node = std::get_if<format::NodeRecord>(record)) {
+      nodes_[node->node] = {*node, step};
+    }
+    ForEachId(*record, [&](format::ObjectId id) {
+      if (auto t = tensors_.find(id); t != tensors_.end()) t->second.last_step = step;
+      if (auto n = nodes_.find(id); n != nodes_.end()) n->second.last_step = step;
+    });
+  }
+  std::erase_if(tensors_, [&](const auto& entry) {
+    return entry.second.last_step + kForgetAfterSteps < step;
+  });
+  std::erase_if(nodes_, [&](const auto& entry) {
+    return entry.second.last_step + kForgetAfterSteps < step;
+  });
+}
+
+format::Status StepWindow::WriteTo(format::TraceWriter& writer) {
+  // The kept steps' bytes, oldest first; the open one last.
+  std::vector<std::pair<format::StepRecord, std::string>> steps;
+  for (const ClosedStep& step : closed_) {
+    std::string bytes;
+    if (!Decompress(step, &bytes)) {
+      return format::Status(format::StatusCode::kIoError, "a kept step does not decompress");
+    }
+    steps.emplace_back(step.mark, std::move(bytes));
+  }
+  if (!open_.empty()) steps.emplace_back(open_mark_, std::string(open_.view()));
+
+  // What the kept steps name, and what that names in turn, from before them.
+  std::set<format::ObjectId> named;
+  for (const auto& [mark, bytes] : steps) {
+    size_t pos = 0;
+    while (const format::Record* record = reader_.Next(bytes, &pos)) {
+      ForEachId(*record, [&](format::ObjectId id) { named.insert(id); });
+    }
+  }
+  std::set<format::ObjectId> tensors, nodes;
+  std::vector<format::ObjectId> pending(named.begin(), named.end());
+  while (!pending.empty()) {
+    format::ObjectId id = pending.back();
+    pending.pop_back();
+    auto more = [&](format::ObjectId next) {
+      if (!tensors.contains(next) && !nodes.contains(next)) pending.push_back(next);
+    };
+    if (auto t = tensors_.find(id); t != tensors_.end() && tensors.insert(id).second) {
+      ForEachId(format::Record(t->second.record), more);
+    }
+    if (auto n = nodes_.find(id); n != nodes_.end() && nodes.insert(id).second) {
+      ForEachId(format::Record(n->second.record), more);
+    }
+  }
+
+  auto append = [&](const format::Record& record) { return writer.Append(record); };
+  for (const format::Record& record : interned_) {
+    if (format::Status s = append(record); !s.ok()) return s;
+  }
+  for (format::ObjectId id : tensors) {
+    if (format::Status s = append(format::Record(tensors_.at(id).record)); !s.ok()) return s;
+  }
+  for (format::ObjectId id : nodes) {
+    if (format::Status s = append(format::Record(nodes_.at(id).record)); !s.ok()) return s;
+  }
+  for (const auto& [mark, bytes] : steps) {
+    if (format::Status s = append(format::Record(mark)); !s.ok()) return s;
+    size_t pos = 0;
+    while (const format::Record* record = reader_.Next(bytes, &pos)) {
+      if (format::Status s = append(*record); !s.ok()) return s;
+    }
+  }
+  return format::Status::Ok();
+}
+
+bool StepWindow::Compress(std::string_view bytes, std::string* out) {
+  out->resize(ZSTD_compressBound(bytes.size()));
+  size_t n = ZSTD_compress(out->data(), out->size(), bytes.data(), bytes.size(), 1);
+  if (ZSTD_isError(n)) {
+    out->assign(bytes);  // Kept as it is.
+    return false;
+  }
+  out->resize(n);
+  out->shrink_to_fit();
+  return true;
+}
+
+bool StepWindow::Decompress(const ClosedStep& step, std::string* out) {
+  if (step.stored) {
+    *out = step.compressed;
+    return true;
+  }
+  out->assign(step.raw_bytes, '\0');
+  size_t n = ZSTD_decompress(out->data(), out->size(), step.compressed.data(),
+                             step.compressed.size());
+  return !ZSTD_isError(n) && n == step.raw_bytes;
+}
+
+}  // namespace torchrr::recorder

@@ -1,0 +1,107 @@
+// StepWindow: the last steps of a run, kept in memory by the writer thread (--keep-last N), and
+// what they need from before them, written as a trace that replays on its own when the run ends.
+//
+// Steps. The records between two step boundaries are a step (format/SPEC.md, Steps). A program
+// marks its own boundaries with torchrr.step() (a StepRecord with `marked`, which then is the only
+// rule); otherwise a step ends where, after a backward pass ran, a top-level forward op starts in
+// grad mode: the step is a backward pass, the forward ops before it and what ran after it up to
+// the next forward (the optimizer's step, zero_grad, logging). The boundary is put right after the
+// last top-level op before that forward op, so that the forward op's records, its start's
+// definitions and nested ops included, all begin the next step.
+//
+// Memory. The open step is kept as record bytes (record_bytes.h); a step that ends is compressed
+// (zstd). At most `keep_steps` steps are kept, the open one included, and the closed ones at most
+// `keep_bytes` compressed (the oldest go first; the open one always stays). An open step past
+// `keep_bytes` uncompressed is ended after its latest top-level op, so that a run whose steps
+// never end (no backward pass) stays bounded too.
+//
+// What a window needs from before it. A step that leaves the window is decoded once more and
+// applied to the "before" state: every StringDef, FrameDef, StackDef and source record (kept for
+// good: they grow with the code, not with the run), and the latest TensorInfo of each tensor and
+// NodeRecord of each node. A tensor or node that no step has named for kForgetAfterSteps steps is
+// forgotten (the activations of steps long gone); one the window still names then reads as unknown
+// to the replay. At the end, the window is written after the interned definitions and the
+// TensorInfos and NodeRecords it names (and those these name), then each step after its
+// StepRecord.
+//
+// Writer thread only; not thread-safe.
+#ifndef TORCHRR_RECORDER_STEP_WINDOW_H_
+#define TORCHRR_RECORDER_STEP_WINDOW_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "torchrr/format/record_bytes.h"
+#include "torchrr/format/records.h"
+#include "torchrr/format/status.h"
+#include "torchrr/format/writer.h"
+
+namespace torchrr::recorder {
+
+class StepWindow {
+ public:
+  // A tensor or node no step named for this many steps is dropped from the "before" state.
+  static constexpr uint64_t kForgetAfterSteps = 8;
+
+  StepWindow(size_t keep_steps, size_t keep_bytes);
+
+  // Every record the trace would hold, in order.
+  void Add(const format::Record& record);
+
+  // Writes what the kept steps need, then the kept steps, into `writer`.
+  format::Status WriteTo(format::TraceWriter& writer);
+
+  // Steps seen so far (the open one included), and those kept.
+  uint64_t steps_seen() const { return next_step_; }
+  size_t steps_kept() const { return closed_.size() + 1; }
+
+ private:
+  struct ClosedStep {
+    format::StepRecord mark;
+    std::string compressed;  // zstd; the bytes themselves when `stored`.
+    size_t raw_bytes = 0;
+    bool stored = false;
+  };
+  template <class T>
+  struct Dated {
+    T record;
+    uint64_t last_step = 0;  // The last step that named it.
+  };
+
+  void CloseStepAt(size_t end);
+  void Evict();
+  void ApplyToBefore(std::string_view bytes, uint64_t step);
+  // False (and `out` the bytes themselves) when zstd failed.
+  static bool Compress(std::string_view bytes, std::string* out);
+  static bool Decompress(const ClosedStep& step, std::string* out);
+
+  const size_t keep_steps_;
+  const size_t keep_bytes_;
+
+  // The open step.
+  format::StepRecord open_mark_;
+  format::ByteBuffer open_;
+  size_t boundary_ = 0;          // Where the open step would end: after its last top-level op.
+  bool backward_seen_ = false;   // A backward function ran in the open step.
+  size_t nodes_since_top_ = 0;   // NodeRecords since the last top-level op ended.
+  bool marked_ = false;          // The program marks its steps: no boundary is found.
+  uint64_t next_step_ = 1;       // The open step is next_step_ - 1.
+
+  std::deque<ClosedStep> closed_;  // Oldest first.
+  size_t closed_bytes_ = 0;
+
+  // The state before the oldest kept step.
+  std::vector<format::Record> interned_;  // StringDef, FrameDef, StackDef, SourceFile/Lines.
+  std::unordered_map<format::ObjectId, Dated<format::TensorInfo>> tensors_;
+  std::unordered_map<format::ObjectId, Dated<format::NodeRecord>> nodes_;
+  format::RecordBytesReader reader_;
+};
+
+}  // namespace torchrr::recorder
+
+#endif  // TORCHRR_RECORDER_STEP_WINDOW_H_

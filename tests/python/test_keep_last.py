@@ -1,0 +1,131 @@
+"""The flight recorder (`torchrr record --keep-last N`): a long run of the PEFT sample whose bug
+first bites late is recorded whole, and only its last steps are written, as a trace that replays
+on its own to the same culprit and victim lines as a short recording of the same bug, whose size
+does not grow with the run's length."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import cli, marker_line, needs_build, record
+
+pytestmark = needs_build
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "samples" / "python" / "peft_lora.py"
+# A small model: the test runs a few hundred steps on two CPU cores.
+SMALL = ["--device", "cpu", "--hidden", "32", "--seq", "8", "--batch", "1"]
+
+
+def replay(trace):
+    proc = subprocess.run([cli(), "replay", "--json", str(trace)], capture_output=True, text=True,
+                          timeout=300)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def lines_of(document):
+    """(culprit line, victim line) of the first violation, as file basename:line."""
+    v = document["violations"][0]
+
+    def where(op):
+        frame = op["user_frame"]
+        return f"{Path(frame['file']).name}:{frame['line']}"
+    return where(v["culprit"]), where(v["victim"])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("keep_last")
+    bug = ["--bug", "inplace_activation"]
+    short = directory / "short.trr"
+    proc = record(short, [sys.executable, SAMPLE, *SMALL, *bug, "--steps", "3",
+                          "--bug-at-step", "2"], timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    out = {"short": short}
+    for steps in (40, 300):
+        trace = directory / f"long{steps}.trr"
+        proc = record(trace, [sys.executable, SAMPLE, *SMALL, *bug, "--steps", str(steps),
+                              "--bug-at-step", str(steps - 1)],
+                      flags=["--keep-last", "2"], timeout=900)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        assert f"step {steps - 2} loss" in proc.stdout, proc.stdout[-500:]
+        out[steps] = trace
+    return out
+
+
+def test_the_window_replays_to_the_same_lines(runs):
+    code, short = replay(runs["short"])
+    assert code == 1 and short["violations"], short
+    code, window = replay(runs[300])
+    assert code == 1, window
+    assert lines_of(window) == lines_of(short)
+    script_line = marker_line(SAMPLE, r"BUG\(inplace_activation\)")
+    assert lines_of(window)[0] == f"peft_lora.py:{script_line}"
+    steps = window["recording"]["steps"]
+    assert steps == {"first": 298, "last": 299, "count": 2, "window": True}, steps
+    assert window["recording"]["complete"]
+
+
+def test_the_size_does_not_grow_with_the_run(runs):
+    sizes = {name: Path(path).stat().st_size for name, path in runs.items()}
+    # 40 and 300 steps keep the same two steps: the same size, give or take compression.
+    assert abs(sizes[300] - sizes[40]) < 0.1 * sizes[40], sizes
+    assert sizes[300] < 1.5 * sizes["short"], sizes
+
+
+def test_text_says_which_steps(runs):
+    proc = subprocess.run([cli(), "replay", str(runs[300])], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1
+    assert "steps 298 to 299 of the run, the earlier ones not kept" in proc.stdout, proc.stdout
+
+
+def test_clean_window_is_not_a_clean_bill(tmp_path):
+    trace = tmp_path / "clean.trr"
+    proc = record(trace, [sys.executable, SAMPLE, *SMALL, "--steps", "6"],
+                  flags=["--keep-last", "2"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, document = replay(trace)
+    assert code == 8 and not document["violations"], document
+    assert document["recording"]["steps"]["first"] == 4, document["recording"]
+
+
+def test_sigterm_writes_the_window(tmp_path):
+    """A run ended by SIGTERM (the default action: no handler of its own) still leaves its last
+    steps, as `torchrr record` forwards the signal."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys, torch\n"
+        "w = torch.ones(4, requires_grad=True)\n"
+        "opt = torch.optim.SGD([w], lr=0.1)\n"
+        "step = 0\n"
+        "while True:\n"
+        "    loss = (w * 2).sigmoid().sum()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    step += 1\n"
+        "    if step == 20:\n"
+        "        open(sys.argv[1], 'w').close()\n")
+    ready = tmp_path / "ready"
+    trace = tmp_path / "loop.trr"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([cli(), "record", "-o", str(trace), "--keep-last", "3", "--",
+                             sys.executable, str(script), str(ready)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ready.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    code, document = replay(trace)
+    assert code == 8, document  # A window with no violation.
+    steps = document["recording"]["steps"]
+    assert steps["count"] == 3 and steps["first"] >= 17, steps
