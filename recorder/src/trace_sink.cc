@@ -232,6 +232,7 @@ void TraceSink::WriterLoop() {
   }
   // The window if any, the index and the trailer, from this thread like every other write.
   Finish();
+  dump_done_.store(true);  // A fatal signal from now on has nothing to wait for.
 }
 
 bool TraceSink::WriteBatch(std::string_view batch) {

@@ -2,9 +2,12 @@
 """Whole-run recording: the PEFT LoRA sample trained for --steps steps plain, recorded whole
 (torchrr), and recorded keeping only the last 2 steps (torchrr --keep-last 2), each run in a
 process of its own, the three interleaved over --rounds rounds so that the machine's noise hits
-them alike. Per configuration: the median step time over the run and its paired ratio to plain's
-(each round's time over the same round's plain time, then the median), the process's peak
-resident memory and its paired ratio to plain's, and the trace's size in bytes and per step.
+them alike. Per configuration, with paired ratios to plain (each round's figure over the same
+round's plain figure, then the median over rounds): the median step time; the whole run (the steps
+and stopping the recording, which writes a --keep-last window); the CPU time of all the process's
+threads over that run (the writer thread's work included, which a busy machine feels even when
+the training thread does not wait for it); the time to stop; the process's peak resident memory;
+and the trace's size, in bytes and per step kept.
 
 Usage: bench_keep_last.py [--rounds R] [--steps N] [--keep-last K] [model options of peft_lora.py]
 """
@@ -40,6 +43,8 @@ def run_one(args, config, trace):
     elif config == "torchrr --keep-last":
         torchrr.start(trace, keep_last=args.keep_last)
     times = []
+    run_start = time.perf_counter()
+    cpu_start = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(args.steps):
         start = time.perf_counter()
         logits = model(input_ids=input_ids).logits
@@ -51,7 +56,10 @@ def run_one(args, config, trace):
     start = time.perf_counter()
     torchrr.stop()  # Writes the window (--keep-last), or the rest of the trace.
     stop_ms = (time.perf_counter() - start) * 1e3
+    cpu_end = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({
+        "run_s": time.perf_counter() - run_start,
+        "cpu_s": (cpu_end.ru_utime - cpu_start.ru_utime) + (cpu_end.ru_stime - cpu_start.ru_stime),
         "step_ms": statistics.median(times) * 1e3,
         "stop_ms": stop_ms,
         "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -88,22 +96,26 @@ def main():
     print(f"PEFT LoRA sample on the CPU (1 thread), hidden {args.hidden}, {args.layers} layers, "
           f"seq {args.seq}, batch {args.batch}: {args.steps} steps per run, {args.rounds} rounds, "
           f"--keep-last {args.keep_last}; medians over rounds:")
-    print("| configuration | step (ms) | paired ratio to plain | stop (ms) | peak RSS (MiB) "
-          "| paired ratio to plain | trace (bytes) | trace bytes per step |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| configuration | step (ms) | paired ratio | run, steps and stop (s) | paired ratio "
+          "| CPU, all threads (s) | paired ratio | stop (ms) | peak RSS (MiB) | paired ratio "
+          "| trace (bytes) | trace bytes per step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     plain = results["plain"]
     for name in CONFIGS:
         runs = results[name]
+        def paired(key):
+            return statistics.median(r[key] / p[key] for r, p in zip(runs, plain))
         step = statistics.median(r["step_ms"] for r in runs)
-        step_ratio = statistics.median(r["step_ms"] / p["step_ms"] for r, p in zip(runs, plain))
+        run = statistics.median(r["run_s"] for r in runs)
+        cpu = statistics.median(r["cpu_s"] for r in runs)
         rss = statistics.median(r["maxrss_kb"] for r in runs) / 1024
-        rss_ratio = statistics.median(r["maxrss_kb"] / p["maxrss_kb"] for r, p in zip(runs, plain))
         stop = statistics.median(r["stop_ms"] for r in runs)
         size = int(statistics.median(r["trace_bytes"] for r in runs))
         kept = args.steps if name == "torchrr" else args.keep_last if "keep" in name else 0
         per_step = f"{size / kept:,.0f}" if kept else "-"
-        print(f"| {name} | {step:.1f} | {step_ratio:.2f}x | {stop:.0f} | {rss:.0f} "
-              f"| {rss_ratio:.2f}x | {size:,} | {per_step} |")
+        print(f"| {name} | {step:.1f} | {paired('step_ms'):.2f}x | {run:.2f} "
+              f"| {paired('run_s'):.2f}x | {cpu:.2f} | {paired('cpu_s'):.2f}x | {stop:.0f} "
+              f"| {rss:.0f} | {paired('maxrss_kb'):.2f}x | {size:,} | {per_step} |")
 
 
 if __name__ == "__main__":
