@@ -60,7 +60,11 @@ for version in "${versions[@]}"; do
   fi
   (cd "$build" && ctest -j "$JOBS" --output-on-failure -E '^fuzz') > "$MATRIX_DIR/ctest-$version.log" 2>&1 ||
     failed=1
-  # The Python suite against this build: the package finds it through TORCHRR_BUILD_DIR.
+  # The Python suite against this build: the package finds it through TORCHRR_BUILD_DIR. The venv
+  # imports the checkout's package as make build's .venv does (tools/install_into_venv.sh), so that
+  # the programs the tests start, and their own child processes, import the same torchrr.
+  site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  echo "$PWD/recorder/python" > "$site/torchrr.pth"
   TORCHRR_BUILD_DIR="$PWD/$build" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests \
     > "$MATRIX_DIR/pytest-$version.log" 2>&1 || failed=1
   line="| $torch_version | $python_version | $(ctest_counts "$MATRIX_DIR/ctest-$version.log") |"
