@@ -65,6 +65,21 @@ void ReadCount(const EnvironmentLookup& lookup, const char* name, unsigned long 
   }
 }
 
+// "A:B" (inclusive), "A:" (to the end), ":B" (from 0) into *first, *last; false when malformed
+// or B < A.
+bool ParseStepRange(const std::string& text, uint64_t* first, uint64_t* last) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return false;
+  const std::string a = text.substr(0, colon), b = text.substr(colon + 1);
+  std::optional<unsigned long long> from = a.empty() ? 0ull : ParseCount(a.c_str());
+  std::optional<unsigned long long> to =
+      b.empty() ? std::optional<unsigned long long>(UINT64_MAX) : ParseCount(b.c_str());
+  if (!from || !to || *to < *from) return false;
+  *first = *from;
+  *last = *to;
+  return true;
+}
+
 }  // namespace
 
 std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& lookup,
@@ -92,6 +107,11 @@ std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& l
   ReadCount(lookup, "TORCHRR_KEEP_LAST_BYTES", 1, "a number of bytes above 0",
             &options.keep_last_bytes);
   ReadCount(lookup, "TORCHRR_FAIL_AT_OP", 0, "a number of ops", &options.fail_at_op);
+  if (const char* range = lookup("TORCHRR_STEPS"); range && *range) {
+    if (!ParseStepRange(range, &options.steps_first, &options.steps_last)) {
+      WarnIgnored("TORCHRR_STEPS", range, "A:B, A: or :B (step numbers from 0)");
+    }
+  }
   if (const char* full = lookup("TORCHRR_WHEN_FULL"); full && *full) {
     const std::string v = full;
     if (v == "wait") {

@@ -54,11 +54,35 @@ bool IsInterned(const format::Record& record) {
 StepWindow::StepWindow(size_t keep_steps, size_t keep_bytes)
     : keep_steps_(std::max<size_t>(keep_steps, 1)), keep_bytes_(keep_bytes) {}
 
+void StepWindow::KeepRange(uint64_t first, uint64_t last) {
+  ranged_ = true;
+  range_first_ = first;
+  range_last_ = std::max(first, last);
+}
+
 void StepWindow::Add(const format::Record& record) {
+  if (done_) return;
   if (const auto* mark = std::get_if<format::StepRecord>(&record)) {
     if (!mark->marked) return;  // Only the program's marks come this way.
-    marked_ = true;
+    if (!marked_) {
+      // The first mark: steps are the program's from here on, numbered from 0 as in a trace
+      // written whole; what came before is no step, only what the steps may need from before.
+      marked_ = true;
+      for (const ClosedStep& step : closed_) {
+        std::string bytes;
+        if (Decompress(step, &bytes)) ApplyToBefore(bytes, 0);
+      }
+      closed_.clear();
+      closed_bytes_ = 0;
+      ApplyToBefore(open_.view(), 0);
+      open_.clear();
+      boundary_ = 0;
+      open_mark_ = format::StepRecord{0, mark->time_ns, true};
+      next_step_ = 1;
+      return;
+    }
     if (!open_.empty()) CloseStepAt(open_.size());
+    if (done_) return;
     open_mark_.time_ns = mark->time_ns;
     open_mark_.marked = true;
     return;
@@ -71,6 +95,7 @@ void StepWindow::Add(const format::Record& record) {
     } else if (op->parent == 0 && backward_seen_ && nodes_since_top_ > 0) {
       // A top-level op that made autograd nodes, after a backward pass: the next step's forward.
       CloseStepAt(boundary_);
+      if (done_) return;
       open_mark_.time_ns = op->start_ns;
       backward_seen_ = false;
     }
@@ -85,6 +110,7 @@ void StepWindow::Add(const format::Record& record) {
     if (open_.size() > keep_bytes_) {
       const int64_t next_start = op->end_ns;
       CloseStepAt(boundary_);
+      if (done_) return;
       open_mark_.time_ns = next_start;
     }
   }
@@ -107,12 +133,20 @@ void StepWindow::CloseStepAt(size_t end) {
   open_mark_ = format::StepRecord{};
   open_mark_.step = next_step_++;
   open_mark_.marked = marked_;
+  if (ranged_ && open_mark_.step > range_last_) {
+    // Past the range: what began the next step is not kept.
+    done_ = true;
+    open_.clear();
+  }
   Evict();
 }
 
 void StepWindow::Evict() {
-  while (!closed_.empty() &&
-         (closed_.size() + 1 > keep_steps_ || closed_bytes_ > keep_bytes_)) {
+  auto too_many = [&] {
+    if (ranged_) return closed_.front().mark.step < range_first_;
+    return closed_.size() + 1 > keep_steps_;
+  };
+  while (!closed_.empty() && (too_many() || closed_bytes_ > keep_bytes_)) {
     ClosedStep& oldest = closed_.front();
     std::string bytes;
     if (Decompress(oldest, &bytes)) ApplyToBefore(bytes, oldest.mark.step);
@@ -156,7 +190,7 @@ format::Status StepWindow::WriteTo(format::TraceWriter& writer) {
     }
     steps.emplace_back(step.mark, std::move(bytes));
   }
-  if (!open_.empty()) steps.emplace_back(open_mark_, std::string(open_.view()));
+  if (!open_.empty() && open_kept()) steps.emplace_back(open_mark_, std::string(open_.view()));
 
   // What the kept steps name, and what that names in turn, from before them.
   std::set<format::ObjectId> named;

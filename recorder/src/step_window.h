@@ -3,7 +3,7 @@
 //
 // Steps. The records between two step boundaries are a step (format/SPEC.md, Steps). A program
 // marks its own boundaries with torchrr.step() (a StepRecord with `marked`, which then is the only
-// rule); otherwise a step ends where, after a backward pass ran, a top-level forward op starts in
+// rule; what came before the first mark is no step, and marks are numbered from 0); otherwise a step ends where, after a backward pass ran, a top-level forward op starts in
 // grad mode: the step is a backward pass, the forward ops before it and what ran after it up to
 // the next forward (the optimizer's step, zero_grad, logging). The boundary is put right after the
 // last top-level op before that forward op, so that the forward op's records, its start's
@@ -49,6 +49,12 @@ class StepWindow {
   static constexpr uint64_t kForgetAfterSteps = 8;
 
   StepWindow(size_t keep_steps, size_t keep_bytes);
+  // --steps A:B: keeps steps first to last (inclusive) rather than the last keep_steps; steps
+  // before first are applied to the "before" state, and once a step after last begins, done()
+  // turns true and Add() ignores everything.
+  static constexpr uint64_t kNoLast = UINT64_MAX;
+  void KeepRange(uint64_t first, uint64_t last);
+  bool done() const { return done_; }
 
   // Every record the trace would hold, in order.
   void Add(const format::Record& record);
@@ -58,7 +64,7 @@ class StepWindow {
 
   // Steps seen so far (the open one included), and those kept.
   uint64_t steps_seen() const { return next_step_; }
-  size_t steps_kept() const { return closed_.size() + 1; }
+  size_t steps_kept() const { return closed_.size() + (open_kept() ? 1 : 0); }
 
  private:
   struct ClosedStep {
@@ -74,6 +80,7 @@ class StepWindow {
   };
 
   void CloseStepAt(size_t end);
+  bool open_kept() const { return !done_ && (!ranged_ || open_mark_.step >= range_first_); }
   void Evict();
   void ApplyToBefore(std::string_view bytes, uint64_t step);
   // False (and `out` the bytes themselves) when zstd failed.
@@ -90,6 +97,10 @@ class StepWindow {
   bool backward_seen_ = false;   // A backward function ran in the open step.
   size_t nodes_since_top_ = 0;   // NodeRecords since the last top-level op ended.
   bool marked_ = false;          // The program marks its steps: no boundary is found.
+  bool ranged_ = false;          // KeepRange: steps range_first_ to range_last_.
+  uint64_t range_first_ = 0;
+  uint64_t range_last_ = kNoLast;
+  bool done_ = false;            // A step past range_last_ began.
   uint64_t next_step_ = 1;       // The open step is next_step_ - 1.
 
   std::deque<ClosedStep> closed_;  // Oldest first.

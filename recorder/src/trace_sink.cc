@@ -129,8 +129,10 @@ TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter
     : options_(options),
       wake_bytes_(std::min(kWakeBytes, std::max<size_t>(options.max_buffered_bytes / 4, 1))),
       writer_(std::move(writer)) {
-  if (options.keep_last_steps > 0) {
+  const bool ranged = options.steps_first <= options.steps_last;
+  if (options.keep_last_steps > 0 || ranged) {
     window_ = std::make_unique<StepWindow>(options.keep_last_steps, options.keep_last_bytes);
+    if (ranged) window_->KeepRange(options.steps_first, options.steps_last);
     InstallSignalHandlers();
   }
   thread_ = std::thread([this] { WriterLoop(); });
@@ -205,10 +207,10 @@ void TraceSink::WriterLoop() {
       closing = closing_;
     }
     has_room_.notify_all();
-    if (!batch.empty() && !failed()) WriteBatch(batch.view());
+    if (!batch.empty() && !failed() && !finished_) WriteBatch(batch.view());
     batch.clear();
     auto now = std::chrono::steady_clock::now();
-    if (!failed() && now - last_flush >= kFlushInterval) {
+    if (!failed() && !finished_ && now - last_flush >= kFlushInterval) {
       format::Status status = writer_->Flush();
       if (!status.ok()) Fail(status.message());
       last_flush = now;
@@ -223,7 +225,7 @@ void TraceSink::WriterLoop() {
         std::lock_guard<std::mutex> lock(mu_);
         batch.swap(queue_);
       }
-      if (!batch.empty() && !failed()) WriteBatch(batch.view());
+      if (!batch.empty() && !failed() && !finished_) WriteBatch(batch.view());
       batch.clear();
       Finish();
       dump_done_.store(true);
@@ -284,6 +286,7 @@ bool TraceSink::WriteBatch(std::string_view batch) {
 bool TraceSink::Emit(const format::Record& record) {
   if (window_) {
     window_->Add(record);
+    if (window_->done()) Finish();  // --steps A:B: B is over, the trace is written now.
     return true;
   }
   format::Status status;

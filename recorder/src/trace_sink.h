@@ -51,6 +51,10 @@ class TraceSink {
     // sink lives, for the signals whose action was the default).
     size_t keep_last_steps = 0;
     size_t keep_last_bytes = size_t{1} << 30;
+    // --steps A:B (steps_last StepWindow::kNoLast: to the end): keeps those steps instead, and
+    // writes the trace as soon as a step after B begins. Off while steps_first > steps_last.
+    uint64_t steps_first = 1;
+    uint64_t steps_last = 0;
     // Called by the writer thread before each look at the queue, without the sink's lock: the
     // producer pushes what it holds back (Push with may_wait false). Must not block.
     std::function<void()> pull;

@@ -49,6 +49,7 @@ struct RecordArgs {
   bool no_source = false;
   size_t keep_last = 0;
   size_t keep_last_mb = 0;
+  std::string steps;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -130,7 +131,7 @@ constexpr const char* kOptionVariables[] = {
     "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
     "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
     "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS",  "TORCHRR_SOURCE",
-    "TORCHRR_KEEP_LAST",     "TORCHRR_KEEP_LAST_BYTES"};
+    "TORCHRR_KEEP_LAST",     "TORCHRR_KEEP_LAST_BYTES", "TORCHRR_STEPS"};
 
 void SetOptionVariables(const RecordArgs& args) {
   for (const char* name : kOptionVariables) unsetenv(name);
@@ -150,6 +151,7 @@ void SetOptionVariables(const RecordArgs& args) {
   if (args.follow_forks) setenv("TORCHRR_FOLLOW_FORKS", "1", 1);
   if (args.no_source) setenv("TORCHRR_SOURCE", "0", 1);
   if (args.keep_last != 0) setenv("TORCHRR_KEEP_LAST", std::to_string(args.keep_last).c_str(), 1);
+  if (!args.steps.empty()) setenv("TORCHRR_STEPS", args.steps.c_str(), 1);
   if (args.keep_last_mb != 0) {
     setenv("TORCHRR_KEEP_LAST_BYTES", std::to_string(args.keep_last_mb << 20).c_str(), 1);
   }
@@ -339,12 +341,35 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                 "Leave the code out: by default the trace carries the lines around each line of "
                 "user code its stacks name (not torch's, site-packages' or the standard "
                 "library's), so it replays with code elsewhere");
-  cmd->add_option("--keep-last", args->keep_last,
-                  "Keep only the last N steps of the run, in memory, and write them when it ends "
-                  "(exit, uncaught exception, SIGTERM/SIGINT/SIGABRT; not SIGKILL)")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  CLI::Option* keep_last =
+      cmd->add_option("--keep-last", args->keep_last,
+                      "Keep only the last N steps of the run, in memory, and write them when it "
+                      "ends (exit, uncaught exception, SIGTERM/SIGINT/SIGABRT; not SIGKILL)")
+          ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  CLI::Option* steps =
+      cmd->add_option("--steps", args->steps,
+                      "Keep only steps A to B (0-based, inclusive; A: to the end), written as "
+                      "soon as step B is over")
+          ->type_name("A:B")
+          ->check([](const std::string& range) -> std::string {
+            const size_t colon = range.find(':');
+            auto number = [](const std::string& s) {
+              return s.empty() || s.find_first_not_of("0123456789") == std::string::npos;
+            };
+            if (colon == std::string::npos || range == ":" ||
+                !number(range.substr(0, colon)) || !number(range.substr(colon + 1))) {
+              return "expected A:B, A: or :B (step numbers from 0)";
+            }
+            if (colon > 0 && colon + 1 < range.size() &&
+                std::stoull(range.substr(colon + 1)) < std::stoull(range.substr(0, colon))) {
+              return "B is before A";
+            }
+            return "";
+          })
+          ->excludes(keep_last);
   cmd->add_option("--keep-last-mb", args->keep_last_mb,
-                  "With --keep-last: memory for the kept steps, compressed (default 1024)")
+                  "With --keep-last or --steps: memory for the kept steps, compressed (default "
+                  "1024)")
       ->check(CLI::Range(size_t{1}, kMaxBufferMbLimit));
   cmd->add_flag("--drop-when-full", args->drop_when_full,
                 "When the writer cannot keep up, drop records (and say so) instead of waiting");

@@ -93,7 +93,7 @@ def test_a_whole_recording_is_complete(tmp_path):
     assert text.returncode == 0
     assert "incomplete" not in text.stdout
     assert json.loads(_replay(trace, "--json").stdout)["recording"] == {
-        "complete": True, "stopped": None, "records_lost": 0}
+        "complete": True, "stopped": None, "records_lost": 0, "steps": None}
 
 
 FAILING_BACKWARD = textwrap.dedent("""\

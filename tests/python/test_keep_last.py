@@ -129,3 +129,44 @@ def test_sigterm_writes_the_window(tmp_path):
     assert code == 8, document  # A window with no violation.
     steps = document["recording"]["steps"]
     assert steps["count"] == 3 and steps["first"] >= 17, steps
+
+
+def test_steps_range(tmp_path):
+    """--steps A:B keeps those steps; a bug after them is not in the trace, which says it holds
+    only some steps (exit 8 when nothing is found there)."""
+    trace = tmp_path / "range.trr"
+    proc = record(trace, [sys.executable, SAMPLE, *SMALL, "--bug", "inplace_activation",
+                          "--steps", "12", "--bug-at-step", "9"],
+                  flags=["--steps", "4:5"], timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # The program's own status.
+    code, document = replay(trace)
+    assert code == 8 and not document["violations"], document
+    assert document["recording"]["steps"] == {"first": 4, "last": 5, "count": 2, "window": True}
+    bad = subprocess.run([cli(), "record", "--steps", "5:4", "-o", str(tmp_path / "x.trr"), "--",
+                          sys.executable, "-c", "pass"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "B is before A" in bad.stderr, bad.stderr
+
+
+def test_program_marks_its_steps(tmp_path):
+    """torchrr.step() marks the steps: two backward passes per step (gradient accumulation) make
+    one step, numbered from the first mark."""
+    script = tmp_path / "accumulate.py"
+    script.write_text(
+        "import torch, torchrr\n"
+        "w = torch.ones(4, requires_grad=True)\n"
+        "opt = torch.optim.SGD([w], lr=0.1)\n"
+        "for step in range(6):\n"
+        "    torchrr.step()\n"
+        "    for micro in range(2):\n"
+        "        (w * 2).sigmoid().sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n")
+    trace = tmp_path / "marked.trr"
+    proc = record(trace, [sys.executable, script], flags=["--keep-last", "2"])
+    assert proc.returncode == 0, proc.stderr
+    code, document = replay(trace)
+    assert document["recording"]["steps"] == {"first": 4, "last": 5, "count": 2, "window": True}
+    assert document["backward_passes"] == 4, document
+    dump = subprocess.run([cli(), "dump", "--json", str(trace)], capture_output=True, text=True)
+    marks = [json.loads(line) for line in dump.stdout.splitlines() if '"kind":"step"' in line]
+    assert [m["marked"] for m in marks] == [True, True], marks

@@ -124,9 +124,10 @@ TEST(StepWindow, AnOpThatMakesNoNodeSplitsNothing) {
 TEST(StepWindow, TheProgramsMarksAreTheBoundaries) {
   StepWindow window(3, size_t{1} << 30);
   Training run(window);
+  run.Step(true);  // Before the first mark: no step of its own.
   for (int i = 0; i < 5; ++i) {
     window.Add(format::StepRecord{0, 10 + i, true});
-    run.Step(i == 0);
+    run.Step(false);
     run.Step(false);  // Two backward passes per marked step (gradient accumulation).
   }
   const auto steps = All<format::StepRecord>(Written(window));
@@ -157,6 +158,22 @@ TEST(StepWindow, AStepWithNoEndIsCutToStayBounded) {
   }
   EXPECT_GT(window.steps_seen(), 2u);
   EXPECT_EQ(window.steps_kept(), 2u);
+}
+
+TEST(StepWindow, KeepsARangeAndIsDoneAfterIt) {
+  StepWindow window(0, size_t{1} << 30);
+  window.KeepRange(3, 4);
+  Training run(window);
+  for (int i = 0; i < 5; ++i) run.Step(i == 0);
+  EXPECT_FALSE(window.done());
+  run.Step(false);  // Step 5 begins: the range is over.
+  EXPECT_TRUE(window.done());
+  const std::vector<format::Record> records = Written(window);
+  const auto steps = All<format::StepRecord>(records);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step, 3u);
+  EXPECT_EQ(steps[1].step, 4u);
+  EXPECT_EQ(All<format::OpRecord>(records).size(), 6u);
 }
 
 }  // namespace

@@ -77,6 +77,12 @@ struct RecorderOptions {
   // A process killed outright (SIGKILL, the OOM killer) loses them. Steps: format/SPEC.md, Steps.
   size_t keep_last_steps = 0;
   size_t keep_last_bytes = size_t{1} << 30;
+  // Keep steps steps_first to steps_last (inclusive, 0-based; UINT64_MAX: to the end) instead:
+  // the earlier ones feed only what the kept ones need, and the trace is written as soon as a step
+  // after steps_last begins (the run goes on, recorded but not written). Off while steps_first >
+  // steps_last (the default). At most keep_last_bytes of steps, compressed, the oldest dropped.
+  uint64_t steps_first = 1;
+  uint64_t steps_last = 0;
   // For tests of what a stopped recording looks like: the end of the Nth recorded op fails as an
   // internal error would, and the recording stops there (the trace says why). 0: never.
   uint64_t fail_at_op = 0;

@@ -24,7 +24,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
           drop_when_full: bool = False, rank: Optional[int] = None,
           verify_saved: bool = False, cuda_kernels: bool = True,
           all_ops: bool = False, follow_forks: bool = False, source: bool = True,
-          keep_last: int = 0, keep_last_bytes: int = 0) -> bool:
+          keep_last: int = 0, keep_last_bytes: int = 0,
+          steps: Optional[tuple] = None) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
@@ -52,6 +53,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     keep_last_bytes of them (0: 1 GiB), written when the recording stops (at exit, at an uncaught
     exception, or when SIGTERM, SIGINT or SIGABRT ends the process); step() marks steps, else the
     recorder finds them (a backward pass, the forward ops before it, the optimizer after it).
+    steps: (first, last) keeps only those steps (0-based, inclusive; last None: to the end), and
+    writes the trace as soon as a step after ``last`` begins.
 
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
@@ -59,6 +62,14 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     lib = _native.library()
     if keep_last < 0 or keep_last_bytes < 0:
         raise ValueError("keep_last and keep_last_bytes must be 0 or more")
+    first, last = 1, 0  # Every step.
+    if steps is not None:
+        first, last = steps
+        last = 2**64 - 1 if last is None else last
+        if not 0 <= first <= last:
+            raise ValueError("steps must be (first, last) with 0 <= first <= last")
+        if keep_last:
+            raise ValueError("steps and keep_last exclude each other")
     rc = lib.torchrr_start_keeping(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
                                    int(bool(python_stacks)), int(max_buffered_bytes),
                                    int(bool(drop_when_full)), -1 if rank is None else int(rank),
@@ -67,7 +78,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                                    (_ALL_OPS if all_ops else 0) |
                                    (_FOLLOW_FORKS if follow_forks else 0) |
                                    (0 if source else _NO_SOURCE),
-                                   int(keep_last), int(keep_last_bytes))
+                                   int(keep_last), int(keep_last_bytes), int(first), int(last))
     if rc == 0:
         _close_in_forked_children()
     return rc == 0
