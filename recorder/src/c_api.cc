@@ -51,7 +51,7 @@ extern "C" int torchrr_start(const char* path, int native_stacks, int python_sta
                              size_t max_buffered_bytes, int drop_when_full, int rank,
                              uint32_t flags) {
   return torchrr_start_keeping(path, native_stacks, python_stacks, max_buffered_bytes,
-                               drop_when_full, rank, flags, 0, 0, 1, 0);
+                               drop_when_full, rank, flags, 0, 0, 1, 0, nullptr);
 }
 
 extern "C" void torchrr_step(void) {
@@ -62,7 +62,7 @@ extern "C" int torchrr_start_keeping(const char* path, int native_stacks, int py
                                      size_t max_buffered_bytes, int drop_when_full, int rank,
                                      uint32_t flags, size_t keep_last_steps,
                                      size_t keep_last_bytes, uint64_t steps_first,
-                                     uint64_t steps_last) {
+                                     uint64_t steps_last, const char* spill_dir) {
   torchrr::RecorderOptions options;
   options.path = path != nullptr ? path : "torchrr.trr";
   options.native_stacks = native_stacks != 0;
@@ -79,6 +79,7 @@ extern "C" int torchrr_start_keeping(const char* path, int native_stacks, int py
   if (keep_last_bytes != 0) options.keep_last_bytes = keep_last_bytes;
   options.steps_first = steps_first;
   options.steps_last = steps_last;
+  if (spill_dir != nullptr) options.spill_dir = spill_dir;
   return Start(options);
 }
 

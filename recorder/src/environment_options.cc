@@ -106,6 +106,7 @@ std::optional<RecorderOptions> OptionsFromEnvironment(const EnvironmentLookup& l
   ReadCount(lookup, "TORCHRR_KEEP_LAST", 0, "a number of steps", &options.keep_last_steps);
   ReadCount(lookup, "TORCHRR_KEEP_LAST_BYTES", 1, "a number of bytes above 0",
             &options.keep_last_bytes);
+  if (const char* spill = lookup("TORCHRR_SPILL"); spill && *spill) options.spill_dir = spill;
   ReadCount(lookup, "TORCHRR_FAIL_AT_OP", 0, "a number of ops", &options.fail_at_op);
   if (const char* range = lookup("TORCHRR_STEPS"); range && *range) {
     if (!ParseStepRange(range, &options.steps_first, &options.steps_last)) {

@@ -22,6 +22,7 @@
 //                               Default: on.
 //   TORCHRR_KEEP_LAST           RecorderOptions::keep_last_steps. Default: 0 (every step).
 //   TORCHRR_KEEP_LAST_BYTES     RecorderOptions::keep_last_bytes. Default: RecorderOptions'.
+//   TORCHRR_SPILL               RecorderOptions::spill_dir. Default: none (in memory only).
 //   TORCHRR_STEPS               RecorderOptions::steps_first and steps_last: "A:B", "A:" or
 //                               ":B". Default: every step.
 //   TORCHRR_FAIL_AT_OP          RecorderOptions::fail_at_op, for tests. Default: 0 (never).

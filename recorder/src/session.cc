@@ -253,6 +253,7 @@ std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std
   sink_options.record_source = options.source;
   sink_options.keep_last_steps = options.keep_last_steps;
   sink_options.keep_last_bytes = options.keep_last_bytes;
+  sink_options.spill_dir = options.spill_dir;
   sink_options.steps_first = options.steps_first;
   sink_options.steps_last = options.steps_last;
   // The writer thread takes pending groups each time it looks at the queue: the session outlives

@@ -79,6 +79,7 @@ void StepWindow::Add(const format::Record& record) {
       boundary_ = 0;
       open_mark_ = format::StepRecord{0, mark->time_ns, true};
       next_step_ = 1;
+      ++changes_;
       return;
     }
     if (!open_.empty()) CloseStepAt(open_.size());
@@ -120,6 +121,7 @@ void StepWindow::CloseStepAt(size_t end) {
   const std::string_view all = open_.view();
   end = std::min(end, all.size());
   if (end == 0) return;  // Nothing before the boundary: the open step goes on.
+  ++changes_;
   ClosedStep step;
   step.mark = open_mark_;
   step.raw_bytes = end;
@@ -180,7 +182,8 @@ void StepWindow::ApplyToBefore(std::string_view bytes, uint64_t step) {
   });
 }
 
-format::Status StepWindow::WriteTo(format::TraceWriter& writer) {
+format::Status StepWindow::WriteTo(format::TraceWriter& writer,
+                                   std::set<format::ObjectId>* carried) {
   // The kept steps' bytes, oldest first; the open one last.
   std::vector<std::pair<format::StepRecord, std::string>> steps;
   for (const ClosedStep& step : closed_) {
@@ -190,9 +193,11 @@ format::Status StepWindow::WriteTo(format::TraceWriter& writer) {
     }
     steps.emplace_back(step.mark, std::move(bytes));
   }
-  if (!open_.empty() && open_kept()) steps.emplace_back(open_mark_, std::string(open_.view()));
+  if (open_kept() && (!open_.empty() || carried != nullptr)) {
+    steps.emplace_back(open_mark_, std::string(open_.view()));
+  }
 
-  // What the kept steps name, and what that names in turn, from before them.
+  // What the kept steps name, from before them.
   std::set<format::ObjectId> named;
   for (const auto& [mark, bytes] : steps) {
     size_t pos = 0;
@@ -200,13 +205,54 @@ format::Status StepWindow::WriteTo(format::TraceWriter& writer) {
       ForEachId(*record, [&](format::ObjectId id) { named.insert(id); });
     }
   }
+
+  for (const format::Record& record : interned_) {
+    if (format::Status s = writer.Append(record); !s.ok()) return s;
+  }
+  std::set<format::ObjectId> written;
+  if (carried == nullptr) carried = &written;
+  if (format::Status s = WriteCarried({named.begin(), named.end()}, writer, carried); !s.ok()) {
+    return s;
+  }
+  for (const auto& [mark, bytes] : steps) {
+    if (format::Status s = writer.Append(format::Record(mark)); !s.ok()) return s;
+    size_t pos = 0;
+    while (const format::Record* record = reader_.Next(bytes, &pos)) {
+      if (format::Status s = writer.Append(*record); !s.ok()) return s;
+    }
+  }
+  return format::Status::Ok();
+}
+
+format::Status StepWindow::AppendFollowing(const format::Record& record,
+                                           format::TraceWriter& writer,
+                                           std::set<format::ObjectId>* carried) {
+  if (std::holds_alternative<format::StepRecord>(record)) return format::Status::Ok();
+  std::vector<format::ObjectId> ids;
+  ForEachId(record, [&](format::ObjectId id) {
+    if (!carried->contains(id) && (tensors_.contains(id) || nodes_.contains(id))) {
+      ids.push_back(id);
+    }
+  });
+  if (!ids.empty()) {
+    if (format::Status s = WriteCarried(std::move(ids), writer, carried); !s.ok()) return s;
+  }
+  return writer.Append(record);
+}
+
+format::Status StepWindow::WriteCarried(std::vector<format::ObjectId> ids,
+                                        format::TraceWriter& writer,
+                                        std::set<format::ObjectId>* carried) {
+  // The closure of `ids` over what the before state's records name, tensors before nodes (a
+  // NodeRecord names the tensors it saved), each in id order: the order a window written whole
+  // has, so the replay meets a tensor's record before the node that saved it.
   std::set<format::ObjectId> tensors, nodes;
-  std::vector<format::ObjectId> pending(named.begin(), named.end());
-  while (!pending.empty()) {
-    format::ObjectId id = pending.back();
-    pending.pop_back();
+  while (!ids.empty()) {
+    format::ObjectId id = ids.back();
+    ids.pop_back();
+    if (carried->contains(id)) continue;
     auto more = [&](format::ObjectId next) {
-      if (!tensors.contains(next) && !nodes.contains(next)) pending.push_back(next);
+      if (!tensors.contains(next) && !nodes.contains(next)) ids.push_back(next);
     };
     if (auto t = tensors_.find(id); t != tensors_.end() && tensors.insert(id).second) {
       ForEachId(format::Record(t->second.record), more);
@@ -215,23 +261,15 @@ format::Status StepWindow::WriteTo(format::TraceWriter& writer) {
       ForEachId(format::Record(n->second.record), more);
     }
   }
-
-  auto append = [&](const format::Record& record) { return writer.Append(record); };
-  for (const format::Record& record : interned_) {
-    if (format::Status s = append(record); !s.ok()) return s;
-  }
   for (format::ObjectId id : tensors) {
-    if (format::Status s = append(format::Record(tensors_.at(id).record)); !s.ok()) return s;
+    if (format::Status s = writer.Append(format::Record(tensors_.at(id).record)); !s.ok()) {
+      return s;
+    }
+    carried->insert(id);
   }
   for (format::ObjectId id : nodes) {
-    if (format::Status s = append(format::Record(nodes_.at(id).record)); !s.ok()) return s;
-  }
-  for (const auto& [mark, bytes] : steps) {
-    if (format::Status s = append(format::Record(mark)); !s.ok()) return s;
-    size_t pos = 0;
-    while (const format::Record* record = reader_.Next(bytes, &pos)) {
-      if (format::Status s = append(*record); !s.ok()) return s;
-    }
+    if (format::Status s = writer.Append(format::Record(nodes_.at(id).record)); !s.ok()) return s;
+    carried->insert(id);
   }
   return format::Status::Ok();
 }

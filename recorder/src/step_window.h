@@ -24,6 +24,11 @@
 // TensorInfos and NodeRecords it names (and those these name), then each step after its
 // StepRecord.
 //
+// On disk (--spill). A window written with WriteTo while the run goes on, and then followed by
+// every later record through AppendFollowing until changes() moves, is a trace of the window as
+// it stands: a record that names a tensor or node from before the window that the file does not
+// hold yet is preceded by that tensor's or node's latest record.
+//
 // Writer thread only; not thread-safe.
 #ifndef TORCHRR_RECORDER_STEP_WINDOW_H_
 #define TORCHRR_RECORDER_STEP_WINDOW_H_
@@ -31,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -59,8 +65,21 @@ class StepWindow {
   // Every record the trace would hold, in order.
   void Add(const format::Record& record);
 
-  // Writes what the kept steps need, then the kept steps, into `writer`.
-  format::Status WriteTo(format::TraceWriter& writer);
+  // Writes what the kept steps need, then the kept steps, into `writer`. With `carried`, adds
+  // the ids of the tensors and nodes written from before the window to it, and writes the open
+  // step's StepRecord even when the step holds no record yet (records will follow it).
+  format::Status WriteTo(format::TraceWriter& writer,
+                         std::set<format::ObjectId>* carried = nullptr);
+  // After WriteTo(writer, carried), the record that Add() just took: first the latest record of
+  // each tensor and node from before the window that it names and `carried` lacks (then added to
+  // it), then the record itself. StepRecords are left out: WriteTo writes the steps' marks, and
+  // a mark that begins a step moves changes().
+  format::Status AppendFollowing(const format::Record& record, format::TraceWriter& writer,
+                                 std::set<format::ObjectId>* carried);
+  // Moves each time the kept steps change other than by a record added to the open step: a step
+  // ended (the oldest may have gone), or the program's first mark renumbered them. A window
+  // written before and followed since is stale once it moved.
+  uint64_t changes() const { return changes_; }
 
   // Steps seen so far (the open one included), and those kept.
   uint64_t steps_seen() const { return next_step_; }
@@ -80,6 +99,10 @@ class StepWindow {
   };
 
   void CloseStepAt(size_t end);
+  // Writes the latest records of the tensors and nodes in `ids` from before the window, and
+  // those they name, that `carried` lacks, adding them to it.
+  format::Status WriteCarried(std::vector<format::ObjectId> ids, format::TraceWriter& writer,
+                              std::set<format::ObjectId>* carried);
   bool open_kept() const { return !done_ && (!ranged_ || open_mark_.step >= range_first_); }
   void Evict();
   void ApplyToBefore(std::string_view bytes, uint64_t step);
@@ -102,6 +125,7 @@ class StepWindow {
   uint64_t range_last_ = kNoLast;
   bool done_ = false;            // A step past range_last_ began.
   uint64_t next_step_ = 1;       // The open step is next_step_ - 1.
+  uint64_t changes_ = 0;
 
   std::deque<ClosedStep> closed_;  // Oldest first.
   size_t closed_bytes_ = 0;

@@ -7,14 +7,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <ctime>
-#include <iterator>
-#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <iterator>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 
 #include "native_stacks.h"
@@ -95,7 +98,7 @@ std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format:
     *error = writer.status().message();
     return nullptr;
   }
-  std::unique_ptr<TraceSink> sink(new TraceSink(options, std::move(writer.value())));
+  std::unique_ptr<TraceSink> sink(new TraceSink(options, info, std::move(writer.value())));
   struct stat file;
   if (::stat(options.path.c_str(), &file) == 0) {
     sink->file_device_ = file.st_dev;
@@ -105,7 +108,7 @@ std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format:
 }
 
 void TraceSink::CloseInheritedDescriptors() const {
-  if (file_inode_ == 0) return;
+  if (file_inode_ == 0 && spill_prefix_.empty()) return;
   DIR* listing = ::opendir("/proc/self/fd");
   if (listing == nullptr) return;  // No /proc: the child keeps them, as it would have.
   std::vector<int> inherited;
@@ -114,10 +117,10 @@ void TraceSink::CloseInheritedDescriptors() const {
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || fd == ::dirfd(listing)) continue;
     struct stat file;
-    if (::fstat(static_cast<int>(fd), &file) != 0 || file.st_dev != file_device_ ||
-        file.st_ino != file_inode_) {
-      continue;
-    }
+    if (::fstat(static_cast<int>(fd), &file) != 0) continue;
+    const bool trace = file_inode_ != 0 && file.st_dev == file_device_ &&
+                       file.st_ino == file_inode_;
+    if (!trace && !IsSpillFile(static_cast<int>(fd))) continue;
     const int flags = ::fcntl(static_cast<int>(fd), F_GETFL);
     if (flags >= 0 && (flags & O_ACCMODE) == O_WRONLY) inherited.push_back(static_cast<int>(fd));
   }
@@ -125,14 +128,35 @@ void TraceSink::CloseInheritedDescriptors() const {
   for (int fd : inherited) ::close(fd);
 }
 
-TraceSink::TraceSink(const Options& options, std::unique_ptr<format::TraceWriter> writer)
+namespace {
+
+// spill_dir/STEM.step for the trace `path` (STEM: its name without .trr).
+std::string SpillPrefix(const TraceSink::Options& options) {
+  if (options.spill_dir.empty() || options.keep_last_steps == 0) return "";
+  std::filesystem::path name = std::filesystem::path(options.path).filename();
+  if (name.extension() == ".trr") name.replace_extension();
+  // Absolute: a forked child, whose working directory may differ, matches its descriptors' paths
+  // against it.
+  std::error_code error;
+  std::filesystem::path dir = std::filesystem::absolute(options.spill_dir, error);
+  if (error) dir = options.spill_dir;
+  return (dir.lexically_normal() / name).string() + ".step";
+}
+
+}  // namespace
+
+TraceSink::TraceSink(const Options& options, const format::FileInfo& info,
+                     std::unique_ptr<format::TraceWriter> writer)
     : options_(options),
+      info_(info),
+      spill_prefix_(SpillPrefix(options)),
       wake_bytes_(std::min(kWakeBytes, std::max<size_t>(options.max_buffered_bytes / 4, 1))),
       writer_(std::move(writer)) {
   const bool ranged = options.steps_first <= options.steps_last;
   if (options.keep_last_steps > 0 || ranged) {
     window_ = std::make_unique<StepWindow>(options.keep_last_steps, options.keep_last_bytes);
     if (ranged) window_->KeepRange(options.steps_first, options.steps_last);
+    spilling_ = !ranged && !spill_prefix_.empty();
     InstallSignalHandlers();
   }
   thread_ = std::thread([this] { WriterLoop(); });
@@ -213,6 +237,9 @@ void TraceSink::WriterLoop() {
     if (!failed() && !finished_ && now - last_flush >= kFlushInterval) {
       format::Status status = writer_->Flush();
       if (!status.ok()) Fail(status.message());
+      if (spill_) {
+        if (format::Status s = spill_->Flush(); !s.ok()) StopSpilling(s.message());
+      }
       last_flush = now;
     }
     if (closing) {
@@ -287,6 +314,7 @@ bool TraceSink::Emit(const format::Record& record) {
   if (window_) {
     window_->Add(record);
     if (window_->done()) Finish();  // --steps A:B: B is over, the trace is written now.
+    if (spilling_ && !finished_) Spill(record);
     return true;
   }
   format::Status status;
@@ -304,16 +332,83 @@ bool TraceSink::Emit(const format::Record& record) {
 void TraceSink::Finish() {
   if (finished_) return;
   finished_ = true;
-  if (failed()) return;
-  if (window_) {
+  if (!failed() && window_) {
     format::Status status = window_->WriteTo(*writer_);
-    if (!status.ok()) {
-      Fail(status.message());
-      return;
-    }
+    if (!status.ok()) Fail(status.message());
   }
-  format::Status status = writer_->Close();
-  if (!status.ok()) Fail(status.message());
+  if (!failed()) {
+    format::Status status = writer_->Close();
+    if (!status.ok()) Fail(status.message());
+  }
+  // The window on disk is needed no more once the trace holds it; else it is what is left.
+  EndSpill(/*remove=*/!failed());
+}
+
+void TraceSink::Spill(const format::Record& record) {
+  if (!spill_ || window_->changes() != spill_changes_) {
+    RotateSpill();
+    return;
+  }
+  format::Status status = window_->AppendFollowing(record, *spill_, &spill_carried_);
+  if (!status.ok()) StopSpilling(status.message());
+}
+
+void TraceSink::RotateSpill() {
+  char step[32];
+  std::snprintf(step, sizeof step, "%08llu.trr",
+                static_cast<unsigned long long>(window_->steps_seen() - 1));
+  const std::string path = spill_prefix_ + step;
+  if (path == spill_path_) EndSpill(/*remove=*/true);  // Renumbered by the first mark.
+  format::WriterOptions writer_options;
+  writer_options.zstd_level = options_.zstd_level;
+  auto opened = format::TraceWriter::Open(path, info_, writer_options);
+  if (!opened.ok()) {
+    StopSpilling(opened.status().message());
+    return;
+  }
+  std::unique_ptr<format::TraceWriter> next = std::move(opened.value());
+  std::set<format::ObjectId> carried;
+  format::Status status = window_->WriteTo(*next, &carried);
+  if (status.ok()) status = next->Flush();
+  if (!status.ok()) {
+    next.reset();
+    ::unlink(path.c_str());
+    StopSpilling(status.message());
+    return;
+  }
+  EndSpill(/*remove=*/true);
+  spill_ = std::move(next);
+  spill_path_ = path;
+  spill_carried_ = std::move(carried);
+  spill_changes_ = window_->changes();
+}
+
+void TraceSink::StopSpilling(const std::string& why) {
+  if (!spilling_) return;
+  spilling_ = false;
+  std::fprintf(stderr,
+               "torchrr: warning: --spill stopped: %s; the last steps are kept in memory only\n",
+               why.c_str());
+  EndSpill(/*remove=*/true);  // An older window than the run's would mislead after a kill.
+}
+
+void TraceSink::EndSpill(bool remove) {
+  if (!spill_) return;
+  format::Status status = spill_->Close();
+  spill_.reset();
+  if (remove || !status.ok()) ::unlink(spill_path_.c_str());
+  spill_path_.clear();
+  spill_carried_.clear();
+}
+
+bool TraceSink::IsSpillFile(int fd) const {
+  if (spill_prefix_.empty()) return false;
+  char target[PATH_MAX];
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  return std::string_view(target, n).starts_with(spill_prefix_);
 }
 
 namespace {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -55,6 +56,15 @@ class TraceSink {
     // writes the trace as soon as a step after B begins. Off while steps_first > steps_last.
     uint64_t steps_first = 1;
     uint64_t steps_last = 0;
+    // --spill DIR, with keep_last_steps: the window is also kept on disk, so that a process
+    // killed outright (SIGKILL, the OOM killer) leaves it behind. One trace file in DIR, named
+    // after `path` and the step under way (run.step00000900.trr for run.trr), holds the window as
+    // it stands: when a step ends, the window is written into a new file, which then follows each
+    // record as it comes (flushed as the trace is), and the previous file is removed. At the end
+    // the trace is written to `path` as without it and the file in DIR is removed; it stays when
+    // the trace could not be written. A file that cannot be written prints one warning and stops
+    // the spilling, not the recording.
+    std::string spill_dir;
     // Called by the writer thread before each look at the queue, without the sink's lock: the
     // producer pushes what it holds back (Push with may_wait false). Must not block.
     std::function<void()> pull;
@@ -96,7 +106,8 @@ class TraceSink {
   format::InternId NextFrameId() { return next_frame_id_.fetch_add(1) + 1; }
 
  private:
-  TraceSink(const Options& options, std::unique_ptr<format::TraceWriter> writer);
+  TraceSink(const Options& options, const format::FileInfo& info,
+            std::unique_ptr<format::TraceWriter> writer);
   void WriterLoop();
   bool WriteBatch(std::string_view batch);  // Writer thread only.
   void Fail(const std::string& why);
@@ -111,6 +122,15 @@ class TraceSink {
   bool Emit(const format::Record& record);
   // The end of the trace: the window (if any), then the index and the trailer.
   void Finish();
+  // --spill: the window into a new file in spill_dir (the previous one removed), or the record
+  // that the window just took after it. A failure stops the spilling. Writer thread only.
+  void Spill(const format::Record& record);
+  void RotateSpill();
+  void StopSpilling(const std::string& why);
+  // Closes the file in spill_dir, removing it when `remove`. Writer thread only.
+  void EndSpill(bool remove);
+  // Whether the descriptor `fd` is open onto a spill file (CloseInheritedDescriptors).
+  bool IsSpillFile(int fd) const;
   static void OnFatalSignal(int signal);
   void InstallSignalHandlers();
   void RestoreSignalHandlers();
@@ -125,6 +145,8 @@ class TraceSink {
   };
 
   const Options options_;
+  const format::FileInfo info_;     // The spill files' too.
+  const std::string spill_prefix_;  // spill_dir/STEM.step: what the spill files' paths begin with.
   const size_t wake_bytes_;  // Queued bytes that wake the writer before its next poll.
   // The trace file as Open found it (no inode 0: unknown).
   dev_t file_device_ = 0;
@@ -153,6 +175,13 @@ class TraceSink {
   size_t source_bytes_written_ = 0;  // Of the lines written.
   std::unique_ptr<StepWindow> window_;  // Writer thread only; keep_last_steps > 0.
   uint64_t marked_steps_ = 0;           // StepRecords the program marked (writer thread).
+  // --spill, writer thread only: the file, its path, the ids it carries from before the window,
+  // and the window's changes() it was written at.
+  std::unique_ptr<format::TraceWriter> spill_;
+  std::string spill_path_;
+  std::set<format::ObjectId> spill_carried_;
+  uint64_t spill_changes_ = 0;
+  bool spilling_ = false;
   // A fatal signal's handler asks the writer thread to write the window now, and waits for it.
   std::atomic<bool> dump_requested_{false};
   std::atomic<bool> dump_done_{false};

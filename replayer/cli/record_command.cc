@@ -50,6 +50,7 @@ struct RecordArgs {
   size_t keep_last = 0;
   size_t keep_last_mb = 0;
   std::string steps;
+  std::string spill;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
@@ -131,7 +132,8 @@ constexpr const char* kOptionVariables[] = {
     "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
     "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
     "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS",  "TORCHRR_SOURCE",
-    "TORCHRR_KEEP_LAST",     "TORCHRR_KEEP_LAST_BYTES", "TORCHRR_STEPS"};
+    "TORCHRR_KEEP_LAST",     "TORCHRR_KEEP_LAST_BYTES", "TORCHRR_STEPS",
+    "TORCHRR_SPILL"};
 
 void SetOptionVariables(const RecordArgs& args) {
   for (const char* name : kOptionVariables) unsetenv(name);
@@ -152,6 +154,7 @@ void SetOptionVariables(const RecordArgs& args) {
   if (args.no_source) setenv("TORCHRR_SOURCE", "0", 1);
   if (args.keep_last != 0) setenv("TORCHRR_KEEP_LAST", std::to_string(args.keep_last).c_str(), 1);
   if (!args.steps.empty()) setenv("TORCHRR_STEPS", args.steps.c_str(), 1);
+  if (!args.spill.empty()) setenv("TORCHRR_SPILL", args.spill.c_str(), 1);
   if (args.keep_last_mb != 0) {
     setenv("TORCHRR_KEEP_LAST_BYTES", std::to_string(args.keep_last_mb << 20).c_str(), 1);
   }
@@ -218,6 +221,25 @@ int CheckOutput(const std::string& output) {
   return usable.code() == format::StatusCode::kInvalidArgument ? kExitUsage : 7;
 }
 
+// --spill DIR: made if missing, and named absolutely in *absolute. Refuses, with one line, a DIR
+// that is something else (kExitUsage) or cannot be made (7).
+int MakeSpillDir(const std::string& dir, std::string* absolute) {
+  std::error_code ec;
+  const fs::path path = fs::absolute(dir, ec);
+  if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
+    std::fprintf(stderr, "torchrr: error: --spill %s: not a directory\n", dir.c_str());
+    return kExitUsage;
+  }
+  fs::create_directories(path, ec);
+  if (ec || access(path.c_str(), W_OK | X_OK) != 0) {
+    std::fprintf(stderr, "torchrr: error: --spill %s: %s\n", dir.c_str(),
+                 ec ? ec.message().c_str() : std::strerror(errno));
+    return 7;
+  }
+  *absolute = path.lexically_normal().string();
+  return 0;
+}
+
 int RunRecord(const RecordArgs& args) {
   if (args.output.empty()) {
     std::fprintf(stderr, "torchrr: error: -o: the trace's path is empty\n");
@@ -230,6 +252,10 @@ int RunRecord(const RecordArgs& args) {
   fs::path output = fs::absolute(args.output, ec);
 
   if (int refused = CheckOutput(output.string())) return refused;
+  RecordArgs resolved = args;
+  if (!args.spill.empty()) {
+    if (int refused = MakeSpillDir(args.spill, &resolved.spill)) return refused;
+  }
 
   bool python = args.force_python || (!args.force_native && LooksLikePython(args.command[0]));
   if (python && !fs::exists(site_dir / "sitecustomize.py")) {
@@ -275,7 +301,7 @@ int RunRecord(const RecordArgs& args) {
     RestoreSignals(saved);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
-    SetOptionVariables(args);
+    SetOptionVariables(resolved);
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');
     } else {
@@ -367,6 +393,12 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
             return "";
           })
           ->excludes(keep_last);
+  cmd->add_option("--spill", args->spill,
+                  "With --keep-last: keep the last steps on disk too, in one trace file in DIR "
+                  "(created if missing) that a run killed outright (SIGKILL, the OOM killer) "
+                  "leaves behind; removed once the trace is written")
+      ->type_name("DIR")
+      ->needs(keep_last);
   cmd->add_option("--keep-last-mb", args->keep_last_mb,
                   "With --keep-last or --steps: memory for the kept steps, compressed (default "
                   "1024)")

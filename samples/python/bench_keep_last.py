@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Whole-run recording: the PEFT LoRA sample trained for --steps steps plain, recorded whole
-(torchrr), and recorded keeping only the last 2 steps (torchrr --keep-last 2), each run in a
-process of its own, the three interleaved over --rounds rounds so that the machine's noise hits
+(torchrr), recorded keeping only the last 2 steps (torchrr --keep-last 2), and the same with the
+window kept on disk too (--spill), each run in a process of its own, the four interleaved over --rounds rounds so that the machine's noise hits
 them alike. Per configuration, with paired ratios to plain (each round's figure over the same
 round's plain figure, then the median over rounds): the median step time; the whole run (the steps
 and stopping the recording, which writes a --keep-last window); the CPU time of all the process's
@@ -24,7 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-CONFIGS = ("plain", "torchrr", "torchrr --keep-last")
+CONFIGS = ("plain", "torchrr", "torchrr --keep-last", "torchrr --keep-last --spill")
 
 
 def run_one(args, config, trace):
@@ -42,6 +42,8 @@ def run_one(args, config, trace):
         torchrr.start(trace)
     elif config == "torchrr --keep-last":
         torchrr.start(trace, keep_last=args.keep_last)
+    elif config == "torchrr --keep-last --spill":
+        torchrr.start(trace, keep_last=args.keep_last, spill=trace + ".spill")
     times = []
     run_start = time.perf_counter()
     cpu_start = resource.getrusage(resource.RUSAGE_SELF)
@@ -86,7 +88,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="torchrr_bench_keep_last_")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for round_index in range(args.rounds):
-        order = list(CONFIGS[round_index % 3:] + CONFIGS[:round_index % 3])
+        shift = round_index % len(CONFIGS)
+        order = list(CONFIGS[shift:] + CONFIGS[:shift])
         for name in order:
             trace = os.path.join(tmp, name.replace(" ", "_").replace("-", "") + ".trr")
             out = subprocess.run([sys.executable, __file__, *forwarded, "--child", name,

@@ -170,3 +170,67 @@ def test_program_marks_its_steps(tmp_path):
     dump = subprocess.run([cli(), "dump", "--json", str(trace)], capture_output=True, text=True)
     marks = [json.loads(line) for line in dump.stdout.splitlines() if '"kind":"step"' in line]
     assert [m["marked"] for m in marks] == [True, True], marks
+
+
+KILLED = """\
+import os, signal, sys, time, torch
+w = torch.ones(4, requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(30):
+    h = (w * 2).sigmoid()  # VICTIM
+    if step == 25:
+        h.mul_(3)  # CULPRIT
+    try:
+        h.sum().backward()
+    except RuntimeError:
+        time.sleep(1.5)  # The trace's writer flushes every 0.5 s; the OOM killer comes later.
+        os.kill(os.getpid(), signal.SIGKILL)
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_spill_outlives_sigkill(tmp_path):
+    """--spill DIR: a run killed outright (SIGKILL, as the OOM killer kills) loses the window in
+    memory but leaves it in DIR, as a trace cut short that replays to the culprit."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    trace, spill = tmp_path / "run.trr", tmp_path / "spill"
+    proc = record(trace, [sys.executable, script],
+                  flags=["--keep-last", "2", "--spill", str(spill)])
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-2000:]
+    files = sorted(p.name for p in spill.iterdir())
+    assert files == ["run.step00000025.trr"], files
+    code, document = replay(spill / files[0])
+    assert code == 4, document  # Cut short: the verdict covers what was flushed.
+    assert document["trace"]["status"] == "truncated"
+    assert lines_of(document) == (f"killed.py:{marker_line(script, 'CULPRIT')}",
+                                  f"killed.py:{marker_line(script, 'VICTIM')}")
+    steps = document["recording"]["steps"]
+    assert steps == {"first": 24, "last": 25, "count": 2, "window": True}, steps
+
+
+def test_spill_is_removed_once_the_trace_is_written(tmp_path):
+    """Through the Python API: the spill directory is made, and emptied at a clean end, when the
+    trace holds the window."""
+    trace, spill = tmp_path / "api.trr", tmp_path / "spill" / "deeper"
+    script = tmp_path / "api.py"
+    script.write_text(
+        "import sys, torch, torchrr\n"
+        "assert torchrr.start(sys.argv[1], keep_last=2, spill=sys.argv[2])\n"
+        "w = torch.ones(4, requires_grad=True)\n"
+        "for step in range(12):\n"
+        "    (w * 2).sigmoid().sum().backward()\n"
+        "torchrr.stop()\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, script, trace, spill], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert spill.is_dir() and not list(spill.iterdir())
+    code, document = replay(trace)
+    assert code == 8 and document["recording"]["steps"]["first"] == 10, document["recording"]
+    for flags, message in ((["--spill", str(spill)], "--spill requires --keep-last"),
+                           (["--keep-last", "2", "--spill", str(script)], "not a directory")):
+        bad = subprocess.run([cli(), "record", "-o", str(tmp_path / "x.trr"), *flags, "--",
+                              sys.executable, "-c", "pass"], capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

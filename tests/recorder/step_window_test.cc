@@ -2,6 +2,10 @@
 // carries from before it, read back through the trace format.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -19,29 +23,37 @@ using format::ObjectId;
 // defined in step 0 only) and creates a node, its backward, then the optimizer's op.
 class Training {
  public:
-  explicit Training(StepWindow& window) : window_(window) {}
+  // `added`: called after each record the run gives the window.
+  explicit Training(StepWindow& window,
+                    std::function<void(const format::Record&)> added = nullptr)
+      : window_(window), added_(std::move(added)) {}
+
+  void Add(const format::Record& record) {
+    window_.Add(record);
+    if (added_) added_(record);
+  }
 
   void Step(bool with_definitions) {
     if (with_definitions) {
-      window_.Add(format::StringDef{1, "aten::mul"});
+      Add(format::StringDef{1, "aten::mul"});
       format::TensorInfo param;
       param.tensor = 1;
       param.requires_grad = true;
-      window_.Add(param);
+      Add(param);
     }
     const ObjectId out = NewId(), node = NewId(), op = NewId();
     format::TensorInfo activation;
     activation.tensor = out;
     activation.is_leaf = false;
     activation.grad_fn = node;
-    window_.Add(activation);
+    Add(activation);
     format::NodeRecord created;
     created.node = node;
     created.created_by = op;
-    window_.Add(created);
-    window_.Add(Op(op, format::OpScope::kFunction, true, {1}));
-    window_.Add(Op(NewId(), format::OpScope::kBackwardFunction, false, {}));
-    window_.Add(Op(NewId(), format::OpScope::kFunction, false, {1}));  // The optimizer.
+    Add(created);
+    Add(Op(op, format::OpScope::kFunction, true, {1}));
+    Add(Op(NewId(), format::OpScope::kBackwardFunction, false, {}));
+    Add(Op(NewId(), format::OpScope::kFunction, false, {1}));  // The optimizer.
   }
 
   format::OpRecord Op(ObjectId id, format::OpScope scope, bool grad_mode,
@@ -59,6 +71,7 @@ class Training {
 
  private:
   StepWindow& window_;
+  std::function<void(const format::Record&)> added_;
   ObjectId next_id_ = 100;
   int64_t time_ = 1000;
 };
@@ -174,6 +187,65 @@ TEST(StepWindow, KeepsARangeAndIsDoneAfterIt) {
   EXPECT_EQ(steps[0].step, 3u);
   EXPECT_EQ(steps[1].step, 4u);
   EXPECT_EQ(All<format::OpRecord>(records).size(), 6u);
+}
+
+// --spill: a window written when it changes, then followed record by record, holds at every
+// moment what the window written whole would: the same records, and a tensor from before the
+// window ahead of the first record that names it after the window was written.
+TEST(StepWindow, AWindowFollowedOnDiskIsTheWindow) {
+  StepWindow window(2, size_t{1} << 30);
+  std::string bytes;
+  std::unique_ptr<format::TraceWriter> spill;
+  std::set<ObjectId> carried;
+  uint64_t written_at = 0;
+  int rotations = 0;
+  Training run(window, [&](const format::Record& record) {
+    if (!spill || window.changes() != written_at) {
+      spill.reset();  // It writes its index into `bytes` as it closes.
+      bytes.clear();
+      spill = format::TraceWriter::ToString(&bytes, format::FileInfo{});
+      carried.clear();
+      ASSERT_TRUE(window.WriteTo(*spill, &carried).ok());
+      written_at = window.changes();
+      ++rotations;
+      return;
+    }
+    ASSERT_TRUE(window.AppendFollowing(record, *spill, &carried).ok());
+  });
+  format::TensorInfo late;
+  late.tensor = 7;  // Made in step 0, named again only at the end of the last step.
+  run.Add(late);
+  for (int i = 0; i < 6; ++i) run.Step(i == 0);
+  run.Add(run.Op(run.NewId(), format::OpScope::kFunction, false, {7}));
+  EXPECT_EQ(rotations, 6);
+  ASSERT_TRUE(spill->Close().ok());
+  format::Trace followed = format::ReadTraceBytesAll(bytes);
+  ASSERT_TRUE(followed.summary.status.ok()) << followed.summary.status.message();
+
+  // The same records, in another order.
+  std::vector<format::Record> unmatched = followed.records;
+  for (const format::Record& record : Written(window)) {
+    auto it = std::find(unmatched.begin(), unmatched.end(), record);
+    ASSERT_NE(it, unmatched.end()) << "record " << record.index() << " not followed";
+    unmatched.erase(it);
+  }
+  EXPECT_TRUE(unmatched.empty()) << unmatched.size() << " records more than the window";
+
+  // The late tensor's record comes before the op that names it.
+  auto position = [&](auto matches) {
+    return std::find_if(followed.records.begin(), followed.records.end(), matches) -
+           followed.records.begin();
+  };
+  const auto info = position([](const format::Record& r) {
+    const auto* t = std::get_if<format::TensorInfo>(&r);
+    return t && t->tensor == 7;
+  });
+  const auto use = position([](const format::Record& r) {
+    const auto* op = std::get_if<format::OpRecord>(&r);
+    return op && !op->inputs.empty() && op->inputs[0].tensor == 7;
+  });
+  ASSERT_LT(use, static_cast<long>(followed.records.size()));
+  EXPECT_LT(info, use);
 }
 
 }  // namespace

@@ -27,12 +27,13 @@ extern "C" {
 int torchrr_start(const char* path, int native_stacks, int python_stacks,
                   size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
 
-/* torchrr_start with RecorderOptions::keep_last_steps and keep_last_bytes (0: the default), and
- * steps_first, steps_last (every step while steps_first > steps_last). */
+/* torchrr_start with RecorderOptions::keep_last_steps and keep_last_bytes (0: the default),
+ * steps_first, steps_last (every step while steps_first > steps_last), and spill_dir (NULL or
+ * empty: none). */
 int torchrr_start_keeping(const char* path, int native_stacks, int python_stacks,
                           size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags,
                           size_t keep_last_steps, size_t keep_last_bytes, uint64_t steps_first,
-                          uint64_t steps_last);
+                          uint64_t steps_last, const char* spill_dir);
 
 /* Marks the start of a training step in the active recording (Recorder::Step). */
 void torchrr_step(void);

@@ -74,9 +74,16 @@ struct RecorderOptions {
   // kept in memory, compressed, at most keep_last_bytes of them (the oldest go first; the step
   // under way always stays), and written when the recording stops: at exit, at an uncaught
   // exception, or when SIGTERM, SIGINT or SIGABRT (whose action was the default) ends the process.
-  // A process killed outright (SIGKILL, the OOM killer) loses them. Steps: format/SPEC.md, Steps.
+  // A process killed outright (SIGKILL, the OOM killer) loses them, unless spill_dir is set.
+  // Steps: format/SPEC.md, Steps.
   size_t keep_last_steps = 0;
   size_t keep_last_bytes = size_t{1} << 30;
+  // With keep_last_steps: the kept steps are also kept on disk in this directory (which must
+  // exist), in one trace file named after `path` and the step under way (run.step00000900.trr for
+  // run.trr), rewritten as each step ends and followed as records come, so that a process killed
+  // outright leaves its last steps there (all but about the last half second). Removed when the
+  // trace at `path` is written. Empty: in memory only.
+  std::string spill_dir;
   // Keep steps steps_first to steps_last (inclusive, 0-based; UINT64_MAX: to the end) instead:
   // the earlier ones feed only what the kept ones need, and the trace is written as soon as a step
   // after steps_last begins (the run goes on, recorded but not written). Off while steps_first >

@@ -185,7 +185,7 @@ def library() -> ctypes.CDLL:
                                       ctypes.c_uint32]
         lib.torchrr_start.restype = ctypes.c_int
         lib.torchrr_start_keeping.argtypes = lib.torchrr_start.argtypes + [
-            ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint64]
+            ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p]
         lib.torchrr_start_keeping.restype = ctypes.c_int
         lib.torchrr_step.argtypes = []
         lib.torchrr_step.restype = None

@@ -25,7 +25,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
           verify_saved: bool = False, cuda_kernels: bool = True,
           all_ops: bool = False, follow_forks: bool = False, source: bool = True,
           keep_last: int = 0, keep_last_bytes: int = 0,
-          steps: Optional[tuple] = None) -> bool:
+          steps: Optional[tuple] = None,
+          spill: Optional[str | os.PathLike] = None) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
     native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
@@ -53,6 +54,10 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     keep_last_bytes of them (0: 1 GiB), written when the recording stops (at exit, at an uncaught
     exception, or when SIGTERM, SIGINT or SIGABRT ends the process); step() marks steps, else the
     recorder finds them (a backward pass, the forward ops before it, the optimizer after it).
+    spill: with keep_last, a directory (created if missing) where the kept steps are also kept on
+    disk, in one trace file named after ``path`` and the step under way (``run.step00000900.trr``),
+    so that a process killed outright (SIGKILL, the OOM killer) leaves them behind; removed once
+    the trace at ``path`` is written.
     steps: (first, last) keeps only those steps (0-based, inclusive; last None: to the end), and
     writes the trace as soon as a step after ``last`` begins.
 
@@ -70,6 +75,12 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
             raise ValueError("steps must be (first, last) with 0 <= first <= last")
         if keep_last:
             raise ValueError("steps and keep_last exclude each other")
+    spill_dir = None
+    if spill is not None:
+        if not keep_last:
+            raise ValueError("spill needs keep_last")
+        os.makedirs(spill, exist_ok=True)
+        spill_dir = os.fsencode(os.fspath(spill))
     rc = lib.torchrr_start_keeping(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
                                    int(bool(python_stacks)), int(max_buffered_bytes),
                                    int(bool(drop_when_full)), -1 if rank is None else int(rank),
@@ -78,7 +89,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                                    (_ALL_OPS if all_ops else 0) |
                                    (_FOLLOW_FORKS if follow_forks else 0) |
                                    (0 if source else _NO_SOURCE),
-                                   int(keep_last), int(keep_last_bytes), int(first), int(last))
+                                   int(keep_last), int(keep_last_bytes), int(first), int(last),
+                                   spill_dir)
     if rc == 0:
         _close_in_forked_children()
     return rc == 0
