@@ -10,8 +10,6 @@
 namespace torchrr::format {
 namespace {
 
-using internal::IsVector;
-
 // ByteWriter's inverse. Never reads past the end: a cut or foreign record sets !ok().
 class ByteReader {
  public:

@@ -15,11 +15,6 @@ namespace {
 
 namespace fbs = flatbuffers;
 
-template <class T>
-struct IsVector : std::false_type {};
-template <class T>
-struct IsVector<std::vector<T>> : std::true_type {};
-
 // Fb<S> for every struct S with a field list stored as a FlatBuffers table or struct of its name:
 //   Type      fb::S;
 //   Build     writes one from its fields' values, in order: fb::CreateS for a table (returns its

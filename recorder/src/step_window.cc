@@ -12,33 +12,15 @@
 namespace torchrr::recorder {
 namespace {
 
-template <class T>
-struct IsVector : std::false_type {};
-template <class T>
-struct IsVector<std::vector<T>> : std::true_type {};
-
-// Calls fn(id) for every object id `s` names (the fields record_fields.h codes as ids), in nested
-// structs and vectors of them too.
-template <class S, class Fn>
-void ForEachId(const S& s, Fn&& fn) {
-  format::ForEachField(s, [&](const auto& field, const auto& value) {
-    using F = std::remove_cvref_t<decltype(field)>;
-    using T = std::remove_cvref_t<decltype(value)>;
-    if constexpr (F::coding == format::Coding::kId) {
-      if (value != 0) fn(value);
-    } else if constexpr (IsVector<T>::value) {
-      if constexpr (format::HasFields<typename T::value_type>) {
-        for (const auto& element : value) ForEachId(element, fn);
-      }
-    } else if constexpr (format::HasFields<T>) {
-      ForEachId(value, fn);
-    }
-  });
-}
-
+// Calls fn(id) for every object id `record` names (the fields record_fields.h codes as ids), in
+// nested structs and vectors of them too.
 template <class Fn>
 void ForEachId(const format::Record& record, Fn&& fn) {
-  std::visit([&](const auto& r) { ForEachId(r, fn); }, record);
+  format::ForEachLeafField(record, [&](const auto& field, const auto& value) {
+    if constexpr (std::remove_cvref_t<decltype(field)>::coding == format::Coding::kId) {
+      if (value != 0) fn(value);
+    }
+  });
 }
 
 bool IsInterned(const format::Record& record) {

@@ -50,42 +50,19 @@ std::string ReplaceAll(const std::string& text, const std::string& from, const s
   return out;
 }
 
-template <class T>
-struct IsVector : std::false_type {};
-template <class T>
-struct IsVector<std::vector<T>> : std::true_type {};
-
-// Calls fn(text) for every string of `s`: its string members, strings in its vectors and in its
-// nested structs, walked through the field lists of record_fields.h, so that a string field added
-// to a record later is seen (and redacted) without a change here. `s` may be const.
-template <class S, class Fn>
-void ForEachString(S& s, Fn&& fn) {
-  format::ForEachField(s, [&](const auto&, auto& value) {
+// Calls fn(text) for every string of `record`, in nested structs and vectors too (the field lists
+// of record_fields.h), so that a string field added to a record later is seen (and redacted)
+// without a change here. `record` may be const.
+template <class R, class Fn>
+void ForEachString(R& record, Fn&& fn) {
+  format::ForEachLeafField(record, [&](const auto&, auto& value) {
     using T = std::remove_cvref_t<decltype(value)>;
     if constexpr (std::is_same_v<T, std::string>) {
       fn(value);
-    } else if constexpr (IsVector<T>::value) {
-      using Element = typename T::value_type;
-      for (auto& element : value) {
-        if constexpr (std::is_same_v<Element, std::string>) {
-          fn(element);
-        } else if constexpr (format::HasFields<Element>) {
-          ForEachString(element, fn);
-        }
-      }
-    } else if constexpr (format::HasFields<T>) {
-      ForEachString(value, fn);
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      for (auto& text : value) fn(text);
     }
   });
-}
-
-template <class Fn>
-void ForEachString(const format::Record& record, Fn&& fn) {
-  std::visit([&](const auto& r) { ForEachString(r, fn); }, record);
-}
-template <class Fn>
-void ForEachString(format::Record& record, Fn&& fn) {
-  std::visit([&](auto& r) { ForEachString(r, fn); }, record);
 }
 
 // The user name of a home directory ("/home/alice" → "alice", "/root" → "root").

@@ -112,11 +112,6 @@ class RecordBytesReader {
 
 namespace internal {
 
-template <class T>
-struct IsVector : std::false_type {};
-template <class T>
-struct IsVector<std::vector<T>> : std::true_type {};
-
 // Passes every member of `s` to `io` (ByteWriter or ByteReader), in declaration order.
 template <class Io, class S>
 void Fields(Io& io, S& s) {

@@ -22,6 +22,8 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <variant>
+#include <vector>
 
 #include "torchrr/format/records.h"
 
@@ -133,6 +135,43 @@ template <HasFields S, class Fn>
 constexpr void ForEachField(S& s, Fn&& fn) {
   std::apply([&](const auto&... field) { (fn(field, field.Of(s)), ...); },
              FieldList<std::remove_const_t<S>>::kFields);
+}
+
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+// Calls fn(field, value) for every member of `s` whose type has no field list (a number, an enum,
+// a string, or a vector of those), and likewise through the members that have one and the vectors
+// of them, depth first in declaration order: the walk that finds every id or every string of a
+// record, whichever struct nests it. `field` is the member's own Field (its name and coding);
+// `value` is const when `s` is.
+template <HasFields S, class Fn>
+constexpr void ForEachLeafField(S& s, Fn&& fn) {
+  ForEachField(s, [&](const auto& field, auto& value) {
+    using T = std::remove_cvref_t<decltype(value)>;
+    if constexpr (HasFields<T>) {
+      ForEachLeafField(value, fn);
+    } else if constexpr (IsVector<T>::value) {
+      if constexpr (HasFields<typename T::value_type>) {
+        for (auto& element : value) ForEachLeafField(element, fn);
+      } else {
+        fn(field, value);
+      }
+    } else {
+      fn(field, value);
+    }
+  });
+}
+// The same over whichever record `record` holds.
+template <class Fn>
+void ForEachLeafField(const Record& record, Fn&& fn) {
+  std::visit([&](const auto& r) { ForEachLeafField(r, fn); }, record);
+}
+template <class Fn>
+void ForEachLeafField(Record& record, Fn&& fn) {
+  std::visit([&](auto& r) { ForEachLeafField(r, fn); }, record);
 }
 
 namespace internal {
