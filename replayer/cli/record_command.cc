@@ -28,7 +28,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "child_output.h"
 #include "exit_codes.h"
+#include "native_torch.h"
 #include "torchrr/format/writer.h"
 
 namespace torchrr::cli {
@@ -173,42 +175,13 @@ void PrependEnv(const char* name, const std::string& value, char separator) {
 // 50 ms). Empty when it can, and whenever the question cannot be asked (no such interpreter, no
 // torch, an old package): the sitecustomize then checks again, and warns, in the program.
 std::string TorchProblem(const std::string& python, const fs::path& package) {
-  int pipe_fds[2];
-  if (pipe(pipe_fds) != 0) return "";
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    return "";
-  }
-  if (pid == 0) {
-    dup2(pipe_fds[1], STDOUT_FILENO);
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    const std::string code =
-        "import sys; sys.path.insert(0, sys.argv[1]); from torchrr import _native; "
-        "sys.stdout.write(_native.installed_torch_problem() or '')";
-    const std::string parent = package.parent_path().string();
-    // -W ignore: the import's own TorchVersionWarning would say it a second time.
-    execlp(python.c_str(), python.c_str(), "-I", "-W", "ignore", "-c", code.c_str(), parent.c_str(),
-           static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(pipe_fds[1]);
-  std::string out;
-  char buffer[4096];
-  for (ssize_t n; (n = read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    out.append(buffer, static_cast<size_t>(n));
-  }
-  close(pipe_fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? out : "";
+  const std::string code =
+      "import sys; sys.path.insert(0, sys.argv[1]); from torchrr import _native; "
+      "sys.stdout.write(_native.installed_torch_problem() or '')";
+  // -W ignore: the import's own TorchVersionWarning would say it a second time.
+  return ChildOutput({python, "-I", "-W", "ignore", "-c", code,
+                      package.parent_path().string()})
+      .value_or("");
 }
 
 // Refuses, with one line, an output the recorder could never write (empty, a FIFO, a directory,
@@ -277,6 +250,14 @@ int RunRecord(const RecordArgs& args) {
     std::fprintf(stderr, "torchrr: error: %s not found: the recorder is not built (make build "
                          "builds it when it finds torch)\n", preload.c_str());
     return 7;
+  }
+  // A native program, likewise, from the libtorch its loader would pick.
+  if (!python) {
+    std::string problem = NativeTorchProblem(args.command, dirs.lib);
+    if (!problem.empty()) {
+      std::fprintf(stderr, "torchrr: error: %s\n", problem.c_str());
+      return kExitTorchMismatch;
+    }
   }
 
   std::fflush(nullptr);

@@ -114,3 +114,76 @@ def test_under_a_launcher_the_program_warns_and_records_nothing(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "not recording: torchrr: torchrr was built against torch 2.10.0" in run.stderr
     assert not (tmp_path / "t.trr").exists()
+
+
+def fake_libtorch(root, layout, version):
+    """A libtorch_cpu.so in `root` laid out as pip's torch/lib (with torch/version.py) or a
+    libtorch archive's libtorch/lib (with build-version), claiming `version`."""
+    lib = root / layout / "lib"
+    lib.mkdir(parents=True)
+    (root / "fake.c").write_text("int fake_torch(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libtorch_cpu.so", "-o",
+                    lib / "libtorch_cpu.so", root / "fake.c"], check=True)
+    if layout == "torch":
+        (root / layout / "version.py").write_text(f"__version__ = '{version}'\n")
+    else:
+        (root / layout / "build-version").write_text(version + "\n")
+    return lib
+
+
+PROGRAM = """\
+#include <stdio.h>
+int fake_torch(void);
+int main(int argc, char** argv) {
+  FILE* ran = fopen(argv[1], "a");
+  fputs("ran\\n", ran);
+  fclose(ran);
+  return fake_torch() == 1 ? 0 : 1;
+}
+"""
+
+
+@needs_build
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+@pytest.mark.parametrize("layout,version,message", [
+    ("torch", "2.10.0+cpu", "torchrr was built against torch {built}, and the program loads "
+                            "torch 2.10.0+cpu"),
+    ("libtorch", "2.8.0+cpu", "the program loads torch 2.8.0+cpu"),
+])
+def test_record_refuses_a_native_program_on_another_libtorch(tmp_path, layout, version,
+                                                              message):
+    """A C++ program linked against another libtorch is refused before it runs (the preloaded
+    recorder would otherwise bring its own libtorch into it), from the libtorch its loader picks
+    and that libtorch's own version file."""
+    lib = fake_libtorch(tmp_path, layout, version)
+    (tmp_path / "train.c").write_text(PROGRAM)
+    program = tmp_path / "train"
+    subprocess.run(["cc", "-o", program, tmp_path / "train.c", f"-L{lib}", "-ltorch_cpu",
+                    f"-Wl,-rpath,{lib}"], check=True)
+    marker = tmp_path / "ran"
+    run = record(tmp_path / "t.trr", [program, marker], flags=["--native"])
+    assert run.returncode == 9, run.stderr
+    built = _native.build_info()["torch"]
+    assert run.stderr.count(message.format(built=built)) == 1, run.stderr
+    assert str(lib / "libtorch_cpu.so") in run.stderr
+    assert not marker.exists() and not (tmp_path / "t.trr").exists()
+
+
+@needs_build
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_the_native_check_never_runs_a_static_program(tmp_path):
+    """A static program would ignore the loader's listing and simply run: it is not asked, and
+    runs once, recorded or not."""
+    (tmp_path / "static.c").write_text(
+        "#include <stdio.h>\n"
+        "int main(int argc, char** argv) { FILE* f = fopen(argv[1], \"a\"); fputs(\"ran\\n\", f);"
+        " fclose(f); return 0; }\n")
+    program = tmp_path / "static"
+    built = subprocess.run(["cc", "-static", "-o", program, tmp_path / "static.c"],
+                           capture_output=True)
+    if built.returncode != 0:
+        pytest.skip("no static C library")
+    marker = tmp_path / "ran"
+    run = record(tmp_path / "t.trr", [program, marker], flags=["--native"])
+    assert run.returncode == 0, run.stderr
+    assert marker.read_text() == "ran\n"

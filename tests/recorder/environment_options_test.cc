@@ -64,7 +64,11 @@ TEST(EnvironmentOptions, EveryVariableIsRead) {
                                                  {"TORCHRR_VERIFY_SAVED", "1"},
                                                  {"TORCHRR_CUDA_KERNELS", "false"},
                                                  {"TORCHRR_ALL_OPS", "yes"},
-                                                 {"TORCHRR_FOLLOW_FORKS", "on"}});
+                                                 {"TORCHRR_FOLLOW_FORKS", "on"},
+                                                 {"TORCHRR_SOURCE", "0"},
+                                                 {"TORCHRR_KEEP_LAST", "3"},
+                                                 {"TORCHRR_KEEP_LAST_BYTES", "4096"},
+                                                 {"TORCHRR_SPILL", "/tmp/spill"}});
   ASSERT_TRUE(options);
   EXPECT_FALSE(options->native_stacks);
   EXPECT_FALSE(options->python_stacks);
@@ -74,6 +78,10 @@ TEST(EnvironmentOptions, EveryVariableIsRead) {
   EXPECT_FALSE(options->cuda_kernels);
   EXPECT_TRUE(options->all_ops);
   EXPECT_TRUE(options->follow_forks);
+  EXPECT_FALSE(options->source);
+  EXPECT_EQ(options->keep_last_steps, 3u);
+  EXPECT_EQ(options->keep_last_bytes, 4096u);
+  EXPECT_EQ(options->spill_dir, "/tmp/spill");
 }
 
 TEST(EnvironmentOptions, ValuesNotUnderstoodWarnAndKeepTheDefault) {
