@@ -107,7 +107,12 @@ void StepWindow::CloseStepAt(size_t end) {
   ClosedStep step;
   step.mark = open_mark_;
   step.raw_bytes = end;
-  step.stored = !Compress(all.substr(0, end), &step.compressed);
+  if (closed_bytes_ + end <= std::min(kKeepUncompressedBytes, keep_bytes_)) {
+    step.compressed.assign(all.substr(0, end));
+    step.stored = true;
+  } else {
+    step.stored = !Compress(all.substr(0, end), &step.compressed);
+  }
   closed_bytes_ += step.compressed.size();
   closed_.push_back(std::move(step));
   format::ByteBuffer rest;

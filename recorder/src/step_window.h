@@ -10,7 +10,7 @@
 // definitions and nested ops included, all begin the next step.
 //
 // Memory. The open step is kept as record bytes (record_bytes.h); a step that ends is compressed
-// (zstd). At most `keep_steps` steps are kept, the open one included, and the closed ones at most
+// (zstd) once the ended steps kept hold kKeepUncompressedBytes. At most `keep_steps` steps are kept, the open one included, and the closed ones at most
 // `keep_bytes` compressed (the oldest go first; the open one always stays). An open step past
 // `keep_bytes` uncompressed is ended after its latest top-level op, so that a run whose steps
 // never end (no backward pass) stays bounded too.
@@ -53,6 +53,11 @@ class StepWindow {
  public:
   // A tensor or node no step named for this many steps is dropped from the "before" state.
   static constexpr uint64_t kForgetAfterSteps = 8;
+  // Ended steps are kept as they are while they hold less than this together (and less than
+  // keep_bytes), compressed past it: zstd costs the writer thread about a millisecond per MB at
+  // the step's end and again when it leaves the window, which a window of a few small steps does
+  // not need to pay.
+  static constexpr size_t kKeepUncompressedBytes = size_t{64} << 20;
 
   StepWindow(size_t keep_steps, size_t keep_bytes);
   // --steps A:B: keeps steps first to last (inclusive) rather than the last keep_steps; steps

@@ -222,9 +222,15 @@ void TraceSink::WriterLoop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       has_work_.wait_for(lock, kPollInterval,
-                         [&] { return queue_.size() >= wake_bytes_ || closing_; });
+                         [&] {
+                           return queue_.size() >= wake_bytes_ || closing_ ||
+                                  dump_requested_.load();
+                         });
     }
-    if (options_.pull) options_.pull();  // Without mu_: it pushes.
+    // A fatal signal's handler asks for the trace now: what is queued, then the end. Without the
+    // producers' pending records: the signal may have stopped a producer holding them.
+    const bool dumping = dump_requested_.load();
+    if (options_.pull && !dumping) options_.pull();  // Without mu_: it pushes.
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch.swap(queue_);
@@ -242,26 +248,15 @@ void TraceSink::WriterLoop() {
       }
       last_flush = now;
     }
+    if (dumping) break;
     if (closing) {
       std::lock_guard<std::mutex> lock(mu_);
       if (queue_.empty()) break;
     }
-    if (dump_requested_.load()) {
-      // A fatal signal: what is queued, then the window, now; the handler waits for it.
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        batch.swap(queue_);
-      }
-      if (!batch.empty() && !failed() && !finished_) WriteBatch(batch.view());
-      batch.clear();
-      Finish();
-      dump_done_.store(true);
-      return;
-    }
   }
   // The window if any, the index and the trailer, from this thread like every other write.
   Finish();
-  dump_done_.store(true);  // A fatal signal from now on has nothing to wait for.
+  dump_done_.store(true);  // The handler waits for this; a later signal has nothing to wait for.
 }
 
 bool TraceSink::WriteBatch(std::string_view batch) {
