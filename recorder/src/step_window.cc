@@ -23,8 +23,12 @@ void ForEachId(const format::Record& record, Fn&& fn) {
   });
 }
 
-bool IsInterned(const format::Record& record) {
-  return std::holds_alternative<format::StringDef>(record) ||
+// What a step that leaves the window leaves behind for the ones after it: the interned
+// definitions, and the latest record of each tensor and node.
+bool IsDefinition(const format::Record& record) {
+  return std::holds_alternative<format::TensorInfo>(record) ||
+         std::holds_alternative<format::NodeRecord>(record) ||
+         std::holds_alternative<format::StringDef>(record) ||
          std::holds_alternative<format::FrameDef>(record) ||
          std::holds_alternative<format::StackDef>(record) ||
          std::holds_alternative<format::SourceFile>(record) ||
@@ -50,21 +54,19 @@ void StepWindow::Add(const format::Record& record) {
       // The first mark: steps are the program's from here on, numbered from 0 as in a trace
       // written whole; what came before is no step, only what the steps may need from before.
       marked_ = true;
-      for (const ClosedStep& step : closed_) {
-        std::string bytes;
-        if (Decompress(step, &bytes)) ApplyToBefore(bytes, 0);
-      }
+      for (const ClosedStep& step : closed_) ApplyToBefore(step.index, 0);
       closed_.clear();
       closed_bytes_ = 0;
-      ApplyToBefore(open_.view(), 0);
+      ApplyToBefore(open_index_, 0);
       open_.clear();
-      boundary_ = 0;
+      open_index_ = StepIndex{};
+      boundary_ = Cut{};
       open_mark_ = format::StepRecord{0, mark->time_ns, true};
       next_step_ = 1;
       ++changes_;
       return;
     }
-    if (!open_.empty()) CloseStepAt(open_.size());
+    if (!open_.empty()) CloseStepAt(Whole());
     if (done_) return;
     open_mark_.time_ns = mark->time_ns;
     open_mark_.marked = true;
@@ -85,8 +87,10 @@ void StepWindow::Add(const format::Record& record) {
   }
   if (open_.empty() && open_mark_.time_ns == 0 && op != nullptr) open_mark_.time_ns = op->start_ns;
   format::AppendRecordBytes(record, open_);
+  if (IsDefinition(record)) format::AppendRecordBytes(record, open_index_.definitions);
+  ForEachId(record, [&](format::ObjectId id) { open_index_.named.push_back(id); });
   if (op != nullptr && op->parent == 0) {
-    boundary_ = open_.size();
+    boundary_ = Whole();
     nodes_since_top_ = 0;
     // A step with no end in sight (no backward: inference, or a loop the rule does not fit) is
     // cut after a top-level op once it holds keep_bytes_ uncompressed, so memory stays bounded.
@@ -99,26 +103,35 @@ void StepWindow::Add(const format::Record& record) {
   }
 }
 
-void StepWindow::CloseStepAt(size_t end) {
+void StepWindow::CloseStepAt(Cut cut) {
   const std::string_view all = open_.view();
-  end = std::min(end, all.size());
-  if (end == 0) return;  // Nothing before the boundary: the open step goes on.
+  if (cut.bytes == 0) return;  // Nothing before the boundary: the open step goes on.
   ++changes_;
   ClosedStep step;
   step.mark = open_mark_;
-  step.raw_bytes = end;
-  if (closed_bytes_ + end <= std::min(kKeepUncompressedBytes, keep_bytes_)) {
-    step.compressed.assign(all.substr(0, end));
+  step.raw_bytes = cut.bytes;
+  if (closed_bytes_ + cut.bytes <= std::min(kKeepUncompressedBytes, keep_bytes_)) {
+    step.compressed.assign(all.substr(0, cut.bytes));
     step.stored = true;
   } else {
-    step.stored = !Compress(all.substr(0, end), &step.compressed);
+    step.stored = !Compress(all.substr(0, cut.bytes), &step.compressed);
   }
-  closed_bytes_ += step.compressed.size();
+  // The index splits where the bytes do: what came after the cut begins the next step.
+  const std::string_view definitions = open_index_.definitions.view();
+  step.index.definitions.Append(definitions.data(), cut.definitions);
+  step.index.named.assign(open_index_.named.begin(), open_index_.named.begin() + cut.named);
+  StepIndex rest_index;
+  rest_index.definitions.Append(definitions.data() + cut.definitions,
+                                definitions.size() - cut.definitions);
+  rest_index.named.assign(open_index_.named.begin() + cut.named, open_index_.named.end());
+  open_index_ = std::move(rest_index);
+  step.held_bytes = step.compressed.size() + step.index.bytes();
+  closed_bytes_ += step.held_bytes;
   closed_.push_back(std::move(step));
   format::ByteBuffer rest;
-  rest.Append(all.data() + end, all.size() - end);
+  rest.Append(all.data() + cut.bytes, all.size() - cut.bytes);
   open_.swap(rest);
-  boundary_ = 0;
+  boundary_ = Cut{};
   open_mark_ = format::StepRecord{};
   open_mark_.step = next_step_++;
   open_mark_.marked = marked_;
@@ -126,6 +139,7 @@ void StepWindow::CloseStepAt(size_t end) {
     // Past the range: what began the next step is not kept.
     done_ = true;
     open_.clear();
+    open_index_ = StepIndex{};
   }
   Evict();
 }
@@ -137,30 +151,31 @@ void StepWindow::Evict() {
   };
   while (!closed_.empty() && (too_many() || closed_bytes_ > keep_bytes_)) {
     ClosedStep& oldest = closed_.front();
-    std::string bytes;
-    if (Decompress(oldest, &bytes)) ApplyToBefore(bytes, oldest.mark.step);
-    closed_bytes_ -= oldest.compressed.size();
+    ApplyToBefore(oldest.index, oldest.mark.step);
+    closed_bytes_ -= oldest.held_bytes;
     closed_.pop_front();
   }
 }
 
-void StepWindow::ApplyToBefore(std::string_view bytes, uint64_t step) {
+void StepWindow::ApplyToBefore(const StepIndex& index, uint64_t step) {
+  const std::string_view definitions = index.definitions.view();
   size_t pos = 0;
-  while (const format::Record* record = reader_.Next(bytes, &pos)) {
-    if (IsInterned(*record)) {
-      interned_.push_back(*record);
-      continue;
-    }
+  while (const format::Record* record = reader_.Next(definitions, &pos)) {
     if (const auto* tensor = std::get_if<format::TensorInfo>(record)) {
       tensors_[tensor->tensor] = {*tensor, step};
     } else if (const auto* node = std::get_if<format::NodeRecord>(record)) {
       nodes_[node->node] = {*node, step};
+    } else {
+      interned_.push_back(*record);
     }
-    ForEachId(*record, [&](format::ObjectId id) {
-      if (auto t = tensors_.find(id); t != tensors_.end()) t->second.last_step = step;
-      if (auto n = nodes_.find(id); n != nodes_.end()) n->second.last_step = step;
-    });
   }
+  for (format::ObjectId id : index.named) {
+    if (auto t = tensors_.find(id); t != tensors_.end()) t->second.last_step = step;
+    if (auto n = nodes_.find(id); n != nodes_.end()) n->second.last_step = step;
+  }
+  // Sweeping walks every entry, a cache miss each: once per kForgetAfterSteps steps, not per step.
+  if (step < next_sweep_) return;
+  next_sweep_ = step + kForgetAfterSteps;
   std::erase_if(tensors_, [&](const auto& entry) {
     return entry.second.last_step + kForgetAfterSteps < step;
   });
@@ -186,12 +201,10 @@ format::Status StepWindow::WriteTo(format::TraceWriter& writer,
 
   // What the kept steps name, from before them.
   std::set<format::ObjectId> named;
-  for (const auto& [mark, bytes] : steps) {
-    size_t pos = 0;
-    while (const format::Record* record = reader_.Next(bytes, &pos)) {
-      ForEachId(*record, [&](format::ObjectId id) { named.insert(id); });
-    }
+  for (const ClosedStep& step : closed_) {
+    named.insert(step.index.named.begin(), step.index.named.end());
   }
+  if (open_kept()) named.insert(open_index_.named.begin(), open_index_.named.end());
 
   for (const format::Record& record : interned_) {
     if (format::Status s = writer.Append(record); !s.ok()) return s;

@@ -3,26 +3,30 @@
 //
 // Steps. The records between two step boundaries are a step (format/SPEC.md, Steps). A program
 // marks its own boundaries with torchrr.step() (a StepRecord with `marked`, which then is the only
-// rule; what came before the first mark is no step, and marks are numbered from 0); otherwise a step ends where, after a backward pass ran, a top-level forward op starts in
-// grad mode: the step is a backward pass, the forward ops before it and what ran after it up to
-// the next forward (the optimizer's step, zero_grad, logging). The boundary is put right after the
-// last top-level op before that forward op, so that the forward op's records, its start's
-// definitions and nested ops included, all begin the next step.
+// rule; what came before the first mark is no step, and marks are numbered from 0); otherwise a
+// step ends where, after a backward pass ran, a top-level forward op starts in grad mode: the step
+// is a backward pass, the forward ops before it and what ran after it up to the next forward (the
+// optimizer's step, zero_grad, logging). The boundary is put right after the last top-level op
+// before that forward op, so that the forward op's records, its start's definitions and nested ops
+// included, all begin the next step.
 //
-// Memory. The open step is kept as record bytes (record_bytes.h); a step that ends is compressed
-// (zstd) once the ended steps kept hold kKeepUncompressedBytes. At most `keep_steps` steps are kept, the open one included, and the closed ones at most
-// `keep_bytes` compressed (the oldest go first; the open one always stays). An open step past
+// Memory. The open step is kept as record bytes (record_bytes.h), with its index: its definitions
+// (interned records, TensorInfos, NodeRecords) and every id it names. A step that ends is kept as
+// it is, or compressed (zstd) once the ended steps kept hold kKeepUncompressedBytes. At most
+// `keep_steps` steps are kept, the open one included, and the closed ones at most `keep_bytes`
+// with their indexes (the oldest go first; the open one always stays). An open step past
 // `keep_bytes` uncompressed is ended after its latest top-level op, so that a run whose steps
 // never end (no backward pass) stays bounded too.
 //
-// What a window needs from before it. A step that leaves the window is decoded once more and
-// applied to the "before" state: every StringDef, FrameDef, StackDef and source record (kept for
-// good: they grow with the code, not with the run), and the latest TensorInfo of each tensor and
-// NodeRecord of each node. A tensor or node that no step has named for kForgetAfterSteps steps is
-// forgotten (the activations of steps long gone); one the window still names then reads as unknown
-// to the replay. At the end, the window is written after the interned definitions and the
-// TensorInfos and NodeRecords it names (and those these name), then each step after its
-// StepRecord.
+// What a window needs from before it. A step that leaves the window applies its index to the
+// "before" state, its ops never decoded again: every StringDef, FrameDef, StackDef and source
+// record (kept for good: they grow with the code, not with the run), and the latest TensorInfo of
+// each tensor and NodeRecord of each node. A tensor or node that no step has named for
+// kForgetAfterSteps steps is forgotten (the activations of steps long gone; swept every
+// kForgetAfterSteps steps); one the window still
+// names then reads as unknown to the replay. At the end, the window is written after the interned
+// definitions and the TensorInfos and NodeRecords it names (and those these name), then each step
+// after its StepRecord.
 //
 // On disk (--spill). A window written with WriteTo while the run goes on, and then followed by
 // every later record through AppendFollowing until changes() moves, is a trace of the window as
@@ -51,7 +55,8 @@ namespace torchrr::recorder {
 
 class StepWindow {
  public:
-  // A tensor or node no step named for this many steps is dropped from the "before" state.
+  // A tensor or node no step named for this many steps is dropped from the "before" state (at
+  // the latest twice as many steps later: the state is swept once per kForgetAfterSteps steps).
   static constexpr uint64_t kForgetAfterSteps = 8;
   // Ended steps are kept as they are while they hold less than this together (and less than
   // keep_bytes), compressed past it: zstd costs the writer thread about a millisecond per MB at
@@ -91,11 +96,27 @@ class StepWindow {
   size_t steps_kept() const { return closed_.size() + (open_kept() ? 1 : 0); }
 
  private:
+  // What a step gives the state before the window when it leaves it, and the window when it is
+  // written, kept beside its records so that neither decodes them: its definitions (interned,
+  // TensorInfo, NodeRecord) as record bytes, and every object id its records name, in order.
+  struct StepIndex {
+    format::ByteBuffer definitions;
+    std::vector<format::ObjectId> named;
+    size_t bytes() const { return definitions.size() + named.size() * sizeof(format::ObjectId); }
+  };
   struct ClosedStep {
     format::StepRecord mark;
     std::string compressed;  // zstd; the bytes themselves when `stored`.
     size_t raw_bytes = 0;
     bool stored = false;
+    StepIndex index;
+    size_t held_bytes = 0;  // compressed and index: what counts against keep_bytes.
+  };
+  // A place in the open step: its bytes, and its index's, up to there.
+  struct Cut {
+    size_t bytes = 0;
+    size_t definitions = 0;
+    size_t named = 0;
   };
   template <class T>
   struct Dated {
@@ -103,14 +124,17 @@ class StepWindow {
     uint64_t last_step = 0;  // The last step that named it.
   };
 
-  void CloseStepAt(size_t end);
+  Cut Whole() const {
+    return {open_.size(), open_index_.definitions.size(), open_index_.named.size()};
+  }
+  void CloseStepAt(Cut cut);
   // Writes the latest records of the tensors and nodes in `ids` from before the window, and
   // those they name, that `carried` lacks, adding them to it.
   format::Status WriteCarried(std::vector<format::ObjectId> ids, format::TraceWriter& writer,
                               std::set<format::ObjectId>* carried);
   bool open_kept() const { return !done_ && (!ranged_ || open_mark_.step >= range_first_); }
   void Evict();
-  void ApplyToBefore(std::string_view bytes, uint64_t step);
+  void ApplyToBefore(const StepIndex& index, uint64_t step);
   // False (and `out` the bytes themselves) when zstd failed.
   static bool Compress(std::string_view bytes, std::string* out);
   static bool Decompress(const ClosedStep& step, std::string* out);
@@ -121,7 +145,8 @@ class StepWindow {
   // The open step.
   format::StepRecord open_mark_;
   format::ByteBuffer open_;
-  size_t boundary_ = 0;          // Where the open step would end: after its last top-level op.
+  StepIndex open_index_;
+  Cut boundary_;                 // Where the open step would end: after its last top-level op.
   bool backward_seen_ = false;   // A backward function ran in the open step.
   size_t nodes_since_top_ = 0;   // NodeRecords since the last top-level op ended.
   bool marked_ = false;          // The program marks its steps: no boundary is found.
@@ -139,6 +164,7 @@ class StepWindow {
   std::vector<format::Record> interned_;  // StringDef, FrameDef, StackDef, SourceFile/Lines.
   std::unordered_map<format::ObjectId, Dated<format::TensorInfo>> tensors_;
   std::unordered_map<format::ObjectId, Dated<format::NodeRecord>> nodes_;
+  uint64_t next_sweep_ = 0;  // The step whose leaving sweeps tensors_ and nodes_ next.
   format::RecordBytesReader reader_;
 };
 

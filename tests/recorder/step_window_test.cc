@@ -156,7 +156,7 @@ TEST(StepWindow, ForgetsWhatNoStepNamedForLong) {
   format::TensorInfo once;
   once.tensor = 7;  // Named by step 0 only.
   window.Add(once);
-  for (int i = 0; i < 3 + int(StepWindow::kForgetAfterSteps); ++i) run.Step(i == 0);
+  for (int i = 0; i < 3 + 2 * int(StepWindow::kForgetAfterSteps); ++i) run.Step(i == 0);
   window.Add(run.Op(run.NewId(), format::OpScope::kFunction, true, {7}));
   for (const auto& tensor : All<format::TensorInfo>(Written(window))) {
     EXPECT_NE(tensor.tensor, 7u);
