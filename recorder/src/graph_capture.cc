@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "checkpoint_inputs.h"
 #include "saved_variables.h"
 #include "torch_internals.h"
 
@@ -24,7 +25,8 @@ ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creat
   auto& entry = ids_.LookupNode(node, created);
   ObjectId id = entry.id;
   if (!created) return id;
-  WriteNodeRecord(node, id, &entry.extra, creator, pending, defs, nodes);
+  WriteNodeRecord(node, id, &entry.extra, creator, /*returned_by_creator=*/true, pending, defs,
+                  nodes);
   // Nodes reached through edges that were never seen as an op's grad_fn (AccumulateGrad of
   // leaves, nodes created before the recording started).
   while (!pending.empty()) {
@@ -32,8 +34,8 @@ ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creat
     pending.pop_back();
     auto* next_entry = ids_.FindNodeEntry(next);
     WriteNodeRecord(next, next_entry != nullptr ? next_entry->id : 0,
-                    next_entry != nullptr ? &next_entry->extra : nullptr, creator, pending, defs,
-                    nodes);
+                    next_entry != nullptr ? &next_entry->extra : nullptr, creator,
+                    /*returned_by_creator=*/false, pending, defs, nodes);
   }
   return id;
 }
@@ -68,6 +70,7 @@ void GraphCapture::RefCreatedNodes(const std::vector<OpOutput>& outputs, const O
 
 void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
                                    IdRegistry::NodeState* state, const OpFrame* creator,
+                                   bool returned_by_creator,
                                    std::vector<torch::autograd::Node*>& pending,
                                    EncodedRecords& defs, NodeScratch& nodes) {
   format::NodeRecord& record = nodes.Next();
@@ -79,6 +82,11 @@ void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
   record.sequence_nr = static_cast<int64_t>(sequence_nr);
   if (creator != nullptr && node->thread_id() == creator->thread &&
       sequence_nr >= creator->sequence_at_start && sequence_nr < creator->sequence_at_end) {
+    record.created_by = creator->op.op;
+  }
+  // Checkpointing's inputs have no sequence number: made by the op that returns them
+  // (_CheckpointFrame.save_inputs), not by one that reaches them through a placeholder.
+  if (creator != nullptr && returned_by_creator && IsCheckpointInputs(*node)) {
     record.created_by = creator->op.op;
   }
   if (accumulate_grad) {

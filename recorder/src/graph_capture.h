@@ -75,10 +75,12 @@ class GraphCapture {
   // that started with the next number stands for it. 0 when no recent op (recent_ops_) fits.
   format::ObjectId CreatorOf(uint64_t thread, uint64_t sequence_nr, bool custom) const;
   // `state`: the node's table entry's (the storages its saved tensors pin), or nullptr.
+  // `returned_by_creator`: the node is what RefNode was given (an output's grad_fn), not one
+  // reached from it.
   void WriteNodeRecord(torch::autograd::Node* node, format::ObjectId id,
                        IdRegistry::NodeState* state, const OpFrame* creator,
-                       std::vector<torch::autograd::Node*>& pending, EncodedRecords& defs,
-                       NodeScratch& nodes);
+                       bool returned_by_creator, std::vector<torch::autograd::Node*>& pending,
+                       EncodedRecords& defs, NodeScratch& nodes);
   // Fills record.saved (and saved_kind) from what the node saved; a checkpoint's input node seen
   // for the first time goes to `pending`.
   void RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,

@@ -1,16 +1,24 @@
 // libtorchrr_python_nodes.so: what a Python torch.autograd.Function saved (ctx.save_for_backward),
-// read from its THPFunction. Separate from the recorder because torch's python_function.h needs
+// read from its THPFunction; what saved-tensor hooks packed; the inputs activation checkpointing
+// keeps (checkpoint_inputs.h). Separate from the recorder because torch's python_function.h needs
 // Python's symbols: this library is dlopen'ed only by a recorder running inside Python.
+#include <ATen/EmptyTensor.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/autograd/python_saved_variable_hooks.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <typeinfo>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "checkpoint_inputs.h"
 #include "saved_variables.h"
 #include "torch_compat.h"
 
@@ -143,6 +151,182 @@ void WatchUnpack(const torch::autograd::SavedVariable& saved,
   compat::SetSlotObject(slot, wrapper, interpreter, Py_DecRef);
 }
 
+// Non-reentrant checkpointing from torch 2.12 on keeps a checkpointed call's inputs in its frame
+// (checkpoint_inputs.h). _CheckpointFrame.save_inputs, which makes them, is wrapped: while the
+// recorder follows (g_follow), each call runs inside a RecordFunction named
+// CheckpointInputs::kSaveOpName, with the call's tensors as inputs (the op a report names as the
+// victim: its stack is the checkpointed call's), and returns, as that op's output, an empty tensor
+// whose grad_fn is the frame's CheckpointInputs, as _NoopSaveInputs did up to 2.11: the recorder
+// writes the node, and its creator, at the op's end. What save_inputs does and returns is
+// unchanged; autograd's sequence numbers do not move.
+
+// Set and cleared without the GIL (torchrr_follow_checkpoint_inputs).
+std::atomic<bool> g_follow{false};
+// Strong references, set once (the first follow) under the GIL: torch's save_inputs, and the
+// SavedTensor type its frames hold.
+PyObject* g_save_inputs = nullptr;
+PyObject* g_saved_tensor_type = nullptr;
+
+// The frames recorded, by address: each one's CheckpointInputs, and the weak reference (strong
+// here) whose callback forgets the frame as it goes. Guarded by the GIL. Never destroyed: a frame
+// can go while the interpreter shuts down, after static destructors.
+struct FollowedFrame {
+  PyObject* weakref = nullptr;
+  compat::NodePtr inputs;
+};
+std::unordered_map<PyObject*, FollowedFrame>& g_frames =
+    *new std::unordered_map<PyObject*, FollowedFrame>();
+
+void WarnNotFollowed(const char* why) {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  std::fprintf(stderr,
+               "torchrr: warning: activation checkpointing's inputs are not followed (%s): a write "
+               "to one is reported as an error torchrr does not explain\n",
+               why);
+}
+
+// The weak reference's callback: the frame at the address `key` holds is going.
+PyObject* ForgetFrame(PyObject* key, PyObject* /*weakref*/) {
+  auto followed = g_frames.find(static_cast<PyObject*>(PyLong_AsVoidPtr(key)));
+  if (followed == g_frames.end()) Py_RETURN_NONE;
+  static_cast<torchrr::recorder::CheckpointInputs&>(*followed->second.inputs).Clear();
+  PyObject* weakref = followed->second.weakref;
+  g_frames.erase(followed);
+  Py_XDECREF(weakref);  // The caller holds one too.
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kForgetFrameDef = {"torchrr_forget_checkpoint_frame", ForgetFrame, METH_O,
+                               "Forgets a checkpoint frame that is going."};
+
+// The SavedVariable a SavedTensor object (pybind11's binding of SavedVariable) holds, or nullptr.
+const torch::autograd::SavedVariable* SavedVariableOf(PyObject* object) {
+  try {
+    return pybind11::cast<const torch::autograd::SavedVariable*>(pybind11::handle(object));
+  } catch (const std::exception&) {  // pybind11::cast_error: another pybind11's type registry.
+    PyErr_Clear();
+    return nullptr;
+  }
+}
+
+// Makes the CheckpointInputs of `frame`, whose save_inputs just returned, and follows the frame
+// until it goes. nullptr, with one warning, when its saved_args cannot be read.
+compat::NodePtr FollowFrame(PyObject* frame) {
+  PyObject* args = PyObject_GetAttrString(frame, "saved_args");
+  if (args == nullptr || !PyList_Check(args)) {
+    PyErr_Clear();
+    Py_XDECREF(args);
+    WarnNotFollowed("the frame has no saved_args list");
+    return {};
+  }
+  std::vector<torchrr::recorder::CheckpointInputs::Input> inputs;
+  bool readable = true;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args) && readable; ++i) {
+    PyObject* item = PyList_GET_ITEM(args, i);
+    if (!PyObject_TypeCheck(item, reinterpret_cast<PyTypeObject*>(g_saved_tensor_type))) continue;
+    const torch::autograd::SavedVariable* saved = SavedVariableOf(item);
+    readable = saved != nullptr;
+    inputs.emplace_back(static_cast<uint32_t>(i), saved);
+  }
+  Py_DECREF(args);
+  if (!readable) {
+    WarnNotFollowed("a SavedTensor's SavedVariable cannot be read");
+    return {};
+  }
+  PyObject* key = PyLong_FromVoidPtr(frame);
+  PyObject* forget = key != nullptr ? PyCFunction_New(&kForgetFrameDef, key) : nullptr;
+  Py_XDECREF(key);  // The callback holds it.
+  PyObject* weakref = forget != nullptr ? PyWeakref_NewRef(frame, forget) : nullptr;
+  Py_XDECREF(forget);  // The weak reference holds it.
+  if (weakref == nullptr) {
+    PyErr_Clear();
+    WarnNotFollowed("no weak reference to the checkpoint frame");
+    return {};
+  }
+  compat::NodePtr node = compat::MakeNode<torchrr::recorder::CheckpointInputs>(std::move(inputs));
+  FollowedFrame& followed = g_frames[frame];
+  if (followed.inputs) {  // save_inputs again on the same frame: the new inputs replace the old.
+    static_cast<torchrr::recorder::CheckpointInputs&>(*followed.inputs).Clear();
+    Py_DECREF(followed.weakref);
+  }
+  followed = FollowedFrame{weakref, node};
+  return node;
+}
+
+// _CheckpointFrame.save_inputs, wrapped: args are (frame, *inputs).
+PyObject* CallSaveInputs(PyObject* /*self*/, PyObject* args) {
+  if (!g_follow.load(std::memory_order_acquire) || PyTuple_GET_SIZE(args) < 1) {
+    return PyObject_Call(g_save_inputs, args, nullptr);
+  }
+  // Before the RecordFunction, which keeps a reference to them until it ends.
+  std::vector<c10::IValue> inputs;
+  for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(args); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(args, i);
+    if (THPVariable_Check(item)) inputs.emplace_back(THPVariable_Unpack(item));
+  }
+  at::RecordFunction record(at::RecordScope::FUNCTION);
+  if (record.isActive()) {
+    record.before(torchrr::recorder::CheckpointInputs::kSaveOpName,
+                  c10::ArrayRef<const c10::IValue>(inputs.data(), inputs.size()));
+  }
+  PyObject* result = PyObject_Call(g_save_inputs, args, nullptr);
+  if (result == nullptr || !record.isActive()) return result;
+  try {
+    if (compat::NodePtr node = FollowFrame(PyTuple_GET_ITEM(args, 0))) {
+      // Made below the dispatcher: no op of its own.
+      at::Tensor marker = at::detail::empty_cpu({0}, at::kFloat, /*pin_memory=*/false,
+                                                /*memory_format_opt=*/std::nullopt);
+      torch::autograd::impl::set_gradient_edge(marker, torch::autograd::Edge(std::move(node), 0));
+      record.setOutputs(std::vector<c10::IValue>{std::move(marker)});
+    }
+  } catch (const std::exception& e) {
+    WarnNotFollowed(e.what());
+  }
+  return result;
+}
+
+PyMethodDef kSaveInputsDef = {"save_inputs", CallSaveInputs, METH_VARARGS,
+                              "torch.utils.checkpoint's _CheckpointFrame.save_inputs, recorded by "
+                              "torchrr."};
+
+// Wraps _CheckpointFrame.save_inputs, where the frame has one (2.12 on); up to 2.11 the inputs'
+// node is autograd's own (input_saver), and there is nothing to wrap. Holds the GIL.
+void WrapSaveInputs() {
+  PyObject* name = PyUnicode_FromString("torch.utils.checkpoint");
+  PyObject* module = name != nullptr ? PyImport_GetModule(name) : nullptr;
+  Py_XDECREF(name);
+  if (module == nullptr) {  // Not imported (import torch imports it): nothing to follow.
+    PyErr_Clear();
+    return;
+  }
+  PyObject* frame_class = PyObject_GetAttrString(module, "_CheckpointFrame");
+  PyObject* original =
+      frame_class != nullptr ? PyObject_GetAttrString(frame_class, "save_inputs") : nullptr;
+  PyObject* saved_tensor_type =
+      original != nullptr ? PyObject_GetAttrString(module, "SavedTensor") : nullptr;
+  PyErr_Clear();
+  PyObject* method = nullptr;
+  if (saved_tensor_type != nullptr && PyType_Check(saved_tensor_type)) {
+    PyObject* function = PyCFunction_New(&kSaveInputsDef, nullptr);
+    method = function != nullptr ? PyInstanceMethod_New(function) : nullptr;
+    Py_XDECREF(function);
+  }
+  if (method != nullptr && PyObject_SetAttrString(frame_class, "save_inputs", method) == 0) {
+    g_save_inputs = original;
+    g_saved_tensor_type = saved_tensor_type;
+    original = saved_tensor_type = nullptr;  // Kept.
+  } else if (original != nullptr) {
+    PyErr_Clear();
+    WarnNotFollowed("_CheckpointFrame.save_inputs cannot be wrapped");
+  }
+  Py_XDECREF(method);
+  Py_XDECREF(saved_tensor_type);
+  Py_XDECREF(original);
+  Py_XDECREF(frame_class);
+  Py_DECREF(module);
+}
+
 bool PythonUsable() {
 #if PY_VERSION_HEX >= 0x030D0000
   return Py_IsInitialized() && !Py_IsFinalizing();
@@ -235,8 +419,13 @@ void ReadHookData(PyObject* unpack_hook, PyObject* data, torchrr::recorder::Save
     return;
   }
   PyObject* saver = PyObject_GetAttrString(frame, "input_saver");
-  if (saver == nullptr) {
+  if (saver == nullptr) {  // 2.12 on: the frame holds the inputs itself.
     PyErr_Clear();
+    auto followed = g_frames.find(frame);
+    if (followed != g_frames.end()) {
+      out.recompute_from = followed->second.inputs;
+      out.kind = torchrr::format::SavedHook::kCheckpoint;
+    }
     return;
   }
   if (THPVariable_Check(saver)) {
@@ -275,6 +464,25 @@ extern "C" void torchrr_read_saved_hook(const torch::autograd::SavedVariable& sa
     }
     PyErr_Restore(error_type, error_value, error_trace);
   }
+  PyGILState_Release(gil);
+}
+
+// Starts or stops recording _CheckpointFrame.save_inputs calls (FollowCheckpointInputs). Starting
+// wraps it the first time, under the GIL; stopping takes neither the GIL nor a lock.
+extern "C" void torchrr_follow_checkpoint_inputs(int follow) {
+  if (follow == 0) {
+    g_follow.store(false, std::memory_order_release);
+    return;
+  }
+  if (!PythonUsable()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* error_type = nullptr;
+  PyObject* error_value = nullptr;
+  PyObject* error_trace = nullptr;
+  PyErr_Fetch(&error_type, &error_value, &error_trace);
+  if (g_save_inputs == nullptr) WrapSaveInputs();
+  g_follow.store(g_save_inputs != nullptr, std::memory_order_release);
+  PyErr_Restore(error_type, error_value, error_trace);
   PyGILState_Release(gil);
 }
 

@@ -1,5 +1,6 @@
 #include "saved_variables.h"
 
+#include "checkpoint_inputs.h"
 #include "torch_internals.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -75,6 +76,13 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
     if (VisitPyNodeFn visit_py_node = PythonNodeVisitor()) visit_py_node(node, visit);
     return format::SavedSetKind::kCustom;
   }
+  // Checkpointing's inputs (2.12 on): what the checkpoint frame holds.
+  if (IsCheckpointInputs(node)) {
+    for (const auto& [index, saved] : static_cast<CheckpointInputs&>(node).saved()) {
+      visit("saved_args", index, *saved);
+    }
+    return format::SavedSetKind::kCustom;
+  }
   // A C++ torch::autograd::Function<T>: what ctx->save_for_backward() saved.
   if (std::strstr(typeid(node).name(), "N5torch8autograd7CppNodeI") == typeid(node).name()) {
     const auto& saved = CppNodeSavedVariables(node);
@@ -119,6 +127,15 @@ SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
     facts.hook_code = nullptr;
   }
   return facts;
+}
+
+void FollowCheckpointInputs(bool follow) {
+  using FollowFn = void (*)(int);
+  // Without Python there is no checkpoint to follow: libtorchrr_python_nodes is not loaded.
+  if (!PythonInterpreterRunning()) return;
+  static auto set =
+      reinterpret_cast<FollowFn>(PythonNodesSymbol("torchrr_follow_checkpoint_inputs"));
+  if (set != nullptr) set(follow ? 1 : 0);
 }
 
 void TakeUnpackedTensors(const void* node, std::vector<format::UnpackedTensor>& out) {

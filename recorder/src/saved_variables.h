@@ -88,6 +88,15 @@ struct SavedHookFacts {
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
                              const torch::autograd::SavedVariable& saved, uint32_t saved_index);
 
+// Non-reentrant checkpointing from torch 2.12 on (checkpoint_inputs.h): while `follow`, each
+// _CheckpointFrame.save_inputs call is recorded as an op of that name that creates the frame's
+// CheckpointInputs, which the frame's placeholders then name. Up to 2.11, and outside Python,
+// nothing to do (the inputs' node is autograd's own). Following the first time takes the GIL
+// (it wraps save_inputs, once per process): call it with no lock held that a thread holding the
+// GIL could wait for. Stopping takes neither a lock nor the GIL; the wrapper stays, and calls
+// save_inputs alone.
+void FollowCheckpointInputs(bool follow);
+
 // Moves into `out` what the wrapped unpack hooks of the node at `node` returned, on this thread,
 // that differs from what was saved (UnpackedTensor.saved indexes the node's saved list). For a
 // backward function's end: the node's execution unpacked them. Takes no lock, not the GIL.

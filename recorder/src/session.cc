@@ -22,6 +22,7 @@
 #include "op_arguments.h"
 #include "op_filter.h"
 #include "python_stacks.h"
+#include "saved_variables.h"
 #include "torch_internals.h"
 
 #ifndef TORCHRR_VERSION
@@ -226,19 +227,23 @@ std::shared_ptr<Session> Session::Active() {
 }
 
 std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::string* error) {
-  std::lock_guard<std::mutex> lock(g_active_mu);
-  if (g_active) {
-    *error = "another torchrr recorder is already recording in this process";
-    return nullptr;
-  }
-  static const bool fork_handlers = pthread_atfork(&BeforeFork, &AfterForkInParent,
-                                                   &Session::AfterForkInChild) == 0;
-  (void)fork_handlers;  // Without them (ENOMEM), a forked child records into the parent's trace.
-  std::shared_ptr<Session> session = OpenLocked(options, error);
-  if (session) {  // A recording started by the program itself wins over a forked child's own.
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(g_active_mu);
+    if (g_active) {
+      *error = "another torchrr recorder is already recording in this process";
+      return nullptr;
+    }
+    static const bool fork_handlers = pthread_atfork(&BeforeFork, &AfterForkInParent,
+                                                     &Session::AfterForkInChild) == 0;
+    (void)fork_handlers;  // Without them (ENOMEM), a forked child records into the parent's trace.
+    session = OpenLocked(options, error);
+    if (!session) return nullptr;
+    // A recording started by the program itself wins over a forked child's own.
     g_fork_parent = nullptr;
     g_fork_pending.store(false, std::memory_order_release);
   }
+  FollowCheckpointInputs(true);  // Takes the GIL: outside g_active_mu.
   return session;
 }
 
@@ -345,6 +350,7 @@ void Session::Stop() {
   std::call_once(stop_once_, [this] {
     recording_.store(false, std::memory_order_release);
     if (callback_handle_ != 0) at::removeCallback(callback_handle_);
+    FollowCheckpointInputs(false);  // Takes no lock, not the GIL.
     // Callbacks that were already running finish before the tables and the sink go away.
     while (in_flight_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
     if (cuda_tracer_) {

@@ -7,7 +7,11 @@
 //     through `pyobj()` from 2.13;
 //   - PySavedVariableHooks held its hooks as PyObject* (owning a reference), and holds them as
 //     std::optional<c10::SafePyObject> in 2.15;
-//   - c10::Stream::native_handle() appeared after 2.9.
+//   - c10::Stream::native_handle() appeared after 2.9;
+//   - non-reentrant torch.utils.checkpoint kept a checkpointed call's inputs through an autograd
+//     node (_NoopSaveInputsBackward, reached as frame.input_saver) and keeps them as standalone
+//     SavedVariables (frame.saved_args, made by _CheckpointFrame.save_inputs) from 2.12: a Python
+//     shape, followed in python_nodes.cc by testing for the attribute, with checkpoint_inputs.h.
 // Each adapter tests for the shape it needs (a C++20 requires-expression, in a template so that
 // only the branch taken is compiled), not for a version number, so a release that keeps a shape
 // needs nothing here; a shape this file does not know stops the build with a message that names
@@ -64,6 +68,16 @@ WeakNodePtr WeakRef(Node* node) {
     return node->weak_from_this();
   } else {
     return WeakNodePtr(c10::intrusive_ptr<Node>::reclaim_copy(node));
+  }
+}
+
+// A new node of type `T` (derived from torch::autograd::Node), owned as autograd owns its nodes.
+template <typename T, typename... Args>
+NodePtr MakeNode(Args&&... args) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<T>(std::forward<Args>(args)...);
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
   }
 }
 

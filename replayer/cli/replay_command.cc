@@ -70,6 +70,7 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
     *json = replayer::ToJson(report);
     (*json)["trace"] = {{"path", path},
                         {"status", StatusName(code)},
+                        {"torch", summary.has_info ? summary.info.torch_version : std::string()},
                         {"message", summary.status.message()},
                         {"warnings", summary.warnings}};
   } else {

@@ -9,7 +9,11 @@ PyTorch's message, `_` for spaces; by default the one of the kind, MESSAGES); `v
 line); `exit` (the script's, 1 by default); `violations` (a count, nothing else checked) and `passes`
 (backward passes); `victim_prefix` (instead of `victim_op`, for an op name with spaces); `tags`
 (the modes a case runs under, from TAGS, so that each mode's cases can be found:
-`grep -l tags=.*checkpoint`)."""
+`grep -l tags=.*checkpoint`).
+
+`KEY@MAJOR.MINOR=VALUE` replaces KEY's value for traces that torch MAJOR.MINOR or later recorded
+(the torch the trace names), where PyTorch names things otherwise: `node@2.12=...`. The latest
+such release not after the trace's torch wins; a trace before all of them keeps `KEY=VALUE`."""
 import sys
 from pathlib import Path
 
@@ -32,10 +36,35 @@ MESSAGES = {
 }
 
 
-def expectations(script):
+def expectations(script, torch_version=None):
+    """The `# EXPECT` keys of `script`, with the values for a trace that `torch_version` (the
+    torch the trace names, "2.15.0+cu132"; "" when it names none) recorded; None, before there is
+    a trace: the values without a release."""
     first = script.read_text().splitlines()[0]
     assert first.startswith("# EXPECT "), f"{script}: first line must be '# EXPECT ...'"
-    return dict(item.split("=", 1) for item in first[len("# EXPECT "):].split())
+    expect, since = {}, {}
+    for item in first[len("# EXPECT "):].split():
+        key, value = item.split("=", 1)
+        if "@" not in key:
+            expect[key] = value
+            continue
+        key, release = key.split("@", 1)
+        since.setdefault(key, []).append((release_tuple(release), value))
+    if since and torch_version is not None:
+        assert torch_version, f"{script}: values by release, and the trace names no torch"
+        recording = release_tuple(torch_version)
+        for key, values in since.items():
+            assert key in expect, f"{script}: {key}@... without {key}=..."
+            applying = [(release, value) for release, value in values if release <= recording]
+            if applying:
+                expect[key] = max(applying)[1]
+    return expect
+
+
+def release_tuple(version):
+    """(major, minor) of "2.12" or "2.15.0+cu132"."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
 
 
 @needs_build
@@ -50,14 +79,15 @@ def test_case(script, all_ops, tmp_path):
     if all_ops:
         flags.append("--all-ops")
     proc = record(trace, [sys.executable, script], flags=flags)
+    report = torchrr.replay(trace)
+    assert report.trace.get("status") == "ok", report.trace
+    expect = expectations(script, report.trace.get("torch", ""))
     want_exit = int(expect.get("exit", "1"))
     assert proc.returncode == want_exit, proc.stderr[-2000:]
     message = expect["message"].replace("_", " ") if "message" in expect else \
         MESSAGES.get(expect.get("kind", "version"))
     if want_exit == 1:
         assert message in proc.stderr  # The script's traceback, passed through.
-    report = torchrr.replay(trace)
-    assert report.trace.get("status") == "ok", report.trace
     assert report.ops > 0
     assert trace_order_problems(trace) == []
     if "passes" in expect:
