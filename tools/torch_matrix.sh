@@ -3,8 +3,8 @@
 # C++ suite (ctest: both samples with every planted bug, the catalog, the install check) and the
 # Python suite (the catalog's cases, the PEFT sample's bugs, the API). One venv and one build
 # directory per release under $MATRIX_DIR (default .matrix/, ignored by git), reused when run
-# again. The default points: the oldest supported release, the GPU machine's and pinned one
-# (requirements.txt, docs/gpu.md), and the newest supported, each run the same way.
+# again. The default points: the oldest supported release, the GPU machine's (docs/gpu.md), and
+# the pinned one (requirements.txt), the newest supported; each run the same way.
 #
 # Usage: tools/torch_matrix.sh [TORCH_VERSION ...]
 # Prints one line per release (passed/failed counts of each suite) and writes them to
@@ -17,7 +17,7 @@ PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 pinned=$(sed -n 's/^torch==//p' requirements.txt)
 versions=("$@")
-((${#versions[@]})) || versions=($(printf '%s\n' 2.9.1 "$pinned" 2.15.0 | awk '!seen[$0]++'))
+((${#versions[@]})) || versions=($(printf '%s\n' 2.9.1 2.11.0 "$pinned" | awk '!seen[$0]++'))
 mkdir -p "$MATRIX_DIR"
 results="$MATRIX_DIR/results.md"
 echo "| torch | Python | ctest | pytest | date |" > "$results"
