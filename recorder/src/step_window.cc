@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <deque>
 #include <set>
 #include <type_traits>
 #include <variant>
@@ -111,10 +112,10 @@ void StepWindow::CloseStepAt(Cut cut) {
   step.mark = open_mark_;
   step.raw_bytes = cut.bytes;
   if (closed_bytes_ + cut.bytes <= std::min(kKeepUncompressedBytes, keep_bytes_)) {
-    step.compressed.assign(all.substr(0, cut.bytes));
+    step.bytes.assign(all.substr(0, cut.bytes));
     step.stored = true;
   } else {
-    step.stored = !Compress(all.substr(0, cut.bytes), &step.compressed);
+    step.stored = !Compress(all.substr(0, cut.bytes), &step.bytes);
   }
   // The index splits where the bytes do: what came after the cut begins the next step.
   const std::string_view definitions = open_index_.definitions.view();
@@ -125,7 +126,7 @@ void StepWindow::CloseStepAt(Cut cut) {
                                 definitions.size() - cut.definitions);
   rest_index.named.assign(open_index_.named.begin() + cut.named, open_index_.named.end());
   open_index_ = std::move(rest_index);
-  step.held_bytes = step.compressed.size() + step.index.bytes();
+  step.held_bytes = step.bytes.size() + step.index.bytes();
   closed_bytes_ += step.held_bytes;
   closed_.push_back(std::move(step));
   format::ByteBuffer rest;
@@ -186,17 +187,19 @@ void StepWindow::ApplyToBefore(const StepIndex& index, uint64_t step) {
 
 format::Status StepWindow::WriteTo(format::TraceWriter& writer,
                                    std::set<format::ObjectId>* carried) {
-  // The kept steps' bytes, oldest first; the open one last.
-  std::vector<std::pair<format::StepRecord, std::string>> steps;
+  // The kept steps' bytes, oldest first; the open one last. Those kept as they are, and the open
+  // step's, are read where they lie; `decompressed` holds the others' (a deque: views into its
+  // strings stay valid as it grows).
+  std::vector<std::pair<format::StepRecord, std::string_view>> steps;
+  std::deque<std::string> decompressed;
   for (const ClosedStep& step : closed_) {
-    std::string bytes;
-    if (!Decompress(step, &bytes)) {
-      return format::Status(format::StatusCode::kIoError, "a kept step does not decompress");
-    }
-    steps.emplace_back(step.mark, std::move(bytes));
+    bool ok = true;
+    std::string_view bytes = Records(step, &decompressed.emplace_back(), &ok);
+    if (!ok) return format::Status(format::StatusCode::kIoError, "a kept step does not decompress");
+    steps.emplace_back(step.mark, bytes);
   }
   if (open_kept() && (!open_.empty() || carried != nullptr)) {
-    steps.emplace_back(open_mark_, std::string(open_.view()));
+    steps.emplace_back(open_mark_, open_.view());
   }
 
   // What the kept steps name, from before them.
@@ -286,15 +289,14 @@ bool StepWindow::Compress(std::string_view bytes, std::string* out) {
   return true;
 }
 
-bool StepWindow::Decompress(const ClosedStep& step, std::string* out) {
-  if (step.stored) {
-    *out = step.compressed;
-    return true;
-  }
-  out->assign(step.raw_bytes, '\0');
-  size_t n = ZSTD_decompress(out->data(), out->size(), step.compressed.data(),
-                             step.compressed.size());
-  return !ZSTD_isError(n) && n == step.raw_bytes;
+std::string_view StepWindow::Records(const ClosedStep& step, std::string* scratch, bool* ok) {
+  *ok = true;
+  if (step.stored) return step.bytes;
+  scratch->assign(step.raw_bytes, '\0');
+  size_t n = ZSTD_decompress(scratch->data(), scratch->size(), step.bytes.data(),
+                             step.bytes.size());
+  *ok = !ZSTD_isError(n) && n == step.raw_bytes;
+  return *ok ? std::string_view(*scratch) : std::string_view();
 }
 
 }  // namespace torchrr::recorder

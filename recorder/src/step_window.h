@@ -106,11 +106,11 @@ class StepWindow {
   };
   struct ClosedStep {
     format::StepRecord mark;
-    std::string compressed;  // zstd; the bytes themselves when `stored`.
+    std::string bytes;  // zstd-compressed; the record bytes themselves when `stored`.
     size_t raw_bytes = 0;
     bool stored = false;
     StepIndex index;
-    size_t held_bytes = 0;  // compressed and index: what counts against keep_bytes.
+    size_t held_bytes = 0;  // bytes and index: what counts against keep_bytes.
   };
   // A place in the open step: its bytes, and its index's, up to there.
   struct Cut {
@@ -137,7 +137,9 @@ class StepWindow {
   void ApplyToBefore(const StepIndex& index, uint64_t step);
   // False (and `out` the bytes themselves) when zstd failed.
   static bool Compress(std::string_view bytes, std::string* out);
-  static bool Decompress(const ClosedStep& step, std::string* out);
+  // The step's record bytes: `bytes` itself when stored, else decompressed into `scratch`; empty
+  // (with `ok` false) when zstd fails.
+  static std::string_view Records(const ClosedStep& step, std::string* scratch, bool* ok);
 
   const size_t keep_steps_;
   const size_t keep_bytes_;

@@ -389,9 +389,12 @@ void TraceSink::StopSpilling(const std::string& why) {
 
 void TraceSink::EndSpill(bool remove) {
   if (!spill_) return;
-  format::Status status = spill_->Close();
+  // A file that does not close whole is kept all the same when it is to be kept (the trace at
+  // `path` failed): its flushed chunks are then the only copy of the window, and read as a trace
+  // cut short.
+  (void)spill_->Close();
   spill_.reset();
-  if (remove || !status.ok()) ::unlink(spill_path_.c_str());
+  if (remove) ::unlink(spill_path_.c_str());
   spill_path_.clear();
   spill_carried_.clear();
 }
