@@ -84,7 +84,10 @@ format::InternId Interner::Stack(const uintptr_t* pcs, size_t n_pcs, const Pytho
     stack.frames.push_back(frame->second);
   }
   for (size_t i = 0; i < n_py; ++i) {
-    uint64_t py_key = (static_cast<uint64_t>(py[i].code) << 32) | static_cast<uint32_t>(py[i].line);
+    auto pack = [](uint32_t code, int32_t line) {
+      return (static_cast<uint64_t>(code) << 32) | static_cast<uint32_t>(line);
+    };
+    PythonFrameKey py_key{pack(py[i].code, py[i].line), pack(py[i].origin_code, py[i].origin_line)};
     auto [frame, created] = python_frames_.emplace(py_key, 0);
     if (created) {
       frame->second = sink_.NextFrameId();
@@ -98,6 +101,7 @@ format::InternId Interner::Stack(const uintptr_t* pcs, size_t n_pcs, const Pytho
         def.function = String(code->second.function, out);
         def.framework = code->second.framework;
       }
+      if (py[i].origin_code != 0) def.origin = OriginFrame(py[i].origin_code, py[i].origin_line, out);
       out.Add(def);
     }
     stack.frames.push_back(frame->second);
@@ -105,6 +109,26 @@ format::InternId Interner::Stack(const uintptr_t* pcs, size_t n_pcs, const Pytho
   stacks_.emplace(key, stack.id);
   out.Add(stack);
   return stack.id;
+}
+
+format::InternId Interner::OriginFrame(uint32_t code, int32_t line, EncodedRecords& out) {
+  uint64_t key = (static_cast<uint64_t>(code) << 32) | static_cast<uint32_t>(line);
+  auto [frame, created] = origin_frames_.emplace(key, 0);
+  if (created) {
+    frame->second = sink_.NextFrameId();
+    format::FrameDef def;
+    def.id = frame->second;
+    def.kind = format::FrameKind::kPython;
+    def.line = static_cast<uint32_t>(std::max(line, 0));
+    auto described = python_codes_.find(code);
+    if (described != python_codes_.end()) {
+      def.file = String(described->second.file, out);
+      def.function = String(described->second.function, out);
+      def.framework = described->second.framework;
+    }
+    out.Add(def);
+  }
+  return frame->second;
 }
 
 void Interner::AddPythonCodes(std::vector<PythonCode>& codes) {
@@ -117,6 +141,7 @@ void Interner::Forget() {
   node_type_names_.clear();
   frames_.clear();
   python_frames_.clear();
+  origin_frames_.clear();
   stacks_.clear();
 }
 

@@ -55,6 +55,20 @@ class Interner {
   void Forget();
 
  private:
+  // The FrameDef of a frame's origin (FrameDef.origin), defined into `out` on first use.
+  format::InternId OriginFrame(uint32_t code, int32_t line, EncodedRecords& out);
+  // A Python frame's key: code, line, origin code, origin line.
+  struct PythonFrameKey {
+    uint64_t at = 0;
+    uint64_t origin = 0;
+    bool operator==(const PythonFrameKey&) const = default;
+  };
+  struct PythonFrameKeyHash {
+    size_t operator()(const PythonFrameKey& k) const {
+      return std::hash<uint64_t>()(k.at * 0x9e3779b97f4a7c15ULL ^ k.origin);
+    }
+  };
+
   // Looked up by string_view: a name the callbacks get as a char* is not copied to be looked up.
   struct StringHash {
     using is_transparent = void;
@@ -77,7 +91,8 @@ class Interner {
   ska::flat_hash_map<const std::type_info*, NodeTypeName> node_type_names_;
   std::string node_name_;  // NodeName's, for names built each time.
   ska::flat_hash_map<uintptr_t, format::InternId> frames_;
-  ska::flat_hash_map<uint64_t, format::InternId> python_frames_;  // Key: code, line.
+  ska::flat_hash_map<PythonFrameKey, format::InternId, PythonFrameKeyHash> python_frames_;
+  ska::flat_hash_map<uint64_t, format::InternId> origin_frames_;  // Key: code, line.
   std::unordered_map<uint32_t, PythonCode> python_codes_;         // Never forgotten.
   std::unordered_map<std::string, format::InternId> stacks_;      // Key: the frames' bytes.
   std::string stack_key_;  // Stack()'s key, reused (no allocation per op).

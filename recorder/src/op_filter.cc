@@ -72,6 +72,11 @@ bool IsEngineWrapper(const at::RecordFunction& fn, format::OpScope scope, int64_
          std::strncmp(fn.name(), kPrefix.data(), kPrefix.size()) == 0;
 }
 
+bool IsCompiledRegion(const char* name) {
+  static constexpr std::string_view kPrefix = "Torch-Compiled Region";
+  return std::strncmp(name, kPrefix.data(), kPrefix.size()) == 0;
+}
+
 format::OpScope ScopeOf(at::RecordScope scope) {
   switch (scope) {
     case at::RecordScope::FUNCTION: return format::OpScope::kFunction;

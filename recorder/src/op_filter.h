@@ -34,6 +34,10 @@ bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts);
 // function and its hooks.
 bool IsEngineWrapper(const at::RecordFunction& fn, format::OpScope scope, int64_t sequence_nr);
 
+// The range torch.compile puts around each run of a compiled frame ("Torch-Compiled Region: 0/0",
+// torch._dynamo's _RecordFunctionFast).
+bool IsCompiledRegion(const char* name);
+
 format::OpScope ScopeOf(at::RecordScope scope);
 
 }  // namespace torchrr::recorder

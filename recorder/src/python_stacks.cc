@@ -3,13 +3,16 @@
 #include <dlfcn.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cstddef>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -119,6 +122,10 @@ struct CodeEntry {
   // call (CPython 3.11), which made it most of the recorder's cost per op in Python programs; the
   // line of an offset never changes (code objects are immutable and kept alive, see InternCode).
   std::unordered_map<int, int> lines;
+  // Code torch.fx generated: each line's origin (GeneratedLineOrigins), read once.
+  std::vector<PythonLineOrigin> origins;
+  // torch.fx's Interpreter.run_node: the origin is the node it runs, read at each capture.
+  bool node_runner = false;
 };
 std::unordered_map<PyCodeObject*, CodeEntry>* g_codes = nullptr;  // Guarded by the GIL.
 uint32_t g_next_code = 0;                                          // Guarded by the GIL.
@@ -226,10 +233,37 @@ bool IsFramework(const CPython& py, const std::string& file) {
   }
   // torchrr's own package, also when imported from a source tree (recorder/python/torchrr/).
   if (file.find("/torchrr/_sitecustomize/") != std::string::npos) return true;
+  // The code inductor generates for a compiled graph, in its cache (/tmp/torchinductor_USER/ by
+  // default): torch's, not the user's lines.
+  if (file.find("/torchinductor_") != std::string::npos) return true;
   for (const auto& prefix : Framework(py).prefixes) {
     if (file.compare(0, prefix.size(), prefix) == 0) return true;
   }
   return false;
+}
+
+// The source torch.fx generated and ran as `file` ("<eval_with_key>.N", its key), or "". torch.fx
+// keeps every module's source in torch.fx.graph_module._loader.eval_cache, a dict under that key
+// (the loader linecache asks, since torch 1.x): read with lookups only, running no Python code.
+// Holds the GIL.
+std::string GeneratedSource(const CPython& py, const std::string& file) {
+  PyObject* modules = py.PyImport_GetModuleDict();
+  PyObject* module =
+      modules == nullptr ? nullptr : py.PyDict_GetItemString(modules, "torch.fx.graph_module");
+  if (module == nullptr) return {};
+  PyObject* loader = py.PyObject_GetAttrString(module, "_loader");
+  PyObject* cache = loader == nullptr ? nullptr : py.PyObject_GetAttrString(loader, "eval_cache");
+  std::string text;
+  if (cache != nullptr) {
+    // Not a dict, or no such key: null, with no error set.
+    PyObject* source = py.PyDict_GetItemString(cache, file.c_str());
+    const char* utf8 = source == nullptr ? nullptr : py.PyUnicode_AsUTF8(source);
+    if (utf8 != nullptr) text = utf8;
+  }
+  py.PyErr_Clear();
+  if (cache != nullptr) py.Py_DecRef(cache);
+  if (loader != nullptr) py.Py_DecRef(loader);
+  return text;
 }
 
 // What the trace says of a code object: its file and qualified name. Holds the GIL.
@@ -241,6 +275,57 @@ PythonCode Describe(const CPython& py, PyCodeObject* code, uint32_t id) {
   if (description.function.empty()) description.function = StrAttr(py, code, "co_name");
   description.framework = IsFramework(py, description.file);
   return description;
+}
+
+// The code ids of origins (PythonFrame::origin_code), by file and function, from the same counter
+// as code objects'. Guarded by the GIL.
+struct OriginCode {
+  uint32_t id = 0;
+  uint64_t described_epoch = 0;
+};
+std::unordered_map<std::string, OriginCode>* g_origin_codes = nullptr;
+
+// The code id of an origin's file and function, described into `new_codes` when first seen in
+// this recording epoch. Holds the GIL.
+uint32_t InternOrigin(const CPython& py, const PythonLineOrigin& origin, uint64_t epoch,
+                      std::vector<PythonCode>* new_codes) {
+  if (g_origin_codes == nullptr) g_origin_codes = new std::unordered_map<std::string, OriginCode>();
+  std::string key = origin.file;
+  key.push_back('\0');
+  key.append(origin.function);
+  auto [it, created] = g_origin_codes->try_emplace(std::move(key));
+  if (created) it->second.id = ++g_next_code;
+  if (it->second.described_epoch != epoch && new_codes != nullptr) {
+    it->second.described_epoch = epoch;
+    new_codes->push_back({it->second.id, origin.file, origin.function, IsFramework(py, origin.file)});
+  }
+  return it->second.id;
+}
+
+// The user's line that the torch.fx graph node being run now was traced from: the innermost frame
+// of its traceback outside framework code (else the innermost), from the node's meta, which
+// torch.fx.traceback.current_meta holds while an Interpreter runs the node under
+// preserve_node_meta() (as AOTAutograd traces a graph; torch 2.x). Read with lookups only. Holds
+// the GIL.
+std::optional<PythonLineOrigin> CurrentNodeOrigin(const CPython& py) {
+  PyObject* modules = py.PyImport_GetModuleDict();
+  PyObject* module =
+      modules == nullptr ? nullptr : py.PyDict_GetItemString(modules, "torch.fx.traceback");
+  if (module == nullptr) return std::nullopt;
+  PyObject* meta = py.PyObject_GetAttrString(module, "current_meta");
+  std::vector<PythonLineOrigin> frames;
+  if (meta != nullptr) {
+    PyObject* stack_trace = py.PyDict_GetItemString(meta, "stack_trace");  // Not a dict: null.
+    const char* utf8 = stack_trace == nullptr ? nullptr : py.PyUnicode_AsUTF8(stack_trace);
+    if (utf8 != nullptr) frames = TracebackFrames(utf8);
+    py.Py_DecRef(meta);
+  }
+  py.PyErr_Clear();
+  if (frames.empty()) return std::nullopt;
+  for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
+    if (!IsFramework(py, it->file)) return std::move(*it);
+  }
+  return std::move(frames.back());
 }
 
 // The entry of `code`, interning it (and describing it into `new_codes`) when first seen in this
@@ -255,6 +340,12 @@ CodeEntry& InternCode(const CPython& py, PyCodeObject* code, uint64_t epoch,
     // code object, so an id always means the same code.
     py.Py_IncRef(code);
     entry.id = ++g_next_code;
+    std::string file = StrAttr(py, code, "co_filename");
+    if (file.starts_with("<eval_with_key>")) {
+      entry.origins = GeneratedLineOrigins(GeneratedSource(py, file));
+    } else if (file.ends_with("/torch/fx/interpreter.py")) {
+      entry.node_runner = StrAttr(py, code, "co_name") == "run_node";
+    }
   }
   if (entry.described_epoch != epoch && new_codes != nullptr) {
     entry.described_epoch = epoch;
@@ -364,6 +455,9 @@ struct LineCacheEntry {
   int lasti;
   int32_t line;
   uint32_t id;
+  uint32_t origin_code;
+  int32_t origin_line;
+  bool node_runner;  // Its origin changes with each node: the API path reads it every time.
   uint64_t epoch;
 };
 constexpr int kLineCacheBits = 12;  // 128 KiB per thread: a step's call sites collide less.
@@ -377,6 +471,91 @@ LineCacheEntry& CacheSlot(LineCache& cache, const RawFrame& f) {
 }
 
 }  // namespace
+
+std::vector<PythonLineOrigin> GeneratedLineOrigins(std::string_view source) {
+  std::vector<PythonLineOrigin> origins;
+  std::optional<PythonLineOrigin> current;
+  int32_t number = 0;
+  while (!source.empty()) {
+    size_t end = source.find('\n');
+    std::string_view line = source.substr(0, end);
+    source = end == std::string_view::npos ? std::string_view() : source.substr(end + 1);
+    ++number;
+    size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string_view::npos) continue;
+    line.remove_prefix(first);
+    if (!line.starts_with('#')) {
+      if (current) {
+        origins.push_back(*current);
+        origins.back().line = number;
+      }
+      continue;
+    }
+    if (line.find("No stacktrace found") != std::string_view::npos) {
+      current.reset();
+      continue;
+    }
+    size_t at = line.find("File: ");
+    if (at == std::string_view::npos) continue;  // Another annotation: the origin holds.
+    // "path:68 in forward, code: ...": the code is cut off first (it may hold anything), then the
+    // last ":<digits> in " ends the path (which may hold ':' and " in " itself; a function name
+    // holds neither).
+    std::string_view rest = line.substr(at + 6);
+    rest = rest.substr(0, rest.find(", code: "));
+    for (size_t in = rest.rfind(" in "); in != std::string_view::npos && in > 0;
+         in = rest.rfind(" in ", in - 1)) {
+      size_t digits = in;
+      while (digits > 0 && rest[digits - 1] >= '0' && rest[digits - 1] <= '9') --digits;
+      if (digits == in || digits < 2 || rest[digits - 1] != ':') continue;
+      PythonLineOrigin origin;
+      origin.file = std::string(rest.substr(0, digits - 1));
+      int64_t value = 0;
+      for (size_t i = digits; i < in && value < INT32_MAX; ++i) value = value * 10 + (rest[i] - '0');
+      origin.origin_line = static_cast<int32_t>(std::min<int64_t>(value, INT32_MAX));
+      std::string_view function = rest.substr(in + 4);
+      origin.function = std::string(function.substr(0, function.find_last_not_of(" \r") + 1));
+      current = std::move(origin);
+      break;
+    }
+  }
+  return origins;
+}
+
+const PythonLineOrigin* OriginOfLine(const std::vector<PythonLineOrigin>& origins, int32_t line) {
+  auto it = std::lower_bound(origins.begin(), origins.end(), line,
+                             [](const PythonLineOrigin& o, int32_t l) { return o.line < l; });
+  return it != origins.end() && it->line == line ? &*it : nullptr;
+}
+
+std::vector<PythonLineOrigin> TracebackFrames(std::string_view stack_trace) {
+  std::vector<PythonLineOrigin> frames;
+  constexpr std::string_view kFile = "File \"";
+  constexpr std::string_view kLine = "\", line ";
+  constexpr std::string_view kIn = ", in ";
+  for (size_t at = stack_trace.find(kFile); at != std::string_view::npos;
+       at = stack_trace.find(kFile, at + 1)) {
+    size_t start = at + kFile.size();
+    size_t end_of_line = stack_trace.find('\n', start);
+    std::string_view line = stack_trace.substr(start, end_of_line - start);
+    size_t quote = line.rfind(kLine);  // A path may hold `", line ` only pathologically.
+    if (quote == std::string_view::npos) continue;
+    std::string_view rest = line.substr(quote + kLine.size());
+    size_t digits = 0;
+    int64_t value = 0;
+    while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9') {
+      if (value < INT32_MAX) value = value * 10 + (rest[digits] - '0');
+      ++digits;
+    }
+    if (digits == 0 || !rest.substr(digits).starts_with(kIn)) continue;
+    PythonLineOrigin frame;
+    frame.file = std::string(line.substr(0, quote));
+    frame.origin_line = static_cast<int32_t>(std::min<int64_t>(value, INT32_MAX));
+    std::string_view function = rest.substr(digits + kIn.size());
+    frame.function = std::string(function.substr(0, function.find_last_not_of(" \r") + 1));
+    frames.push_back(std::move(frame));
+  }
+  return frames;
+}
 
 const char* PythonStackWalkerFor(unsigned long py_version_hex, bool has_lasti, bool api_forced) {
   const bool is_311 = (py_version_hex >> 16) == 0x030b;
@@ -436,9 +615,11 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
       size_t i = 0;
       for (; i < n_raw; ++i) {
         const LineCacheEntry& entry = CacheSlot(cache, raw[i]);
-        if (entry.code != raw[i].code || entry.lasti != raw[i].lasti || entry.epoch != epoch) break;
-        out[i].code = entry.id;
-        out[i].line = entry.line;
+        if (entry.code != raw[i].code || entry.lasti != raw[i].lasti || entry.epoch != epoch ||
+            entry.node_runner) {
+          break;
+        }
+        out[i] = {entry.id, entry.line, entry.origin_code, entry.origin_line};
       }
       if (i == n_raw) return n_raw;
     }
@@ -456,9 +637,23 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
     int lasti = 0;
     out[n].code = entry.id;
     out[n].line = LineOf(py, frame, code, entry, &lasti);
+    out[n].origin_code = 0;
+    out[n].origin_line = 0;
+    std::optional<PythonLineOrigin> origin;
+    if (!entry.origins.empty()) {
+      if (const PythonLineOrigin* o = OriginOfLine(entry.origins, out[n].line)) origin = *o;
+    } else if (entry.node_runner) {
+      origin = CurrentNodeOrigin(py);
+    }
+    if (origin) {
+      out[n].origin_code = InternOrigin(py, *origin, epoch, new_codes);
+      out[n].origin_line = origin->origin_line;
+    }
     if (use_fast) {
       if (n < n_raw && raw[n].code == code && raw[n].lasti == lasti) {
-        CacheSlot(cache, raw[n]) = {code, lasti, out[n].line, out[n].code, epoch};
+        CacheSlot(cache, raw[n]) = {code,          lasti, out[n].line, out[n].code,
+                                    out[n].origin_code, out[n].origin_line, entry.node_runner,
+                                    epoch};
       } else {
         agrees = false;
       }

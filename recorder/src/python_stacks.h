@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace torchrr::recorder {
@@ -17,15 +18,46 @@ namespace torchrr::recorder {
 struct PythonFrame {
   uint32_t code = 0;  // An id for the frame's code object (stable for the process).
   int32_t line = 0;
+  // Where the user's code is that this frame runs on its behalf, when torch traced it into a
+  // graph: the line a torch.fx module's generated line was made from, or the line of the graph
+  // node a torch.fx Interpreter runs (torch.compile's AOTAutograd traces the graph so). A code id
+  // standing for the user's file and function (described as any code is), and the line; 0, 0
+  // for none.
+  uint32_t origin_code = 0;
+  int32_t origin_line = 0;
 };
 
-// A code object seen for the first time, described once.
+// Where a line of generated code came from: the user's line it was traced from.
+struct PythonLineOrigin {
+  int32_t line = 0;         // The generated code's line.
+  std::string file;         // The user's file, line and function, as torch names them.
+  int32_t origin_line = 0;
+  std::string function;
+};
+
+// A code object seen for the first time, described once; or the user's file and function that an
+// origin names (PythonFrame::origin_code).
 struct PythonCode {
   uint32_t code = 0;
   std::string file;      // co_filename, as the program saw it.
   std::string function;  // co_qualname.
   bool framework = false;  // torch, site-packages, the standard library, torchrr.
 };
+
+// The origin of each code line of a torch.fx module's source, as torch.fx writes it: a comment
+// "# File: /path/train.py:68 in forward, code: x.relu_()" (possibly after other annotations, or
+// "Backward of forward node: " before "File:") above the lines generated from that user line, in
+// force until the next such comment or "# No stacktrace found for following nodes". Lines are
+// 1-based; comment and blank lines get none. Pure: for tests.
+std::vector<PythonLineOrigin> GeneratedLineOrigins(std::string_view source);
+
+// The origin of `line` in `origins` (sorted by line), or null.
+const PythonLineOrigin* OriginOfLine(const std::vector<PythonLineOrigin>& origins, int32_t line);
+
+// The frames of a Python traceback as torch.fx keeps it for a graph node (node.meta
+// ["stack_trace"]: `  File "/path/train.py", line 68, in forward\n    code\n` per frame),
+// outermost first, each with `line` 0. Pure: for tests.
+std::vector<PythonLineOrigin> TracebackFrames(std::string_view stack_trace);
 
 // Writes up to `max` frames of the calling thread's Python stack into `out`, innermost first,
 // and appends to `new_codes` the code objects never described before. Returns how many frames.

@@ -528,11 +528,16 @@ bool Session::BeginOp(const at::RecordFunction& fn, ThreadState& ts, OpFrame& fr
   // and ops run by autograd's engine have no user frames. An op inside record_function() ranges
   // only (torch.optim's step, a user's profiler range) is one the user called: it gets a stack
   // too. So is an op directly inside the engine's wrapper around a node (a tensor or node hook's),
-  // while the wrapper, autograd's own, has none.
+  // while the wrapper, autograd's own, has none. And one directly inside a torch.compile'd
+  // region being run ("Torch-Compiled Region: 0/0", a range around the compiled frame, which
+  // has the user's line that called it): the compiled graph's ops, whose frames in the graph's
+  // generated code name the user's lines they were traced from, and the ops of another region's
+  // compilation after a graph break, run on the graph's nodes with their lines too.
   const bool is_backward = op.scope == format::OpScope::kBackwardFunction;
   const bool outermost = ts.op_stack.size() == ts.transparent_scopes;
   const bool engine_wrapper = outermost && IsEngineWrapper(fn, op.scope, op.sequence_nr);
-  frame.transparent = op.scope == format::OpScope::kUserScope || engine_wrapper;
+  frame.transparent = op.scope == format::OpScope::kUserScope || engine_wrapper ||
+                      (outermost && IsCompiledRegion(fn.name()));
   // An engine wrapper around only its node's backward function says nothing that function's
   // record does not: it is recorded when another op runs in it (RecordDeferredWrapper).
   if (engine_wrapper && !records_all_ops()) Defer(fn, ts, frame);

@@ -17,12 +17,19 @@ json UserFrameJson(const std::optional<UserFrame>& frame) {
 json OpJson(const OpRef& op) {
   json stack = json::array();
   for (const Frame& f : op.stack) {
+    json generated = nullptr;
+    if (!f.generated_file.empty()) {
+      generated = {{"file", f.generated_file},
+                   {"line", f.generated_line},
+                   {"function", f.generated_function}};
+    }
     stack.push_back({{"function", f.function},
                      {"file", f.file},
                      {"line", f.line},
                      {"library", f.library},
                      {"python", f.python},
-                     {"framework", f.framework}});
+                     {"framework", f.framework},
+                     {"generated", std::move(generated)}});
   }
   return {{"id", op.id},
           {"op", op.name.empty() ? json(nullptr) : json(op.name)},

@@ -60,6 +60,14 @@ bool IsBackwardCallFrame(const Frame& f) {
                            f.function == "Tensor.backward" || f.function.ends_with(".backward"));
 }
 
+// The first frame outside framework code, as FirstUserFrame finds it; null for none.
+const Frame* FirstUserFrameOf(const std::vector<Frame>& stack) {
+  for (const Frame& f : stack) {
+    if (!f.framework && (!f.file.empty() || !f.function.empty())) return &f;
+  }
+  return nullptr;
+}
+
 std::optional<UserFrame> FirstUserFrame(const std::vector<Frame>& stack) {
   for (const Frame& f : stack) {
     if (!f.framework && (!f.file.empty() || !f.function.empty())) {
@@ -129,6 +137,14 @@ class ReportBuilder {
   std::vector<Frame> StackFrames(InternId stack) const;
   OpRef MakeOpRef(ObjectId id) const;
   OpRef UserOpRef(ObjectId innermost) const;
+  // Whether `op`'s own user line is one that torch traced into a graph (a frame's origin): an op
+  // torch.compile runs for that line, reported as itself rather than as the op around it (the
+  // compiled region being run, which another region's compilation can nest in).
+  bool RunsTracedUserLine(const OpInfo& op) const {
+    std::vector<Frame> stack = StackFrames(op.stack);
+    const Frame* user = FirstUserFrameOf(stack);
+    return user != nullptr && !user->generated_file.empty();
+  }
   ObjectId BackwardOpOf(ObjectId op) const;
   ExecMessages MessagesByBackwardOp(
       const std::vector<std::pair<ObjectId, std::string>>& errors) const;
@@ -164,7 +180,16 @@ std::vector<Frame> ReportBuilder::StackFrames(InternId stack) const {
   for (InternId id : state_.stacks[stack]) {
     Frame frame;
     if (id < state_.frames.size() && state_.frames[id].id != 0) {
-      const format::FrameDef& f = state_.frames[id];
+      const format::FrameDef* shown = &state_.frames[id];
+      if (shown->origin != 0 && shown->origin < state_.frames.size() &&
+          state_.frames[shown->origin].id != 0) {
+        // Generated code: the user's line it came from is what the user can act on.
+        frame.generated_file = state_.Str(shown->file);
+        frame.generated_line = shown->line;
+        frame.generated_function = state_.Str(shown->function);
+        shown = &state_.frames[shown->origin];
+      }
+      const format::FrameDef& f = *shown;
       frame.function = state_.Str(f.function);
       frame.file = state_.Str(f.file);
       frame.line = f.line;
@@ -199,7 +224,7 @@ OpRef ReportBuilder::UserOpRef(ObjectId innermost) const {
     if (op == nullptr || op->parent == 0) break;
     const OpInfo* parent = state_.FindOp(op->parent);
     if (parent == nullptr || parent->scope != OpScope::kFunction ||
-        IsAutogradEngineName(state_.Str(parent->name))) {
+        IsAutogradEngineName(state_.Str(parent->name)) || RunsTracedUserLine(*op)) {
       break;
     }
     outer = op->parent;

@@ -47,6 +47,11 @@ void ClearSince1_3(Record& r) {
   for (SavedTensor& saved : node->saved) saved.unpack_hook = 0;
 }
 
+// The fields added in 1.6.
+void ClearSince1_6(Record& r) {
+  if (auto* frame = std::get_if<FrameDef>(&r)) frame->origin = 0;
+}
+
 // How many record kinds a minor version has: Record's first ones.
 size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : minor < 5 ? 14 : kRecordKindCount; }
 
@@ -57,6 +62,7 @@ void AsOf(uint16_t minor, std::vector<Record>& want) {
   for (Record& r : want) {
     if (minor < 2) ClearSince1_2(r);
     if (minor < 3) ClearSince1_3(r);
+    if (minor < 6) ClearSince1_6(r);
   }
 }
 
@@ -209,6 +215,11 @@ TEST(Golden, V1_5ReadsEveryField) {
   EXPECT_EQ(Nth<StepRecord>(trace, 1).step, 1100u);
   EXPECT_EQ(Nth<StepRecord>(trace, 1).time_ns, 2'000'000'005);
   EXPECT_TRUE(Nth<StepRecord>(trace, 1).marked);
+}
+
+TEST(Golden, V1_6ReadsEveryField) {
+  ExpectEveryField("/v1_6.trr", 6);
+  EXPECT_EQ(Nth<FrameDef>(ReadTraceFileAll(kGolden + "/v1_6.trr"), 1).origin, 7u);
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and

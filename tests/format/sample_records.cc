@@ -27,7 +27,7 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
 
   out.push_back(StringDef{intern(1), "aten::add_" + std::to_string(base)});
   out.push_back(FrameDef{intern(2), FrameKind::kPython, 0x7f00dead0000 + base, intern(1),
-                         intern(1), 42, intern(1), true});
+                         intern(1), 42, intern(1), true, 7});
   out.push_back(StackDef{intern(3), {intern(2), intern(2), 7}});
 
   TensorInfo tensor;

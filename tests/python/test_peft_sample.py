@@ -197,3 +197,52 @@ def test_gradient_checkpointing_grads():
     diff = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()}
     assert diff["inplace_activation"] > 1e-5
     assert diff["slice_assign"] == 0.0 and diff["softmax_mask"] == 0.0
+
+
+# --compile: the model under torch.compile. A bug inside the model is an in-place write that
+# AOTAutograd's trace of the backward meets when it compiles the model: PyTorch raises on the
+# first call, and the ops run from torch.fx's Interpreter report the lines of the graph nodes they
+# run, the same culprit and victim lines as eager (aot_eager for each bug; inductor, the default,
+# traces the same way, checked once). view_write's loss is outside the model: eager code, as
+# before. optimizer_before_backward changes weights that the compiled region saved as a whole:
+# the victim is that region (its op "Torch-Compiled Region: 0/0"), on the line that calls the
+# model. silent_dlpack is not reported under compile (--verify-saved finds no saved tensor whose
+# bytes changed): not run here.
+COMPILE_BUGS = ["none", "inplace_activation", "softmax_mask", "slice_assign", "residual_add",
+                "view_write", "optimizer_before_backward"]
+
+
+@pytest.fixture(scope="module")
+def compile_runs(tmp_path_factory):
+    runs = record_bugs(tmp_path_factory.mktemp("peft_aot_eager"), COMPILE_BUGS,
+                       ["--compile", "aot_eager"], timeout=300)
+    inductor = record_bugs(tmp_path_factory.mktemp("peft_inductor"), ["inplace_activation"],
+                           ["--compile", "inductor"], timeout=300)
+    runs.update({f"{bug}@inductor": run for bug, run in inductor.items()})
+    return runs
+
+
+@pytest.mark.parametrize("bug", COMPILE_BUGS + ["inplace_activation@inductor"])
+def test_compile(compile_runs, bug):
+    proc, trace = compile_runs[bug]
+    bug = bug.split("@")[0]
+    report = torchrr.replay(trace)
+    assert report.trace.get("status") == "ok"
+    if bug == "none":
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert report.violations == []
+        return
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert PYTORCH_INPLACE in proc.stderr
+    assert report.violations, "no violation found"
+    v = report.violations[0]
+    assert v.kind == "version" and v.pytorch_raised
+    assert same_file(v.culprit.user_frame.file, SAMPLE)
+    assert v.culprit.user_frame.line == marker_line(SAMPLE, rf"BUG\({bug}\)")
+    assert same_file(v.victim.user_frame.file, SAMPLE)
+    if bug == "optimizer_before_backward":
+        assert v.backward_node.name == "CompiledFunctionBackward"
+        assert v.victim.op.startswith("Torch-Compiled Region")
+        assert v.victim.user_frame.line == marker_line(SAMPLE, r"CALL\(compiled\)")
+    else:
+        assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")

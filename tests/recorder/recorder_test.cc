@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -119,6 +120,69 @@ TEST(PythonStacks, WalkerPerPythonVersion) {
   EXPECT_STREQ(PythonStackWalkerFor(0x030b07f0, false, false), "api");
   EXPECT_STREQ(PythonStackWalkerFor(0x030c01f0, true, false), "api");    // 3.12.1.
   EXPECT_STREQ(PythonStackWalkerFor(0x030d00f0, true, false), "api");    // 3.13.0.
+}
+
+// The origins of a torch.fx module's lines, from the comments torch.fx writes above them (the
+// shape of torch 2.15's graph.py: annotations before "File:", the backward graph's prefix, "No
+// stacktrace found", a path holding ':' and " in ").
+TEST(PythonStacks, GeneratedLineOrigins) {
+  const char* source =
+      "\n"
+      "\n"
+      "def forward(self, L_x_ : torch.Tensor):\n"            // 3
+      "    l_x_ = L_x_\n"                                    // 4: before any comment
+      "    \n"
+      "     # File: /home/a b/train.py:68 in forward, code: h = x.relu_()\n"
+      "    relu_ = l_x_.relu_();  l_x_ = None\n"            // 7
+      "    \n"
+      "     # File: /w/x:1 in y/t.py:12 in mlp.forward, code: return h * 2\n"
+      "    mul = relu_ * 2\n"                                // 10
+      "    sum_1 = mul.sum()\n"                              // 11
+      "     # No stacktrace found for following nodes\n"
+      "    _ = torch.ops.aten.detach.default(mul)\n"         // 13
+      "     # seq_nr: 5 # ac_graph_id: 1 Backward of forward node: File: t.py:3 in f, code: y\n"
+      "    mul_1 = sum_1 * 3\n"                              // 15
+      "     # other annotation\n"
+      "    return (mul_1,)\n";                               // 17
+  std::vector<recorder::PythonLineOrigin> origins = recorder::GeneratedLineOrigins(source);
+  std::vector<std::tuple<int32_t, std::string, int32_t, std::string>> got;
+  for (const auto& o : origins) got.emplace_back(o.line, o.file, o.origin_line, o.function);
+  using T = std::tuple<int32_t, std::string, int32_t, std::string>;
+  EXPECT_EQ(got, (std::vector<T>{T{7, "/home/a b/train.py", 68, "forward"},
+                                 T{10, "/w/x:1 in y/t.py", 12, "mlp.forward"},
+                                 T{11, "/w/x:1 in y/t.py", 12, "mlp.forward"},
+                                 T{15, "t.py", 3, "f"}, T{17, "t.py", 3, "f"}}));
+  ASSERT_NE(recorder::OriginOfLine(origins, 11), nullptr);
+  EXPECT_EQ(recorder::OriginOfLine(origins, 11)->origin_line, 12);
+  EXPECT_EQ(recorder::OriginOfLine(origins, 13), nullptr);
+  EXPECT_EQ(recorder::OriginOfLine(origins, 4), nullptr);
+  EXPECT_TRUE(recorder::GeneratedLineOrigins("").empty());
+  EXPECT_TRUE(recorder::GeneratedLineOrigins("# File: nothing here\nx = 1\n").empty());
+}
+
+// The frames of a graph node's traceback as torch.fx keeps it (node.meta["stack_trace"]).
+TEST(PythonStacks, TracebackFrames) {
+  const char* trace =
+      "  File \"/home/a/train.py\", line 189, in train\n"
+      "    logits = model(input_ids=input_ids).logits\n"
+      "  File \"/x/site-packages/transformers/models/llama/modeling_llama.py\", line 12, in "
+      "forward\n"
+      "    return self.mlp(x)\n"
+      "  File \"/home/a/odd\", line 3, in x.py\", line 68, in mlp_forward\n"
+      "    act.mul_(gate)\n"
+      "  File \"<frozen x>\", line nope, in f\n";
+  std::vector<std::tuple<std::string, int32_t, std::string>> got;
+  for (const auto& f : recorder::TracebackFrames(trace)) {
+    got.emplace_back(f.file, f.origin_line, f.function);
+  }
+  using T = std::tuple<std::string, int32_t, std::string>;
+  EXPECT_EQ(got, (std::vector<T>{
+                     T{"/home/a/train.py", 189, "train"},
+                     T{"/x/site-packages/transformers/models/llama/modeling_llama.py", 12,
+                       "forward"},
+                     T{"/home/a/odd\", line 3, in x.py", 68, "mlp_forward"}}));
+  EXPECT_TRUE(recorder::TracebackFrames("").empty());
+  EXPECT_TRUE(recorder::TracebackFrames("no frames here\n").empty());
 }
 
 TEST(Recorder, SigmoidSavesItsOutputAndMulInPlaceBumpsIt) {

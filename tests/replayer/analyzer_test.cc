@@ -76,6 +76,40 @@ TEST(AnalyzerTest, SigmoidThenMulInPlaceOnItsOutput) {
   EXPECT_EQ(report.version_bumps, 1u);
 }
 
+// torch.compile: the ops run from frames of torch (an FX Interpreter running a graph node) and
+// of generated code, whose origins (FrameDef.origin) are the user's lines; the report shows those.
+TEST(AnalyzerTest, FramesInGeneratedCodeShowTheirOrigin) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto traced = [&](uint32_t line) {
+    return b.Stack({{"torch/fx/interpreter.py", 294, "Interpreter.run_node", true, "model.py",
+                     line, "mlp_forward"},
+                    {"torch/_dynamo/eval_frame.py", 10, "_fn", true}});
+  };
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, traced(66));
+  auto mul = b.InplaceForward(
+      "aten::mul_", "MulBackward1", y.out, {},
+      b.Stack({{"<eval_with_key>.3", 12, "forward", false, "model.py", 68, "mlp_forward"}}));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+  b.Backward({loss.node, mul.node, y.node}, y.node, kSigmoidMessage);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  ASSERT_TRUE(v.culprit && v.culprit->user_frame && v.victim && v.victim->user_frame);
+  EXPECT_EQ(v.culprit->user_frame->file, "model.py");
+  EXPECT_EQ(v.culprit->user_frame->line, 68u);
+  EXPECT_EQ(v.culprit->user_frame->function, "mlp_forward");
+  ASSERT_EQ(v.culprit->stack.size(), 1u);
+  EXPECT_EQ(v.culprit->stack[0].generated_file, "<eval_with_key>.3");
+  EXPECT_EQ(v.culprit->stack[0].generated_line, 12u);
+  EXPECT_EQ(v.victim->user_frame->file, "model.py");
+  EXPECT_EQ(v.victim->user_frame->line, 66u);
+  ASSERT_EQ(v.victim->stack.size(), 2u);
+  EXPECT_FALSE(v.victim->stack[0].framework);
+  EXPECT_EQ(v.victim->stack[0].generated_function, "Interpreter.run_node");
+  EXPECT_TRUE(v.victim->stack[1].generated_file.empty());
+}
+
 TEST(AnalyzerTest, RaisedWithoutCppMessageTakesThePythonOne) {
   SigmoidMulProgram p(/*with_message=*/false);
   p.b.PythonError(std::string("RuntimeError: ") + kSigmoidMessage);

@@ -33,6 +33,10 @@ struct FrameSpec {
   uint32_t line = 0;
   std::string function;
   bool framework = false;
+  // A frame in generated code: the user's line it came from (FrameDef.origin), when given.
+  std::string origin_file;
+  uint32_t origin_line = 0;
+  std::string origin_function;
 };
 
 struct SavedSpec {
@@ -86,6 +90,16 @@ class TraceBuilder {
     stack.id = ++next_stack_;
     for (const FrameSpec& f : frames) {
       format::FrameDef frame;
+      if (!f.origin_file.empty()) {
+        format::FrameDef origin;
+        origin.id = ++next_frame_;
+        origin.kind = format::FrameKind::kPython;
+        origin.function = Str(f.origin_function);
+        origin.file = Str(f.origin_file);
+        origin.line = f.origin_line;
+        records.push_back(origin);
+        frame.origin = origin.id;
+      }
       frame.id = ++next_frame_;
       frame.kind = format::FrameKind::kPython;
       frame.function = Str(f.function);

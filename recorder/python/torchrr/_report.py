@@ -36,13 +36,17 @@ class Frame:
     python: bool = False
     framework: bool = False
     raw: dict = field(default_factory=dict, repr=False)
+    # For a line of code torch generated (torch.compile's FX graphs), the generated line itself
+    # (file, line, function only); the fields above are then the user's line it came from.
+    generated: Optional["Frame"] = None
 
     @classmethod
     def from_json(cls, d: Optional[dict]) -> Optional["Frame"]:
         if d is None:
             return None
         return cls(d.get("function"), d.get("file"), d.get("line"), d.get("library"),
-                   bool(d.get("python", False)), bool(d.get("framework", False)), d)
+                   bool(d.get("python", False)), bool(d.get("framework", False)), d,
+                   cls.from_json(d.get("generated")))
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"

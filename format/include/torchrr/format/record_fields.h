@@ -32,7 +32,7 @@
   X(start_time_unix_ns) X(command_line)
 #define TORCHRR_STRING_DEF_FIELDS(X, ID, TIME) X(id) X(text)
 #define TORCHRR_FRAME_DEF_FIELDS(X, ID, TIME) \
-  X(id) X(kind) X(pc) X(function) X(file) X(line) X(library) X(framework)
+  X(id) X(kind) X(pc) X(function) X(file) X(line) X(library) X(framework) X(origin)
 #define TORCHRR_STACK_DEF_FIELDS(X, ID, TIME) X(id) X(frames)
 #define TORCHRR_DEVICE_FIELDS(X, ID, TIME) X(type) X(index)
 #define TORCHRR_TENSOR_INFO_FIELDS(X, ID, TIME)                                                 \

@@ -63,6 +63,10 @@ struct FrameDef {
   uint32_t line = 0;
   InternId library = 0;   // StringDef id: shared object (native) or module (Python).
   bool framework = false; // torch, the C++ runtime, the standard library, or torchrr itself.
+  // A Python frame in code that torch generated from the user's (torch.fx's `<eval_with_key>.N`
+  // modules, which torch.compile runs): the FrameDef of the user's line that this generated line
+  // was traced from (format 1.6), or 0.
+  InternId origin = 0;
   bool operator==(const FrameDef&) const = default;
 };
 

@@ -41,6 +41,12 @@ struct Frame {
   std::string library;
   bool python = false;
   bool framework = false;
+  // A frame in code torch generated from the user's (torch.fx's "<eval_with_key>.N", which
+  // torch.compile runs) whose line's origin the trace names (FrameDef.origin): the fields above
+  // are the origin's, these the generated line's. Empty otherwise.
+  std::string generated_file;
+  uint32_t generated_line = 0;
+  std::string generated_function;
 };
 
 // Where in the user's code an op was called: the first frame, innermost first, that is not
