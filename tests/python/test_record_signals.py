@@ -34,6 +34,14 @@ INTERRUPTED_PROGRAM = textwrap.dedent("""\
     """)
 
 
+def _as_in_a_terminal():
+    """A terminal's foreground job starts with SIGINT and SIGQUIT at their defaults. The tests may
+    not: a non-interactive shell starts its background jobs (`make test &`) with both ignored,
+    which survives exec, and a Python started so never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def _start_recording(tmp_path, script, ready, trace):
     """`torchrr record -o TRACE -- python SCRIPT READY` in a new session, once READY exists."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -42,7 +50,7 @@ def _start_recording(tmp_path, script, ready, trace):
     proc = subprocess.Popen([cli(), "record", "-o", str(trace), "--", sys.executable,
                              str(script), str(ready)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_in_a_terminal)
     deadline = time.monotonic() + 60
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
