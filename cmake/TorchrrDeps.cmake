@@ -55,7 +55,12 @@ if(TORCHRR_WITH_TORCH AND TORCHRR_PYTHON)
     OUTPUT_VARIABLE TORCHRR_TORCH_PREFIX RESULT_VARIABLE torch_rc ERROR_VARIABLE torch_error)
   if(NOT torch_rc EQUAL 0)
     # Said, not swallowed: a torch that does not import is otherwise just "torch not found".
-    string(REGEX MATCH "[^\n]*\n?$" torch_error_line "${torch_error}")
+    # Its last line; a Python that cannot start at all may say nothing (the result says why).
+    string(STRIP "${torch_error}" torch_error_text)
+    string(REGEX REPLACE ".*\n" "" torch_error_line "${torch_error_text}")
+    if(torch_error_line STREQUAL "")
+      set(torch_error_line "no message")
+    endif()
     message(STATUS "torchrr: `import torch` failed in ${TORCHRR_PYTHON} (${torch_rc}): "
                    "${torch_error_line}")
   endif()

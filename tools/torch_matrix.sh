@@ -12,7 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-MATRIX_DIR=${MATRIX_DIR:-.matrix}
+# Absolute: the build and the tests are handed its paths from other directories.
+MATRIX_DIR=$(realpath -m "${MATRIX_DIR:-.matrix}")
 PY=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc)}
 pinned=$(sed -n 's/^torch==//p' requirements.txt)
@@ -47,10 +48,10 @@ for version in "${versions[@]}"; do
     fi
     cp requirements.txt "$venv/.requirements"
   fi
-  python_version=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  python_version=$("$venv/bin/python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
   torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
   if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-           -DTORCHRR_PYTHON="$PWD/$venv/bin/python" -DTORCHRR_BUILD_FUZZERS=OFF \
+           -DTORCHRR_PYTHON="$venv/bin/python" -DTORCHRR_BUILD_FUZZERS=OFF \
            -DTORCHRR_BUILD_BENCHMARKS=OFF -DTORCHRR_WITH_CUDA=OFF &&
          cmake --build "$build" -j "$JOBS"; } >> "$log" 2>&1; then
     echo "matrix: torch $torch_version: build failed (see $log)"
@@ -65,7 +66,7 @@ for version in "${versions[@]}"; do
   # the programs the tests start, and their own child processes, import the same torchrr.
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   echo "$PWD/recorder/python" > "$site/torchrr.pth"
-  TORCHRR_BUILD_DIR="$PWD/$build" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests \
+  TORCHRR_BUILD_DIR="$build" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests \
     > "$MATRIX_DIR/pytest-$version.log" 2>&1 || failed=1
   line="| $torch_version | $python_version | $(ctest_counts "$MATRIX_DIR/ctest-$version.log") |"
   line+=" $(pytest_counts "$MATRIX_DIR/pytest-$version.log") | $(date -u +%F) |"
