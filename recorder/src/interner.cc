@@ -84,24 +84,16 @@ format::InternId Interner::Stack(const uintptr_t* pcs, size_t n_pcs, const Pytho
     stack.frames.push_back(frame->second);
   }
   for (size_t i = 0; i < n_py; ++i) {
-    auto pack = [](uint32_t code, int32_t line) {
-      return (static_cast<uint64_t>(code) << 32) | static_cast<uint32_t>(line);
-    };
-    PythonFrameKey py_key{pack(py[i].code, py[i].line), pack(py[i].origin_code, py[i].origin_line)};
+    PythonFrameKey py_key{CodeLineKey(py[i].code, py[i].line),
+                          CodeLineKey(py[i].origin_code, py[i].origin_line)};
     auto [frame, created] = python_frames_.emplace(py_key, 0);
     if (created) {
+      // The origin first: a definition precedes what names it.
+      const format::InternId origin =
+          py[i].origin_code != 0 ? OriginFrame(py[i].origin_code, py[i].origin_line, out) : 0;
       frame->second = sink_.NextFrameId();
-      format::FrameDef def;
-      def.id = frame->second;
-      def.kind = format::FrameKind::kPython;
-      def.line = static_cast<uint32_t>(std::max(py[i].line, 0));
-      auto code = python_codes_.find(py[i].code);
-      if (code != python_codes_.end()) {
-        def.file = String(code->second.file, out);
-        def.function = String(code->second.function, out);
-        def.framework = code->second.framework;
-      }
-      if (py[i].origin_code != 0) def.origin = OriginFrame(py[i].origin_code, py[i].origin_line, out);
+      format::FrameDef def = PythonFrameDef(frame->second, py[i].code, py[i].line, out);
+      def.origin = origin;
       out.Add(def);
     }
     stack.frames.push_back(frame->second);
@@ -111,22 +103,26 @@ format::InternId Interner::Stack(const uintptr_t* pcs, size_t n_pcs, const Pytho
   return stack.id;
 }
 
+format::FrameDef Interner::PythonFrameDef(format::InternId id, uint32_t code, int32_t line,
+                                          EncodedRecords& out) {
+  format::FrameDef def;
+  def.id = id;
+  def.kind = format::FrameKind::kPython;
+  def.line = static_cast<uint32_t>(std::max(line, 0));
+  auto described = python_codes_.find(code);
+  if (described != python_codes_.end()) {
+    def.file = String(described->second.file, out);
+    def.function = String(described->second.function, out);
+    def.framework = described->second.framework;
+  }
+  return def;
+}
+
 format::InternId Interner::OriginFrame(uint32_t code, int32_t line, EncodedRecords& out) {
-  uint64_t key = (static_cast<uint64_t>(code) << 32) | static_cast<uint32_t>(line);
-  auto [frame, created] = origin_frames_.emplace(key, 0);
+  auto [frame, created] = origin_frames_.emplace(CodeLineKey(code, line), 0);
   if (created) {
     frame->second = sink_.NextFrameId();
-    format::FrameDef def;
-    def.id = frame->second;
-    def.kind = format::FrameKind::kPython;
-    def.line = static_cast<uint32_t>(std::max(line, 0));
-    auto described = python_codes_.find(code);
-    if (described != python_codes_.end()) {
-      def.file = String(described->second.file, out);
-      def.function = String(described->second.function, out);
-      def.framework = described->second.framework;
-    }
-    out.Add(def);
+    out.Add(PythonFrameDef(frame->second, code, line, out));
   }
   return frame->second;
 }

@@ -55,8 +55,15 @@ class Interner {
   void Forget();
 
  private:
+  // The FrameDef of a Python frame at `line` of `code` (a code id of python_codes_), its strings
+  // defined into `out` on first use; no origin.
+  format::FrameDef PythonFrameDef(format::InternId id, uint32_t code, int32_t line,
+                                  EncodedRecords& out);
   // The FrameDef of a frame's origin (FrameDef.origin), defined into `out` on first use.
   format::InternId OriginFrame(uint32_t code, int32_t line, EncodedRecords& out);
+  static uint64_t CodeLineKey(uint32_t code, int32_t line) {
+    return (static_cast<uint64_t>(code) << 32) | static_cast<uint32_t>(line);
+  }
   // A Python frame's key: code, line, origin code, origin line.
   struct PythonFrameKey {
     uint64_t at = 0;

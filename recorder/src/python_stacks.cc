@@ -186,11 +186,15 @@ std::string ParentDir(const std::string& file) {
   return slash == std::string::npos ? std::string() : file.substr(0, slash + 1);
 }
 
+// A module already imported (sys.modules[name], borrowed), or null: nothing is imported here.
+PyObject* LoadedModule(const CPython& py, const char* name) {
+  PyObject* modules = py.PyImport_GetModuleDict();
+  return modules == nullptr ? nullptr : py.PyDict_GetItemString(modules, name);
+}
+
 // The package directory of an imported module (`torch` -> ".../site-packages/torch/"), or "".
 std::string ModuleDir(const CPython& py, const char* module_name) {
-  PyObject* modules = py.PyImport_GetModuleDict();
-  if (modules == nullptr) return {};
-  PyObject* module = py.PyDict_GetItemString(modules, module_name);
+  PyObject* module = LoadedModule(py, module_name);
   if (module == nullptr) return {};
   return ParentDir(StrAttr(py, module, "__file__"));
 }
@@ -247,9 +251,7 @@ bool IsFramework(const CPython& py, const std::string& file) {
 // (the loader linecache asks, since torch 1.x): read with lookups only, running no Python code.
 // Holds the GIL.
 std::string GeneratedSource(const CPython& py, const std::string& file) {
-  PyObject* modules = py.PyImport_GetModuleDict();
-  PyObject* module =
-      modules == nullptr ? nullptr : py.PyDict_GetItemString(modules, "torch.fx.graph_module");
+  PyObject* module = LoadedModule(py, "torch.fx.graph_module");
   if (module == nullptr) return {};
   PyObject* loader = py.PyObject_GetAttrString(module, "_loader");
   PyObject* cache = loader == nullptr ? nullptr : py.PyObject_GetAttrString(loader, "eval_cache");
@@ -308,9 +310,7 @@ uint32_t InternOrigin(const CPython& py, const PythonLineOrigin& origin, uint64_
 // preserve_node_meta() (as AOTAutograd traces a graph; torch 2.x). Read with lookups only. Holds
 // the GIL.
 std::optional<PythonLineOrigin> CurrentNodeOrigin(const CPython& py) {
-  PyObject* modules = py.PyImport_GetModuleDict();
-  PyObject* module =
-      modules == nullptr ? nullptr : py.PyDict_GetItemString(modules, "torch.fx.traceback");
+  PyObject* module = LoadedModule(py, "torch.fx.traceback");
   if (module == nullptr) return std::nullopt;
   PyObject* meta = py.PyObject_GetAttrString(module, "current_meta");
   std::vector<PythonLineOrigin> frames;
@@ -639,13 +639,14 @@ size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>*
     out[n].line = LineOf(py, frame, code, entry, &lasti);
     out[n].origin_code = 0;
     out[n].origin_line = 0;
-    std::optional<PythonLineOrigin> origin;
+    std::optional<PythonLineOrigin> node_origin;
+    const PythonLineOrigin* origin = nullptr;
     if (!entry.origins.empty()) {
-      if (const PythonLineOrigin* o = OriginOfLine(entry.origins, out[n].line)) origin = *o;
-    } else if (entry.node_runner) {
-      origin = CurrentNodeOrigin(py);
+      origin = OriginOfLine(entry.origins, out[n].line);
+    } else if (entry.node_runner && (node_origin = CurrentNodeOrigin(py))) {
+      origin = &*node_origin;
     }
-    if (origin) {
+    if (origin != nullptr) {
       out[n].origin_code = InternOrigin(py, *origin, epoch, new_codes);
       out[n].origin_line = origin->origin_line;
     }

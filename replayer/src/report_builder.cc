@@ -60,7 +60,7 @@ bool IsBackwardCallFrame(const Frame& f) {
                            f.function == "Tensor.backward" || f.function.ends_with(".backward"));
 }
 
-// The first frame outside framework code, as FirstUserFrame finds it; null for none.
+// The first frame outside framework code; null for none.
 const Frame* FirstUserFrameOf(const std::vector<Frame>& stack) {
   for (const Frame& f : stack) {
     if (!f.framework && (!f.file.empty() || !f.function.empty())) return &f;
@@ -69,12 +69,9 @@ const Frame* FirstUserFrameOf(const std::vector<Frame>& stack) {
 }
 
 std::optional<UserFrame> FirstUserFrame(const std::vector<Frame>& stack) {
-  for (const Frame& f : stack) {
-    if (!f.framework && (!f.file.empty() || !f.function.empty())) {
-      return UserFrame{f.file, f.line, f.function};
-    }
-  }
-  return std::nullopt;
+  const Frame* f = FirstUserFrameOf(stack);
+  if (f == nullptr) return std::nullopt;
+  return UserFrame{f->file, f->line, f->function};
 }
 
 std::string CopyKindName(format::CudaCopyKind kind) {
