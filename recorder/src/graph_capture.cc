@@ -17,6 +17,39 @@ namespace torchrr::recorder {
 
 using format::ObjectId;
 
+namespace {
+
+// Points `member` at `value` for the scope's length.
+template <typename T>
+class ScopedPointer {
+ public:
+  ScopedPointer(const T*& member, const T& value) : member_(member) { member_ = &value; }
+  ~ScopedPointer() { member_ = nullptr; }
+  ScopedPointer(const ScopedPointer&) = delete;
+  ScopedPointer& operator=(const ScopedPointer&) = delete;
+
+ private:
+  const T*& member_;
+};
+
+// Calls `f` on each tensor among an op's inputs: a tensor, a tensor list's, a list's.
+template <typename F>
+void ForEachInputTensor(c10::ArrayRef<const c10::IValue> inputs, F&& f) {
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      f(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor t : v.toTensorList()) f(t);
+    } else if (v.isList()) {
+      for (const c10::IValue& item : v.toListRef()) {
+        if (item.isTensor()) f(item.toTensor());
+      }
+    }
+  }
+}
+
+}  // namespace
+
 ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creator,
                                EncodedRecords& defs, NodeScratch& nodes) {
   if (node == nullptr) return 0;
@@ -43,11 +76,7 @@ ObjectId GraphCapture::RefNode(torch::autograd::Node* node, const OpFrame* creat
 void GraphCapture::RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
                                    uint64_t running_since, const SavedHooks& hooks,
                                    EncodedRecords& defs, NodeScratch& nodes) {
-  hooks_ = &hooks;
-  struct Reset {
-    ~Reset() { *hooks = nullptr; }
-    const SavedHooks** hooks;
-  } reset{&hooks_};
+  ScopedPointer<SavedHooks> set_hooks(hooks_, hooks);
   auto enclosing_ops = [&](const torch::autograd::Node* node) {
     const uint64_t n = node->sequence_nr();
     return node->thread_id() == creator.thread && n != UINT64_MAX && n >= running_since &&
@@ -93,7 +122,7 @@ void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
     auto* accumulate = static_cast<torch::autograd::AccumulateGrad*>(node);
     record.variable = ids_.RefTensor(accumulate->variable, defs);
   }
-  RecordSavedTensors(*node, state, record, defs, pending);
+  RecordSavedTensors(*node, state, record, defs, pending, /*outputs_named_later=*/creator != nullptr);
   if (record.created_by == 0 && sequence_nr != UINT64_MAX) {
     record.created_by = CreatorOf(node->thread_id(), sequence_nr,
                                   record.saved_kind == format::SavedSetKind::kCustom);
@@ -105,7 +134,8 @@ void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
 
 void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,
                                       format::NodeRecord& record, EncodedRecords& defs,
-                                      std::vector<torch::autograd::Node*>& pending) {
+                                      std::vector<torch::autograd::Node*>& pending,
+                                      bool outputs_named_later) {
   const bool verify = fingerprints_.enabled();
   const ObjectId id = record.node;
   record.saved_kind = VisitSavedVariables(
@@ -125,8 +155,10 @@ void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::N
         if (facts.data != nullptr) {
           const c10::TensorImpl& impl = *facts.data->unsafeGetTensorImpl();
           // A saved output is a shallow copy sharing the output's storage and counter; the op's
-          // end names the output the program holds instead (NameSavedOutputs).
-          if (facts.saved_original) {
+          // end names the output the program holds instead (NameSavedOutputs). A node first seen
+          // elsewhere (a custom Function's, whose apply has no outputs a RecordFunction shows)
+          // has no op to name it: the copy describes the same bytes.
+          if (facts.saved_original || !outputs_named_later) {
             saved.tensor = ids_.RefTensor(*facts.data, defs, nullptr, &saved.version_counter);
           } else {
             saved.version_counter = ids_.VersionCounterId(impl);
@@ -140,11 +172,41 @@ void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::N
         }
         record.saved.push_back(saved);
       });
+  if (unchecked_ != nullptr) RecordUncheckedTensors(node, state, record, defs);
   if (record.saved_kind == format::SavedSetKind::kUnknown) {
     std::string type = typeid(node).name();
     if (type.find("CppNode") != std::string::npos || type.find("PyNode") != std::string::npos) {
       record.saved_kind = format::SavedSetKind::kCustom;
     }
+  }
+}
+
+void GraphCapture::RecordUncheckedTensors(const torch::autograd::Node& node,
+                                          IdRegistry::NodeState* state,
+                                          format::NodeRecord& record, EncodedRecords& defs) {
+  auto it = std::find_if(unchecked_->begin(), unchecked_->end(),
+                         [&node](const auto& entry) { return entry.first == &node; });
+  if (it == unchecked_->end()) return;
+  for (size_t i = 0; i < it->second.size(); ++i) {
+    const at::Tensor& t = it->second[i];
+    format::SavedTensor saved;
+    saved.name = interner_.OpName("_tensors_no_vc_check", defs);  // A literal: stable.
+    saved.list_index = static_cast<uint32_t>(i);
+    saved.defined = t.defined();
+    saved.checked = false;  // Backward reads the list as it is then.
+    if (t.defined()) {
+      const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
+      saved.tensor = ids_.RefTensor(t, defs, nullptr, &saved.version_counter);
+      saved.storage = ids_.StorageId(impl, state);
+      // Its version now, right after the region's forward: what a later write moves from.
+      saved.saved_version = ReadVersionCounter(VersionCounterOf(impl));
+      saved.is_leaf = t.is_leaf();
+      if (fingerprints_.enabled()) {
+        fingerprints_.Queue(record.node, saved.name, saved.list_index, t, saved.tensor,
+                            saved.storage, format::FingerprintWhen::kAtSave);
+      }
+    }
+    record.saved.push_back(saved);
   }
 }
 
@@ -206,6 +268,22 @@ void GraphCapture::RememberKey(const torch::autograd::Node& node,
     it = ids_.FindNode(it->second.address) == it->second.id ? std::next(it) : node_keys_.erase(it);
   }
   prune_node_keys_at_ = std::max<size_t>(4096, 2 * node_keys_.size());
+}
+
+void GraphCapture::RefInputNodes(c10::ArrayRef<const c10::IValue> inputs, uint64_t thread,
+                                 uint64_t building_from, const UncheckedSaves& unchecked,
+                                 NodeScratch& scratch, EncodedRecords& out) {
+  ScopedPointer<UncheckedSaves> set_unchecked(unchecked_, unchecked);
+  ForEachInputTensor(inputs, [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
+    if (grad_fn == nullptr || ids_.FindNode(grad_fn) != 0) return;
+    const uint64_t n = grad_fn->sequence_nr();
+    if (grad_fn->thread_id() == thread && n != UINT64_MAX && n >= building_from) return;
+    RefNode(grad_fn, nullptr, out, scratch);
+    for (const format::NodeRecord& record : scratch) out.Add(record);
+    scratch.size = 0;
+  });
 }
 
 ObjectId GraphCapture::ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
@@ -329,6 +407,23 @@ void NameSavedOutputs(NodeScratch& nodes, const std::vector<OpOutput>& outputs,
       }
     }
   }
+}
+
+void ReadInputsUnchecked(c10::ArrayRef<const c10::IValue> inputs, ThreadState& ts) {
+  ForEachInputTensor(inputs, [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    torch::autograd::Node* grad_fn = torch::autograd::impl::grad_fn_unsafe(t);
+    if (grad_fn == nullptr || !IsPythonNode(typeid(*grad_fn))) return;
+    const std::pair<const void*, uint64_t> key{grad_fn, grad_fn->sequence_nr()};
+    if (std::find(ts.unchecked_read.begin(), ts.unchecked_read.end(), key) !=
+        ts.unchecked_read.end()) {
+      return;
+    }
+    ts.unchecked_read[ts.unchecked_read_next++ % ts.unchecked_read.size()] = key;
+    std::vector<at::Tensor> tensors;
+    ReadUncheckedTensors(*grad_fn, tensors);
+    if (!tensors.empty()) ts.unchecked_saves.emplace_back(grad_fn, std::move(tensors));
+  });
 }
 
 }  // namespace torchrr::recorder

@@ -48,6 +48,17 @@ class GraphCapture {
   void RefCreatedNodes(const std::vector<OpOutput>& outputs, const OpFrame& creator,
                        uint64_t running_since, const SavedHooks& hooks, EncodedRecords& defs,
                        NodeScratch& nodes);
+  // At an op's start: the grad_fn of each input tensor never seen, recorded now (into `out`;
+  // `scratch` is left empty), before the op can change what that node saved. A custom Function's
+  // node (a Python Function's, torch.compile's CompiledFunction) has no op whose outputs name it:
+  // without this it is first seen when a later op's node reaches it, maybe after a write that
+  // bypasses version counters (verify_saved's fingerprint at save would be taken too late). A
+  // node numbered from `building_from` on, on this thread, is an enclosing op's, maybe still
+  // being built (a pack hook's ops run inside its construction): left to that op's end.
+  // `unchecked`: what their Python nodes keep unchecked (ReadInputsUnchecked).
+  void RefInputNodes(c10::ArrayRef<const c10::IValue> inputs, uint64_t thread,
+                     uint64_t building_from, const UncheckedSaves& unchecked,
+                     NodeScratch& scratch, EncodedRecords& out);
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is
   // not running it; `name` receives the node's name and `address` its address.
@@ -83,9 +94,14 @@ class GraphCapture {
                        EncodedRecords& defs, NodeScratch& nodes);
   // Fills record.saved (and saved_kind) from what the node saved; a checkpoint's input node seen
   // for the first time goes to `pending`.
+  // `outputs_named_later`: an op's end is writing the node, and names its saved outputs after
+  // (NameSavedOutputs); otherwise a saved output is named by the saved shallow copy itself.
   void RecordSavedTensors(torch::autograd::Node& node, IdRegistry::NodeState* state,
                           format::NodeRecord& record, EncodedRecords& defs,
-                          std::vector<torch::autograd::Node*>& pending);
+                          std::vector<torch::autograd::Node*>& pending, bool outputs_named_later);
+  // The tensors RefInputNodes's `unchecked` holds for `node`, as saved entries `checked` false.
+  void RecordUncheckedTensors(const torch::autograd::Node& node, IdRegistry::NodeState* state,
+                              format::NodeRecord& record, EncodedRecords& defs);
   // A saved tensor with hooks: what they packed, when ReadSavedHooks read it.
   void RecordHook(const torch::autograd::SavedVariable& sv, format::SavedTensor& saved,
                   IdRegistry::NodeState* state, EncodedRecords& defs,
@@ -99,6 +115,7 @@ class GraphCapture {
   Interner& interner_;
   IdRegistry& ids_;
   const SavedHooks* hooks_ = nullptr;  // RefCreatedNodes's, while it runs.
+  const UncheckedSaves* unchecked_ = nullptr;  // RefInputNodes's, while it runs.
   SavedFingerprints& fingerprints_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.
   struct NodeKeyHash {
@@ -130,6 +147,10 @@ class GraphCapture {
 // CopySlices on a view's base) packed, into `hooks`. Nothing to do, and nothing done, unless the
 // thread has hooks registered. Takes the GIL: call it with no lock held.
 void ReadSavedHooks(const std::vector<OpOutput>& outputs, SavedHooks& hooks);
+// At an op's start, before the session's lock (takes the GIL): what the Python nodes of the
+// input tensors keep unchecked (AOTAutograd's _tensors_no_vc_check), for RefInputNodes. Reads a
+// node once while the same node keeps coming back.
+void ReadInputsUnchecked(c10::ArrayRef<const c10::IValue> inputs, ThreadState& ts);
 
 // A saved output names the output tensor the program holds: autograd saves a shallow copy that
 // shares the output's storage and version counter, which RefNode could not name.

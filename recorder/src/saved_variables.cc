@@ -102,6 +102,12 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
   return format::SavedSetKind::kUnknown;
 }
 
+void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out) {
+  using ReadFn = void (*)(torch::autograd::Node&, std::vector<at::Tensor>*);
+  static auto read = reinterpret_cast<ReadFn>(PythonNodesSymbol("torchrr_read_unchecked_tensors"));
+  if (read != nullptr && IsPythonNode(typeid(node))) read(node, &out);
+}
+
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
                              const torch::autograd::SavedVariable& saved, uint32_t saved_index) {
   static auto read =

@@ -88,6 +88,11 @@ struct SavedHookFacts {
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
                              const torch::autograd::SavedVariable& saved, uint32_t saved_index);
 
+// The tensors a Python node's ctx holds for backward outside its SavedVariables, unchecked:
+// AOTAutograd's `_tensors_no_vc_check` (appended to `out`, an undefined tensor for an item that
+// is not one). Nothing for other nodes, or outside Python. Takes the GIL, as ReadSavedHook.
+void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out);
+
 // Non-reentrant checkpointing from torch 2.12 on (checkpoint_inputs.h): while `follow`, each
 // _CheckpointFrame.save_inputs call is recorded as an op of that name that creates the frame's
 // CheckpointInputs, which the frame's placeholders then name. Up to 2.11, and outside Python,

@@ -599,7 +599,13 @@ void Session::StartLocked(const at::RecordFunction& fn, ThreadState& ts, OpFrame
   if (is_backward && fingerprints_.enabled()) {
     graph_->FingerprintAtUse(op.forward_thread, op.sequence_nr, frame.before);
   }
-  RecordInputs(InputsOf(fn), frame, ids_, *interner_);
+  const c10::ArrayRef<const c10::IValue> inputs = InputsOf(fn);
+  // Inside ranges only (record_function, a compiled region), no node is being built around it.
+  const uint64_t building_from =
+      ts.op_stack.size() > ts.transparent_scopes ? ts.outermost_sequence_at_start : UINT64_MAX;
+  graph_->RefInputNodes(inputs, frame.thread, building_from, ts.unchecked_saves, ts.nodes,
+                        frame.before);
+  RecordInputs(inputs, frame, ids_, *interner_);
   // The definitions and the inputs' metadata go out now, before the records of the ops nested
   // in this one (which end, and are written, first) can name them or describe those inputs
   // as they changed.
@@ -626,12 +632,17 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     }
     CapturedStack stack;
     CaptureStack(ts, wants_stack, stack);
-    std::lock_guard<std::mutex> lock(mu_);
-    StartLocked(fn, ts, *frame, stack);
+    ReadInputsUnchecked(InputsOf(fn), ts);  // Takes the GIL: before mu_.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      StartLocked(fn, ts, *frame, stack);
+    }
+    ts.unchecked_saves.clear();  // Outside mu_: the tensors may be Python's last references.
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at the start of ") + fn.name() + ": " + e.what(), ts);
     frame.reset();
     ts.fingerprints.clear();
+    ts.unchecked_saves.clear();
   }
   // Outside mu_: hashing saved bytes (on CUDA, a kernel and a wait) blocks no other thread.
   if (frame && !ts.fingerprints.empty()) {

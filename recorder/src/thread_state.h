@@ -102,6 +102,10 @@ struct PendingFingerprint {
 
 using SavedHooks = std::vector<std::pair<const torch::autograd::SavedVariable*, SavedHookFacts>>;
 
+// The tensors Python nodes keep unchecked (ReadUncheckedTensors), by node, read before the
+// session's lock.
+using UncheckedSaves = std::vector<std::pair<const torch::autograd::Node*, std::vector<at::Tensor>>>;
+
 // One of an op's output tensors, with where it came from and its ids.
 struct OpOutput {
   // Borrowed from the RecordFunction's outputs (no reference count traffic); owned for the
@@ -156,6 +160,11 @@ struct ThreadState {
   // What the saved-tensor hooks of the nodes an op created packed, read before the session's lock
   // is taken (reading them takes the GIL), by SavedVariable.
   SavedHooks saved_hooks;
+  // OnStart's: what the inputs' Python nodes keep unchecked, and the latest nodes read (address
+  // and sequence number, a ring), not read again while their outputs are used.
+  UncheckedSaves unchecked_saves;
+  std::array<std::pair<const void*, uint64_t>, 16> unchecked_read{};
+  size_t unchecked_read_next = 0;
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.
   // verify_saved: fingerprints queued under the session's lock, computed after it is released.
   std::vector<PendingFingerprint> fingerprints;

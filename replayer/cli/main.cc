@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kExitCodes = R"(Exit codes:
   0  ok
-  1  replay: violations found, or backward raised an error it does not explain
+  1  replay: violations found, or the program raised an error it does not explain
   2  usage error
   3  unreadable file, or not a torchrr trace
   4  trace truncated (data before the cut still used)

@@ -79,15 +79,17 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   const size_t n = report.violations.size();
   *verdict = name + ": " +
              (n != 0 ? std::to_string(n) + " violation" + (n == 1 ? "" : "s")
-              : !report.unexplained_errors.empty() ? "an error torchrr does not explain"
-                                                   : "no violation") +
+              : !report.unexplained_errors.empty() || report.program_error
+                  ? "an error torchrr does not explain"
+                  : "no violation") +
              (code != format::StatusCode::kOk ? ", trace " + std::string(StatusName(code))
               : report.incomplete()             ? ", recording incomplete"
               : report.window()                 ? ", steps " + std::to_string(report.first_step) +
                                                       " to " + std::to_string(report.last_step) +
                                                       " kept"
                                                 : "");
-  const bool found = !report.violations.empty() || !report.unexplained_errors.empty();
+  const bool found = !report.violations.empty() || !report.unexplained_errors.empty() ||
+                     report.program_error.has_value();
   // A window with nothing in it is no clean bill for the steps it did not keep.
   return ReplayExitCode(read_code, report.incomplete() || (report.window() && !found), found);
 }

@@ -251,6 +251,15 @@ struct AnalysisState {
   // and the program's last one. What a backward that threw for another reason said.
   std::vector<std::pair<format::ObjectId, std::string>> other_op_errors;
   std::string other_final_error;
+  // The program's last error when it is not the version check's (an exception Python or C++
+  // did not catch, record_error): its type, message, and the top-level op that threw it when
+  // that op is the last one recorded before it. Cleared by a later version-check error.
+  struct ProgramErrorSeen {
+    std::string type;
+    std::string message;
+    format::ObjectId op = 0;
+  };
+  std::optional<ProgramErrorSeen> program_error;
   std::unordered_set<format::ObjectId> threw_execs;  // Backward ops whose node threw.
   // Selective activation checkpointing: the op outputs its caching mode kept (a detached alias),
   // in record order, and the ops that threw (id, seq), in record order; both bounded.

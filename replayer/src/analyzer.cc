@@ -117,6 +117,11 @@ class Analyzer::Impl {
   InternId detach_inner_name_ = 0;
   InternId detach_name_ = 0;  // aten::detach: what selective checkpointing caches is detached.
 
+  // The latest top-level op, and whether it threw: where an error the program raised next came
+  // from.
+  ObjectId last_top_level_op_ = 0;
+  bool last_top_level_threw_ = false;
+
   // The tensors of the latest TensorInfo records: a node's outputs come just before the node.
   static constexpr size_t kRecentTensors = 16;
   std::array<ObjectId, kRecentTensors> recent_tensors_{};
@@ -127,6 +132,21 @@ class Analyzer::Impl {
   static constexpr size_t kMaxNoted = 1 << 16;
   std::array<SequencedOp, kRecentSequencedOps> recent_sequenced_ops_{};
   uint64_t recent_next_ = 0;
+
+  // The latest autograd Function applies (a Python Function's op, named by its class:
+  // "CompiledFunction"), with their inputs' versions at their end. What a Function's node keeps
+  // unchecked (AOTAutograd's _tensors_no_vc_check) is recorded when the node is first seen, maybe
+  // after a write to it: an input's version at the apply's end is the one backward was meant to
+  // see.
+  struct FunctionApply {
+    ObjectId op = 0;
+    std::vector<format::TensorUse> inputs;
+  };
+  static constexpr size_t kRecentFunctionApplies = 64;
+  std::array<FunctionApply, kRecentFunctionApplies> recent_applies_{};
+  uint64_t recent_applies_next_ = 0;
+  void NoteFunctionApply(const format::OpRecord& r);
+  void UseVersionsAtApply(ObjectId created_by, uint32_t saved_begin);
 };
 
 void Analyzer::Impl::Add(const format::Record& record) {
@@ -215,6 +235,11 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   state_.index.Set(r.op, IdKind::kOp, slot);
   if (r.scope == OpScope::kFunction && r.sequence_nr >= 0) {
     recent_sequenced_ops_[recent_next_++ % kRecentSequencedOps] = {r.thread, r.sequence_nr, r.op};
+    if (!r.inputs.empty()) NoteFunctionApply(r);
+  }
+  if (r.parent == 0) {
+    last_top_level_op_ = r.op;
+    last_top_level_threw_ = r.threw;
   }
   uint64_t subtree_first = CloseOpSubtree(r);
   TrackVersions(r);
@@ -366,12 +391,45 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
     state_.saved.back().save_seq = state_.seq;
   }
   node.saved_count = static_cast<uint32_t>(state_.saved.size()) - node.saved_begin;
+  if (r.saved_kind == format::SavedSetKind::kCustom && node.created_by != 0) {
+    UseVersionsAtApply(node.created_by, node.saved_begin);
+  }
   if (r.saved_kind == format::SavedSetKind::kUnknown) ++state_.unknown_saved_nodes[r.name];
   uint32_t slot = static_cast<uint32_t>(state_.nodes.size());
   state_.nodes.push_back(node);
   state_.index.Set(r.node, IdKind::kNode, slot);
   silent_.Watch(slot);
   backward_.OnNode(slot);
+}
+
+void Analyzer::Impl::NoteFunctionApply(const format::OpRecord& r) {
+  // ATen ops are named "aten::..."; a Function's op by its class alone.
+  if (state_.Str(r.name).find("::") != std::string::npos) return;
+  FunctionApply& apply = recent_applies_[recent_applies_next_++ % kRecentFunctionApplies];
+  apply.op = r.op;
+  apply.inputs = r.inputs;
+}
+
+void Analyzer::Impl::UseVersionsAtApply(ObjectId created_by, uint32_t saved_begin) {
+  const size_t n = std::min<uint64_t>(recent_applies_next_, kRecentFunctionApplies);
+  const FunctionApply* apply = nullptr;
+  for (size_t i = 1; i <= n && apply == nullptr; ++i) {
+    const FunctionApply& a = recent_applies_[(recent_applies_next_ - i) % kRecentFunctionApplies];
+    if (a.op == created_by) apply = &a;
+  }
+  if (apply == nullptr) return;
+  for (size_t k = saved_begin; k < state_.saved.size(); ++k) {
+    format::SavedTensor& saved = state_.saved[k].saved;
+    if (!IsUncheckedButKnown(saved) || saved.has_hooks) continue;
+    for (const format::TensorUse& use : apply->inputs) {
+      const TensorState* input = state_.FindTensor(use.tensor);
+      if (use.tensor == saved.tensor ||
+          (input != nullptr && input->counter == saved.version_counter)) {
+        saved.saved_version = use.version_after;
+        break;
+      }
+    }
+  }
 }
 
 // The output `output_nr` of `node` among the tensors described just before, or nullptr.
@@ -434,6 +492,8 @@ void Analyzer::Impl::On(const format::ErrorRecord& r) {
       state_.other_op_errors.emplace_back(r.op, r.message);
     } else {
       state_.other_final_error = r.message;
+      state_.program_error = AnalysisState::ProgramErrorSeen{
+          state_.Str(r.type), r.message, last_top_level_threw_ ? last_top_level_op_ : 0};
     }
     return;
   }
@@ -441,6 +501,7 @@ void Analyzer::Impl::On(const format::ErrorRecord& r) {
     state_.op_errors.emplace_back(r.op, r.message);
   } else {
     state_.final_error = r.message;
+    state_.program_error.reset();
   }
 }
 

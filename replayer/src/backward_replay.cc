@@ -493,6 +493,23 @@ void BackwardReplay::CheckRecomputed(uint32_t node_slot, const SavedState& s, co
   const size_t findings_before = state_.findings.size();
   CheckVersion(recomputed, f, seq);
   MarkUnchecked(state_.findings, findings_before);
+  // A write that moves no counter of the recomputed tensor's: through another tensor on its
+  // storage, or through another storage over its bytes (a DLPack alias the recomputation made
+  // again; --verify-saved traces have the addresses). Backward uses what it left.
+  std::vector<ObjectId> writers = silent_.SilentWritersBefore(recomputed, seq);
+  for (const auto& [op, wrote] : silent_.TouchesBefore(recomputed, seq)) {
+    if (wrote && std::find(writers.begin(), writers.end(), op) == writers.end()) {
+      writers.push_back(op);
+    }
+  }
+  // The recomputed tensor is used now, once: no longer watched by address (its node never runs
+  // to be unwatched).
+  state_.saved[it->second].address_watched = false;
+  if (!writers.empty()) {
+    f.kind = ViolationKind::kSilent;
+    f.writers = std::move(writers);
+    state_.findings.push_back(std::move(f));
+  }
 }
 
 // SavedVariable::unpack's first check: a saved input (not a leaf) whose grad_fn is gone because

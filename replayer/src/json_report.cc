@@ -145,6 +145,16 @@ json UnexplainedErrorsJson(const Report& report) {
   return errors;
 }
 
+// The program's own error: {"type", "message", "op"} (op null when no recorded op raised it);
+// null when there is none to report.
+json ProgramErrorJson(const Report& report) {
+  if (!report.program_error) return nullptr;
+  const ProgramError& e = *report.program_error;
+  return {{"type", e.type},
+          {"message", e.message},
+          {"op", e.op.id == 0 ? json(nullptr) : OpJson(e.op)}};
+}
+
 // Whether the recording covers the whole run: {"complete", "stopped", "records_lost"}.
 json RecordingJson(const Report& report) {
   json stopped = nullptr;
@@ -183,6 +193,7 @@ nlohmann::json ToJson(const Report& report) {
           {"data_loss_records", report.data_loss_records},
           {"recording", RecordingJson(report)},
           {"unexplained_errors", UnexplainedErrorsJson(report)},
+          {"program_error", ProgramErrorJson(report)},
           {"warnings", report.warnings}};
 }
 

@@ -127,6 +127,7 @@ class ReportBuilder {
     for (Violation& v : report.violations) v.recording_incomplete = report.incomplete();
     AddWarnings(report);
     AddUnexplainedErrors(report);
+    AddProgramError(report);
     return report;
   }
 
@@ -142,6 +143,13 @@ class ReportBuilder {
     const Frame* user = FirstUserFrameOf(stack);
     return user != nullptr && !user->generated_file.empty();
   }
+  // Whether `op` is a torch.compile'd region being run ("Torch-Compiled Region: 0/0", a range
+  // around the compiled frame, whose stack has the line that called it). Regions nest (the frames
+  // dynamo compiles after a graph break run inside the first one's): an op is reported as the
+  // innermost region it ran in, the call the user made, not the outermost.
+  bool IsCompiledRegion(const OpInfo& op) const {
+    return state_.Str(op.name).starts_with("Torch-Compiled Region");
+  }
   ObjectId BackwardOpOf(ObjectId op) const;
   ExecMessages MessagesByBackwardOp(
       const std::vector<std::pair<ObjectId, std::string>>& errors) const;
@@ -154,6 +162,7 @@ class ReportBuilder {
   void AddPytorchOutcome(const Finding& f, bool stopped, Violation& v) const;
   void AddWarnings(Report& report) const;
   void AddUnexplainedErrors(Report& report) const;
+  void AddProgramError(Report& report) const;
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
   void AddFreedBy(const Finding& f, Violation& v) const;
@@ -225,6 +234,7 @@ OpRef ReportBuilder::UserOpRef(ObjectId innermost) const {
       break;
     }
     outer = op->parent;
+    if (IsCompiledRegion(*parent)) break;
   }
   OpRef ref = MakeOpRef(outer);
   if (outer != innermost) {
@@ -412,6 +422,20 @@ void ReportBuilder::AddUnexplainedErrors(Report& report) const {
     }
     report.unexplained_errors.push_back(std::move(error));
   }
+}
+
+void ReportBuilder::AddProgramError(Report& report) const {
+  if (!state_.program_error || !report.violations.empty() || !report.unexplained_errors.empty()) {
+    return;
+  }
+  const AnalysisState::ProgramErrorSeen& seen = *state_.program_error;
+  // An interrupted run says so in the trace (its last steps may be missing), not as an error.
+  if (seen.type == "KeyboardInterrupt") return;
+  ProgramError error;
+  error.type = seen.type;
+  error.message = seen.message;
+  if (seen.op != 0) error.op = UserOpRef(seen.op);
+  report.program_error = std::move(error);
 }
 
 void ReportBuilder::AddWarnings(Report& report) const {

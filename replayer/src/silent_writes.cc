@@ -39,13 +39,21 @@ void SilentWriteWatch::Watch(uint32_t node_slot) {
   for (uint32_t i = 0; i < node.saved_count; ++i) {
     uint32_t w = node.saved_begin + i;
     SavedState& s = state_.saved[w];
-    if (!IsVersionChecked(s.saved) || s.saved.storage == 0) continue;
+    const bool unchecked = IsUncheckedButKnown(s.saved);
+    if (!(IsVersionChecked(s.saved) || unchecked) || s.saved.storage == 0) continue;
     uint32_t& head = StorageHead(s.saved.storage);
     s.watch_prev = UINT32_MAX;
     s.watch_next = head;
     if (head != UINT32_MAX) state_.saved[head].watch_prev = w;
     head = w;
     node.watched = true;
+    // What backward takes unchecked (what a hook packed: the recomputation's tensors under
+    // activation checkpointing) has no fingerprints; writes through another storage over its
+    // bytes are watched from the save.
+    if (unchecked && s.address_first != 0 && !s.address_watched) {
+      s.address_watched = true;
+      addressed_saved_.push_back(w);
+    }
   }
 }
 
@@ -57,7 +65,9 @@ void SilentWriteWatch::Unwatch(uint32_t node_slot) {
     uint32_t w = node.saved_begin + i;
     SavedState& s = state_.saved[w];
     s.address_watched = false;  // Dropped from addressed_saved_ lazily.
-    if (!IsVersionChecked(s.saved) || s.saved.storage == 0) continue;
+    if (!(IsVersionChecked(s.saved) || IsUncheckedButKnown(s.saved)) || s.saved.storage == 0) {
+      continue;
+    }
     if (s.watch_prev != UINT32_MAX) {
       state_.saved[s.watch_prev].watch_next = s.watch_next;
     } else {

@@ -58,7 +58,8 @@ std::string Shape(const std::vector<int64_t>& shape) {
 }
 
 // What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
-// "aten::foo (wrote through aten::add_) wrote into its storage", "aten::detach_ detached it in
+// "aten::foo (wrote through aten::add_) wrote into its memory through another tensor, ...",
+// "aten::detach_ detached it in
 // place", "backward pass #0 ran SigmoidBackward0 and freed what it saved", "unpack hook
 // `<lambda>` returned the tensor backward failed on".
 std::string CulpritLabel(const Violation& v) {
@@ -89,7 +90,7 @@ std::string CulpritLabel(const Violation& v) {
     label += " changed it (version " + std::to_string(v.saved_version) + " -> " +
              std::to_string(v.current_version) + "), unchecked by PyTorch";
   } else {
-    label += " wrote into its storage";
+    label += " wrote into its memory through another tensor, which no counter of its follows";
   }
   return label;
 }
@@ -103,6 +104,7 @@ class TextReport {
   void EmitWarning(const std::string& warning);
   void EmitViolation(const Violation& v);
   void EmitUnexplainedError(const UnexplainedError& error);
+  void EmitProgramError(const ProgramError& error);
   void EmitSummary(const Report& report);
   std::string Text() const { return out_.str(); }
 
@@ -195,6 +197,30 @@ void TextReport::EmitUnexplainedError(const UnexplainedError& error) {
   out_ << "\n";
 }
 
+// The program's own error, not about saved tensors:
+//   error: the program raised an error that torchrr does not explain
+//     --> train.py:12 in forward
+//      |
+//   12 |     residual += attn_out
+//      |     ^^^^^^^^^^^^^^^^^^^^ aten::add_.Tensor raised it
+//      = RuntimeError: a leaf Variable that requires grad is being used in an in-place operation.
+//      = torchrr follows what autograd saved for backward: this error is of another kind
+void TextReport::EmitProgramError(const ProgramError& error) {
+  out_ << p_.Error("error") << ": "
+       << p_.Bold("the program raised an error that torchrr does not explain") << "\n";
+  if (error.op.id != 0) {
+    Arrow() << Location(error.op) << "\n";
+    std::string label = OpName(error.op) + " raised it";
+    if (!EmitSourceQuote(error.op, label)) Fact() << "raised by " << label << "\n";
+  } else {
+    Arrow() << "<no recorded op raised it>\n";
+  }
+  Fact() << Printable(error.type.empty() ? std::string("error") : error.type) << ": "
+         << Printable(error.message) << "\n";
+  Fact() << "torchrr follows what autograd saved for backward: this error is of another kind\n";
+  out_ << "\n";
+}
+
 // The last line, with what was looked at:
 //   1 violation (3 ops, 1 node executions in 1 backward pass)
 //   no saved tensor was modified (3 ops, 1 node executions in 1 backward pass)
@@ -212,6 +238,9 @@ void TextReport::EmitSummary(const Report& report) {
     size_t n = report.unexplained_errors.size();
     out_ << "no saved tensor was modified, but backward raised " << n << " error"
          << (n == 1 ? "" : "s") << " that torchrr does not explain (" << counts << ")\n";
+  } else if (report.program_error) {
+    out_ << "no saved tensor was modified, but the program raised an error that torchrr does not "
+            "explain (" << counts << ")\n";
   } else if (report.violations.empty() && report.window() && !report.incomplete()) {
     out_ << "no saved tensor was modified in the kept steps, but the steps before them were not "
             "kept (" << counts << ")\n";
@@ -301,7 +330,7 @@ void TextReport::EmitHeading(const Violation& v) {
 //   12 |     y.mul_(2)
 //      |     ^^^^^^^^^ aten::mul_ changed the version 0 -> 1
 //     --> train.py:14 in forward
-//      = culprit: aten::mul_ wrote into its storage
+//      = culprit: aten::mul_ wrote into its memory through another tensor, ...
 void TextReport::EmitCulprit(const Violation& v) {
   Arrow() << Location(*v.culprit) << "\n";
   std::string label = CulpritLabel(v);
@@ -408,6 +437,9 @@ void TextReport::EmitNeededBy(const Violation& v) {
   if (v.evidence == SilentEvidence::kUncheckedSave && v.recomputed) {
     Fact() << "activation checkpointing recomputed it in backward; it was written between the "
               "forward and its use, and PyTorch does not check recomputed tensors\n";
+  } else if (v.evidence == SilentEvidence::kAliasedWrite && v.recomputed) {
+    Fact() << "activation checkpointing recomputed it in backward, and the write came after, as "
+              "in the forward: backward used the bytes it left\n";
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     Fact() << "backward used it without PyTorch's version check (a saved-tensor hook packed the "
               "tensor itself, or torch.compile saved it without a check)\n";
@@ -511,7 +543,7 @@ void TextReport::EmitLaterCulprits(const Violation& v) {
 //   help: make aten::mul_ out of place (aten::mul), or .clone() the tensor before modifying it
 //   help: use out-of-place .detach(), which returns a new tensor and leaves the saved one in ...
 //   help: pass retain_graph=True to the earlier backward() to run backward through this graph ...
-//   help: write through the tensor itself rather than .data (so autograd sees it), or .clone() ...
+//   help: write through the tensor itself, not .data or another tensor over its memory ...
 //   help: find what writes into this memory between the two points (a raw kernel, numpy, an ...
 void TextReport::EmitHelp(const Violation& v) {
   out_ << p_.Help("help") << ": ";
@@ -556,8 +588,8 @@ void TextReport::EmitHelp(const Violation& v) {
     return;
   }
   if (silent) {
-    out_ << "write through the tensor itself rather than .data (so autograd sees it), or "
-            ".clone() the tensor before writing into it\n";
+    out_ << "write through the tensor itself, not .data or another tensor over its memory (DLPack, "
+            "numpy()), so autograd sees it; or .clone() the tensor before writing into it\n";
     return;
   }
   std::string name = v.culprit ? OpName(*v.culprit) : "the in-place op";
@@ -577,6 +609,7 @@ std::string FormatText(const Report& report, bool color) {
   for (const std::string& warning : report.warnings) text.EmitWarning(warning);
   for (const Violation& v : report.violations) text.EmitViolation(v);
   for (const UnexplainedError& e : report.unexplained_errors) text.EmitUnexplainedError(e);
+  if (report.program_error) text.EmitProgramError(*report.program_error);
   text.EmitSummary(report);
   return text.Text();
 }

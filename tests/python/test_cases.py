@@ -3,7 +3,7 @@ torchrr.replay. Each script's first line states what the replay must find (`# EX
 its `# CULPRIT` and `# VICTIM` comments mark the lines.
 
 Keys: `kind`, `node`, `victim_op`, `raised` (0/1) of the first violation; `op` (the culprit's op),
-or `culprit=none`; `saved`, `current` (versions); `evidence` (silent); `message` (a phrase of
+or `culprit=none`; `saved`, `current` (versions); `evidence` (silent; `-`: none); `message` (a phrase of
 PyTorch's message, `_` for spaces; by default the one of the kind, MESSAGES); `verify_saved=1`;
 `culprit=hook` (the culprit is the saved_tensors_hooks unpack hook, defined on the `# CULPRIT`
 line); `exit` (the script's, 1 by default); `violations` (a count, nothing else checked) and `passes`
@@ -115,8 +115,8 @@ def test_case(script, all_ops, tmp_path):
         assert v.pytorch_message and message in v.pytorch_message
     else:
         assert v.pytorch_message is None
-    if "evidence" in expect:
-        assert v.evidence == expect["evidence"]
+    if "evidence" in expect:  # "-": none (a violation PyTorch raised for).
+        assert v.evidence == (None if expect["evidence"] == "-" else expect["evidence"])
 
     assert v.victim is not None
     if "victim_prefix" in expect:  # An op name with spaces ("Torch-Compiled Region: 0/0").

@@ -124,10 +124,16 @@ def test_planted_bug(runs, bug):
 #   version  outside the checkpointed layers: PyTorch raises as before (view_write)
 #   none     the recomputation stops at its last save, before the write: the gradient is right
 #            (slice_assign)
-# residual_add raises another error in the forward ("a leaf Variable ... in-place") and
-# silent_dlpack writes through an alias the recomputation does not make: neither is run here.
+#   aliased  silent_dlpack: the recomputation runs the MLP again, DLPack alias and all, and
+#            backward uses the bytes it left (--verify-saved: the alias is over the recomputed
+#            tensor's memory); culprit the write through the alias, called from the BUG line
+#   program  residual_add: checkpointing makes the embeddings' output require grad (PEFT's
+#            enable_input_require_grads), so layer 0's residual is a leaf that requires grad and
+#            the in-place add raises in the forward ("a leaf Variable ... in-place"): no saved
+#            tensor's story; the report names that error and the BUG line that raised it
 GC_EXPECT = {"none": None, "inplace_activation": "silent", "softmax_mask": "silent",
-             "optimizer_before_backward": "silent", "view_write": "version", "slice_assign": None}
+             "optimizer_before_backward": "silent", "view_write": "version", "slice_assign": None,
+             "silent_dlpack": "aliased", "residual_add": "program"}
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +146,30 @@ def gc_runs(tmp_path_factory):
 def test_gradient_checkpointing(gc_runs, bug):
     proc, trace = gc_runs[bug]
     kind = GC_EXPECT[bug]
-    assert proc.returncode == (1 if kind == "version" else 0), proc.stderr[-2000:]
+    assert proc.returncode == (1 if kind in ("version", "program") else 0), proc.stderr[-2000:]
     report = torchrr.replay(trace)
     assert report.trace.get("status") == "ok"
     if kind is None:
         assert report.violations == [], report.violations[:1]
+        return
+    bug_line = marker_line(SAMPLE, rf"BUG\({bug}\)")
+    if kind == "program":
+        assert report.violations == [], report.violations[:1]
+        error = report.program_error
+        assert error is not None and error["type"] == "RuntimeError", error
+        assert "leaf Variable" in error["message"]
+        assert error["op"]["op"] == "aten::add_"
+        assert same_file(error["op"]["user_frame"]["file"], SAMPLE)
+        assert error["op"]["user_frame"]["line"] == bug_line
+        return
+    if kind == "aliased":
+        v = report.violations[0]
+        assert (v.kind, v.evidence) == ("silent", "aliased_write"), v
+        assert v.recomputed and not v.pytorch_raised
+        assert v.culprit is not None and v.culprit.op == "aten::mul_", v.culprit
+        assert bug_line in [f.line for f in v.culprit.stack if same_file(f.file, SAMPLE)]
+        assert same_file(v.victim.user_frame.file, SAMPLE)
+        assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
         return
     assert report.violations, "no violation found"
     v = report.violations[0]
@@ -206,31 +231,56 @@ def test_gradient_checkpointing_grads():
 # traces the same way, checked once). view_write's loss is outside the model: eager code, as
 # before. optimizer_before_backward changes weights that the compiled region saved as a whole:
 # the victim is that region (its op "Torch-Compiled Region: 0/0"), on the line that calls the
-# model. silent_dlpack is not reported under compile (--verify-saved finds no saved tensor whose
-# bytes changed): not run here.
+# model. silent_dlpack: dynamo breaks the graph at torch.from_dlpack, so `up` is saved by the
+# region before the break (its CompiledFunction, in mlp_forward) and scaled by the region after
+# it; --verify-saved's fingerprints see the bytes change. With aot_eager the write is the
+# aten::copy_ AOTAutograd runs back into the mutated input, in the region called from the BUG
+# line; inductor writes from its own kernel, not an op: the region that made the alias is the
+# candidate. The victim is the region that saved `up`, called from the decoder layer.
 COMPILE_BUGS = ["none", "inplace_activation", "softmax_mask", "slice_assign", "residual_add",
-                "view_write", "optimizer_before_backward"]
+                "view_write", "optimizer_before_backward", "silent_dlpack"]
+INDUCTOR_BUGS = ["inplace_activation", "silent_dlpack"]
 
 
 @pytest.fixture(scope="module")
 def compile_runs(tmp_path_factory):
     runs = record_bugs(tmp_path_factory.mktemp("peft_aot_eager"), COMPILE_BUGS,
                        ["--compile", "aot_eager"], timeout=300)
-    inductor = record_bugs(tmp_path_factory.mktemp("peft_inductor"), ["inplace_activation"],
+    inductor = record_bugs(tmp_path_factory.mktemp("peft_inductor"), INDUCTOR_BUGS,
                            ["--compile", "inductor"], timeout=300)
     runs.update({f"{bug}@inductor": run for bug, run in inductor.items()})
     return runs
 
 
-@pytest.mark.parametrize("bug", COMPILE_BUGS + ["inplace_activation@inductor"])
+@pytest.mark.parametrize("bug", COMPILE_BUGS + [f"{bug}@inductor" for bug in INDUCTOR_BUGS])
 def test_compile(compile_runs, bug):
     proc, trace = compile_runs[bug]
-    bug = bug.split("@")[0]
+    bug, _, backend = bug.partition("@")
     report = torchrr.replay(trace)
     assert report.trace.get("status") == "ok"
     if bug == "none":
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert report.violations == []
+        return
+    if bug.startswith("silent_"):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert report.violations, "no violation found"
+        v = report.violations[0]
+        assert (v.kind, v.evidence) == ("silent", "fingerprint") and not v.pytorch_raised
+        assert v.backward_node.name == "CompiledFunctionBackward"
+        # The region that ran the MLP up to the break, called from the decoder layer.
+        assert v.victim.op.startswith("Torch-Compiled Region")
+        assert same_file(v.victim.user_frame.file, SAMPLE)
+        assert v.victim.user_frame.function == "decoder_layer_forward"
+        bug_line = marker_line(SAMPLE, rf"BUG\({bug}\)")
+        through_bug = [c for c in v.candidates
+                       if any(same_file(f.file, SAMPLE) and f.line == bug_line for f in c.op.stack)]
+        assert through_bug, v.candidates
+        if backend == "inductor":
+            assert v.culprit is None, v.culprit
+        else:
+            assert v.culprit is not None and v.culprit.detail == "aten::copy_", v.culprit
+            assert bug_line in [f.line for f in v.culprit.stack if same_file(f.file, SAMPLE)]
         return
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert PYTORCH_INPLACE in proc.stderr

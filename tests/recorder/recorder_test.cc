@@ -63,6 +63,14 @@ struct Indexed {
     auto it = strings.find(id);
     return it == strings.end() ? "" : it->second;
   }
+  // Custom Functions' nodes (what ctx->save_for_backward() saved).
+  std::vector<NodeRecord> CustomNodes() const {
+    std::vector<NodeRecord> out;
+    for (const auto& [id, node] : nodes) {
+      if (node.saved_kind == format::SavedSetKind::kCustom) out.push_back(node);
+    }
+    return out;
+  }
   // Top-level ops of that name (the ones the program called, not those they ran inside).
   std::vector<OpRecord> OpsNamed(const std::string& name) const {
     std::vector<OpRecord> out;
@@ -981,10 +989,7 @@ TEST(Recorder, CustomCppFunctionSavedTensors) {
     (void)z;
   }
   Indexed trace(path);
-  std::vector<NodeRecord> custom;
-  for (const auto& [id, node] : trace.nodes) {
-    if (node.saved_kind == format::SavedSetKind::kCustom) custom.push_back(node);
-  }
+  std::vector<NodeRecord> custom = trace.CustomNodes();
   ASSERT_EQ(custom.size(), 1u);
   ASSERT_EQ(custom[0].saved.size(), 1u);
   EXPECT_TRUE(custom[0].saved[0].defined);
@@ -1055,6 +1060,59 @@ TEST(Recorder, VerifySavedFingerprintsSavedBytesAtSaveAndAtUse) {
   EXPECT_LT(y_save.time_ns, y_use.time_ns);
   EXPECT_NE(y_save.storage, 0u);
   EXPECT_EQ(y_save.storage, y_use.storage);
+}
+
+// A custom Function saves its output. apply() is not an op: no op's outputs name its node, which
+// is written when the first op takes the output (here detach(), as from_dlpack or numpy() would
+// start), before a raw write through what that op made. Its fingerprint at save is of the bytes
+// as the forward left them.
+struct ExpFunction : torch::autograd::Function<ExpFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x) {
+    auto y = x.exp();
+    ctx->save_for_backward({y});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->get_saved_variables()[0]};
+  }
+};
+
+TEST(Recorder, VerifySavedFingerprintsCustomFunctionBeforeWriteThroughAlias) {
+  std::string path = TempTrace("verify_saved_custom");
+  auto x = torch::randn({6}, torch::requires_grad());
+  uint64_t y_before = 0;
+  {
+    RecorderOptions options;
+    options.path = path;
+    options.native_stacks = false;
+    options.verify_saved = true;
+    Recorder recorder(options);
+    auto y = ExpFunction::apply(x);
+    auto alias = y.detach();
+    y_before = kernels::FingerprintHost(y.const_data_ptr(), y.nbytes());
+    alias.data_ptr<float>()[3] = 42.0f;  // A raw write: autograd never sees it.
+    (y * 2).sum().backward();
+  }
+  Indexed t(path);
+  std::vector<NodeRecord> custom = t.CustomNodes();
+  ASSERT_EQ(custom.size(), 1u);
+  // The saved output is described by what autograd saved: no op's output names it.
+  ASSERT_EQ(custom[0].saved.size(), 1u);
+  EXPECT_NE(custom[0].saved[0].tensor, 0u);
+  bool at_save = false, at_use = false;
+  for (const auto& f : t.fingerprints) {
+    if (f.node != custom[0].node) continue;
+    if (f.when == format::FingerprintWhen::kAtSave) {
+      at_save = true;
+      EXPECT_EQ(f.hash, y_before);
+    } else {
+      at_use = true;
+      EXPECT_NE(f.hash, y_before);
+    }
+  }
+  EXPECT_TRUE(at_save);
+  EXPECT_TRUE(at_use);
 }
 
 // Without the option, nothing is fingerprinted.

@@ -1,7 +1,7 @@
 // The errors backward raises for reasons other than a version bump (a saved input detached in
-// place, a graph run a second time, an unpack hook's tensor), a version counter set back, and
-// the pass rule with several threads calling backward at once; on record sequences shaped like
-// the recorder's (trace_builder.h).
+// place, a graph run a second time, an unpack hook's tensor), a version counter set back, the
+// pass rule with several threads calling backward at once, and an error the program ends with
+// that is none of these; on record sequences shaped like the recorder's (trace_builder.h).
 #include <string>
 #include <vector>
 
@@ -439,6 +439,68 @@ TEST(PassRuleTest, ForwardWorkOfTheThreadThatBuiltTheGraphEndsItsPass) {
     b.Backward({y.node, b.AccumulateGradOf(x)}, 0, "", 3);
   }
   EXPECT_EQ(Analyze(b.records).backward_passes, 3u);
+}
+
+// The program ends with an error the forward raised, not about saved tensors (an in-place op on a
+// leaf that requires grad): the report names it, with the op that raised it, instead of reading
+// as a clean run, and the JSON carries it.
+TEST(ProgramErrorTest, AnErrorTheForwardRaisedIsReportedWithItsOp) {
+  TraceBuilder b;
+  auto x = b.Leaf({4});
+  b.Op({.name = "aten::add_", .inputs = {x}, .stack = b.At(12), .threw = true});
+  b.PythonError("a leaf Variable that requires grad is being used in an in-place operation.");
+  Report report = Analyze(b.records);
+  EXPECT_TRUE(report.violations.empty());
+  ASSERT_TRUE(report.program_error);
+  EXPECT_EQ(report.program_error->type, "RuntimeError");
+  EXPECT_EQ(report.program_error->op.name, "aten::add_");
+  ASSERT_TRUE(report.program_error->op.user_frame);
+  EXPECT_EQ(report.program_error->op.user_frame->line, 12u);
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("the program raised an error that torchrr does not explain"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("RuntimeError: a leaf Variable"), std::string::npos) << text;
+  EXPECT_EQ(text.find("no saved tensor was modified ("), std::string::npos) << text;
+  nlohmann::json j = ToJson(report);
+  EXPECT_EQ(j["program_error"]["type"], "RuntimeError");
+  EXPECT_EQ(j["program_error"]["op"]["op"], "aten::add_");
+}
+
+// An op that threw earlier, with others after it, did not raise the program's error; an
+// interrupted run is no error; a version-check error after another one is the program's last.
+TEST(ProgramErrorTest, OnlyTheLastErrorAndOnlyTheOpJustBeforeIt) {
+  {
+    TraceBuilder b;
+    auto x = b.Leaf({4});
+    b.Op({.name = "aten::add_", .inputs = {x}, .stack = b.At(12), .threw = true});
+    b.Op({.name = "aten::mul", .inputs = {x}, .stack = b.At(13)});
+    b.PythonError("bad batch");
+    Report report = Analyze(b.records);
+    ASSERT_TRUE(report.program_error);
+    EXPECT_EQ(report.program_error->op.id, 0u);
+    EXPECT_NE(FormatText(report, false).find("<no recorded op raised it>"), std::string::npos);
+    EXPECT_TRUE(ToJson(report)["program_error"]["op"].is_null());
+  }
+  {
+    TraceBuilder b;
+    b.Leaf({4});
+    format::ErrorRecord interrupt;
+    interrupt.kind = format::ErrorKind::kPythonException;
+    interrupt.type = b.Str("KeyboardInterrupt");
+    b.records.push_back(interrupt);
+    Report report = Analyze(b.records);
+    EXPECT_FALSE(report.program_error);
+    EXPECT_TRUE(ToJson(report)["program_error"].is_null());
+  }
+  {
+    TraceBuilder b;
+    b.Leaf({4});
+    b.PythonError("bad batch");
+    b.PythonError("one of the variables needed for gradient computation has been modified by an "
+                  "inplace operation");
+    EXPECT_FALSE(Analyze(b.records).program_error);
+  }
 }
 
 }  // namespace

@@ -204,6 +204,12 @@ class Report:
     trace: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
 
+    @property
+    def program_error(self) -> Optional[dict]:
+        """The error the program ended with when torchrr does not explain it (not about saved
+        tensors): ``{"type", "message", "op"}``, or None."""
+        return self.raw.get("program_error")
+
     @classmethod
     def from_json(cls, d: dict) -> "Report":
         return cls(d.get("schema_version", 0),

@@ -217,6 +217,17 @@ struct UnexplainedError {
   std::string message;                  // PyTorch's, when recorded; empty otherwise.
 };
 
+// The error the program ended with, when no violation or unexplained backward error accounts for
+// it and it is not the version check's: an exception raised in the forward ("a leaf Variable that
+// requires grad is being used in an in-place operation"), a data error. Not a saved tensor's
+// story, so torchrr has no verdict on it; a report that said only "nothing was modified" would
+// read as a clean run.
+struct ProgramError {
+  std::string type;     // "RuntimeError"; the exception's type as recorded.
+  std::string message;
+  OpRef op;             // The op that raised it, when the trace shows one (id 0 otherwise).
+};
+
 // Where and why the recorder stopped before the program ended (an internal error, a tensor it
 // could not read): ops after that point were not recorded.
 struct RecordingStop {
@@ -251,6 +262,8 @@ struct Report {
   std::optional<RecordingStop> recording_stopped;
   // Backward functions that threw with no violation to explain it: never "nothing was modified".
   std::vector<UnexplainedError> unexplained_errors;
+  // The program's own error, when nothing above explains it; KeyboardInterrupt is not one.
+  std::optional<ProgramError> program_error;
   // The recording misses part of the run: it stopped early or lost records. Its verdicts cover
   // only what was recorded, and "nothing found" is not a clean bill of health.
   bool incomplete() const { return recording_stopped.has_value() || data_loss_records != 0; }
