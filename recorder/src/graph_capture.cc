@@ -122,7 +122,8 @@ void GraphCapture::WriteNodeRecord(torch::autograd::Node* node, ObjectId id,
     auto* accumulate = static_cast<torch::autograd::AccumulateGrad*>(node);
     record.variable = ids_.RefTensor(accumulate->variable, defs);
   }
-  RecordSavedTensors(*node, state, record, defs, pending, /*outputs_named_later=*/creator != nullptr);
+  RecordSavedTensors(*node, state, record, defs, pending,
+                     /*outputs_named_later=*/creator != nullptr);
   if (record.created_by == 0 && sequence_nr != UINT64_MAX) {
     record.created_by = CreatorOf(node->thread_id(), sequence_nr,
                                   record.saved_kind == format::SavedSetKind::kCustom);
