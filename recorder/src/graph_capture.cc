@@ -159,7 +159,7 @@ void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::N
           // end names the output the program holds instead (NameSavedOutputs). A node first seen
           // elsewhere (a custom Function's, whose apply has no outputs a RecordFunction shows)
           // has no op to name it: the copy describes the same bytes.
-          if (facts.saved_original || !outputs_named_later) {
+          if (facts.saved_original || !outputs_named_later || saved_outputs_by_copy_) {
             saved.tensor = ids_.RefTensor(*facts.data, defs, nullptr, &saved.version_counter);
           } else {
             saved.version_counter = ids_.VersionCounterId(impl);
@@ -287,6 +287,16 @@ void GraphCapture::RefInputNodes(c10::ArrayRef<const c10::IValue> inputs, uint64
   });
 }
 
+void GraphCapture::RefFunctionNode(torch::autograd::Node* node, const OpFrame& creator,
+                                   const SavedHooks& hooks, const UncheckedSaves& unchecked,
+                                   EncodedRecords& defs, NodeScratch& nodes) {
+  ScopedPointer<SavedHooks> set_hooks(hooks_, hooks);
+  ScopedPointer<UncheckedSaves> set_unchecked(unchecked_, unchecked);
+  saved_outputs_by_copy_ = true;
+  RefNode(node, &creator, defs, nodes);
+  saved_outputs_by_copy_ = false;
+}
+
 ObjectId GraphCapture::ExecutingNode(const at::RecordFunction& fn, format::InternId* name,
                                      NodeScratch& scratch, EncodedRecords& out,
                                      const void** address) {
@@ -381,7 +391,7 @@ void ReadSavedHooks(const std::vector<OpOutput>& outputs, SavedHooks& hooks) {
   // Default hooks attach to what the ops inside the hooks' context save: none registered on this
   // thread, none packed by this op. (A node seen again at an enclosing op's end is read again;
   // the registry, which would know, needs the lock.)
-if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) return;
+  if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) return;
   for (const OpOutput& output : outputs) {
     const at::Tensor& t = *output.tensor;
     ReadSavedHooksOf(torch::autograd::impl::grad_fn_unsafe(t), hooks);
@@ -425,6 +435,10 @@ void ReadInputsUnchecked(c10::ArrayRef<const c10::IValue> inputs, ThreadState& t
     ReadUncheckedTensors(*grad_fn, tensors);
     if (!tensors.empty()) ts.unchecked_saves.emplace_back(grad_fn, std::move(tensors));
   });
+}
+
+void ReadNodeSavedHooks(torch::autograd::Node* node, SavedHooks& hooks) {
+  ReadSavedHooksOf(node, hooks);
 }
 
 }  // namespace torchrr::recorder

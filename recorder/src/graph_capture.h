@@ -59,6 +59,13 @@ class GraphCapture {
   void RefInputNodes(c10::ArrayRef<const c10::IValue> inputs, uint64_t thread,
                      uint64_t building_from, const UncheckedSaves& unchecked,
                      NodeScratch& scratch, EncodedRecords& out);
+  // At the end of a Python Function's apply (the op of `creator`): its node (TakeFunctionNode),
+  // which none of the op's outputs names (it shows none), with what its saved tensors' hooks
+  // packed and what it keeps unchecked (read before the lock). Its saved outputs are named by
+  // the saved copies.
+  void RefFunctionNode(torch::autograd::Node* node, const OpFrame& creator,
+                       const SavedHooks& hooks, const UncheckedSaves& unchecked,
+                       EncodedRecords& defs, NodeScratch& nodes);
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is
   // not running it; `name` receives the node's name and `address` its address.
@@ -116,6 +123,7 @@ class GraphCapture {
   IdRegistry& ids_;
   const SavedHooks* hooks_ = nullptr;  // RefCreatedNodes's, while it runs.
   const UncheckedSaves* unchecked_ = nullptr;  // RefInputNodes's, while it runs.
+  bool saved_outputs_by_copy_ = false;          // RefFunctionNode's, while it runs.
   SavedFingerprints& fingerprints_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.
   struct NodeKeyHash {
@@ -151,6 +159,9 @@ void ReadSavedHooks(const std::vector<OpOutput>& outputs, SavedHooks& hooks);
 // input tensors keep unchecked (AOTAutograd's _tensors_no_vc_check), for RefInputNodes. Reads a
 // node once while the same node keeps coming back.
 void ReadInputsUnchecked(c10::ArrayRef<const c10::IValue> inputs, ThreadState& ts);
+// What `node`'s saved tensors' hooks packed (ReadSavedHook), appended to `hooks`; takes the GIL
+// when a saved tensor has hooks.
+void ReadNodeSavedHooks(torch::autograd::Node* node, SavedHooks& hooks);
 
 // A saved output names the output tensor the program holds: autograd saves a shallow copy that
 // shares the output's storage and version counter, which RefNode could not name.

@@ -467,6 +467,62 @@ extern "C" void torchrr_read_saved_hook(const torch::autograd::SavedVariable& sa
   PyGILState_Release(gil);
 }
 
+// A Python autograd.Function's node is made inside its apply(), which is an op (a RecordFunction
+// named after the class, numbered with the node's sequence number) that shows no outputs: the
+// recorder would first see the node when another op took one of its outputs, maybe after a write
+// that bypasses version counters. BackwardCFunction.__init__ (the ctx's class; the ctx is made
+// inside apply, before forward) is wrapped: while the recorder follows, each new ctx is kept on a
+// thread-local stack, and the apply's end takes its node (torchrr_take_function_node). What
+// __init__ does is unchanged.
+
+std::atomic<bool> g_follow_functions{false};
+PyObject* g_ctx_init = nullptr;  // BackwardCFunction's __init__ before the wrap; set once.
+// New references to the ctxs made on this thread whose apply has not ended, innermost last.
+// Bounded: a ctx made outside a recorded apply is dropped in time.
+thread_local std::vector<PyObject*> t_function_ctxs;
+constexpr size_t kMaxFunctionCtxs = 64;
+
+PyObject* CallCtxInit(PyObject* /*self*/, PyObject* args, PyObject* kwargs) {
+  if (g_follow_functions.load(std::memory_order_acquire) && PyTuple_GET_SIZE(args) >= 1) {
+    if (t_function_ctxs.size() >= kMaxFunctionCtxs) {
+      Py_DECREF(t_function_ctxs.front());
+      t_function_ctxs.erase(t_function_ctxs.begin());
+    }
+    PyObject* ctx = PyTuple_GET_ITEM(args, 0);
+    Py_INCREF(ctx);
+    t_function_ctxs.push_back(ctx);
+  }
+  return PyObject_Call(g_ctx_init, args, kwargs);
+}
+
+PyMethodDef kCtxInitDef = {"__init__", reinterpret_cast<PyCFunction>(CallCtxInit),
+                           METH_VARARGS | METH_KEYWORDS,
+                           "torch.autograd.function.BackwardCFunction.__init__, noted by torchrr."};
+
+// Wraps BackwardCFunction.__init__ (what it resolves to: object's, or one a base defines). Holds
+// the GIL.
+void WrapCtxInit() {
+  PyObject* name = PyUnicode_FromString("torch.autograd.function");
+  PyObject* module = name != nullptr ? PyImport_GetModule(name) : nullptr;
+  Py_XDECREF(name);
+  PyObject* ctx_class = module != nullptr ? PyObject_GetAttrString(module, "BackwardCFunction")
+                                          : nullptr;
+  PyObject* original = ctx_class != nullptr ? PyObject_GetAttrString(ctx_class, "__init__")
+                                            : nullptr;
+  PyObject* function = original != nullptr ? PyCFunction_New(&kCtxInitDef, nullptr) : nullptr;
+  PyObject* method = function != nullptr ? PyInstanceMethod_New(function) : nullptr;
+  if (method != nullptr && PyObject_SetAttrString(ctx_class, "__init__", method) == 0) {
+    g_ctx_init = original;  // Kept.
+    original = nullptr;
+  }
+  PyErr_Clear();
+  Py_XDECREF(method);
+  Py_XDECREF(function);
+  Py_XDECREF(original);
+  Py_XDECREF(ctx_class);
+  Py_XDECREF(module);
+}
+
 // The tensors AOTAutograd keeps on a compiled region's ctx without a version check
 // (`ctx._tensors_no_vc_check`, a list: what a user Function inside the region stashed on its
 // ctx), read under the GIL. Python's error state is left as it was.
@@ -495,6 +551,50 @@ extern "C" void torchrr_read_unchecked_tensors(torch::autograd::Node& node,
   Py_XDECREF(list);
   PyErr_Clear();  // AttributeError: a ctx without the list (any Function's but AOTAutograd's).
   PyErr_Restore(error_type, error_value, error_trace);
+  PyGILState_Release(gil);
+}
+
+// Starts or stops noting the ctxs Python Functions make. Starting wraps BackwardCFunction.__init__
+// the first time, under the GIL; stopping takes neither the GIL nor a lock (the ctxs noted stay
+// until taken, or dropped when the stack is full).
+extern "C" void torchrr_follow_function_nodes(int follow) {
+  if (follow == 0) {
+    g_follow_functions.store(false, std::memory_order_release);
+    return;
+  }
+  if (!PythonUsable()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* error_type = nullptr;
+  PyObject* error_value = nullptr;
+  PyObject* error_trace = nullptr;
+  PyErr_Fetch(&error_type, &error_value, &error_trace);
+  if (g_ctx_init == nullptr) WrapCtxInit();
+  g_follow_functions.store(g_ctx_init != nullptr, std::memory_order_release);
+  PyErr_Restore(error_type, error_value, error_trace);
+  PyGILState_Release(gil);
+}
+
+// Whether this thread has a ctx noted and not taken. Takes neither the GIL nor a lock.
+extern "C" int torchrr_function_ctx_pending() { return t_function_ctxs.empty() ? 0 : 1; }
+
+// At the end of an op numbered `sequence_nr` (a Function's apply shows its node's number): that
+// node, when the innermost ctx noted on this thread is its; ctxs made inside it whose applies
+// did not end recorded are dropped on the way. Takes the GIL.
+extern "C" void torchrr_take_function_node(int64_t sequence_nr, compat::NodePtr* out) {
+  if (t_function_ctxs.empty() || sequence_nr < 0 || !PythonUsable()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  while (!t_function_ctxs.empty()) {
+    PyObject* ctx = t_function_ctxs.back();
+    compat::NodePtr node = compat::NodeOfFunction(*reinterpret_cast<THPFunction*>(ctx));
+    const int64_t n = node ? static_cast<int64_t>(node->sequence_nr()) : INT64_MAX;
+    if (n < sequence_nr) break;  // An enclosing apply's, still running.
+    t_function_ctxs.pop_back();
+    Py_DECREF(ctx);
+    if (n == sequence_nr) {
+      *out = std::move(node);
+      break;
+    }
+  }
   PyGILState_Release(gil);
 }
 

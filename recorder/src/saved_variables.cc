@@ -144,6 +144,25 @@ void FollowCheckpointInputs(bool follow) {
   if (set != nullptr) set(follow ? 1 : 0);
 }
 
+void FollowFunctionNodes(bool follow) {
+  using FollowFn = void (*)(int);
+  if (!PythonInterpreterRunning()) return;
+  static auto set = reinterpret_cast<FollowFn>(PythonNodesSymbol("torchrr_follow_function_nodes"));
+  if (set != nullptr) set(follow ? 1 : 0);
+}
+
+compat::NodePtr TakeFunctionNode(int64_t sequence_nr) {
+  using PendingFn = int (*)();
+  using TakeFn = void (*)(int64_t, compat::NodePtr*);
+  compat::NodePtr node;
+  if (sequence_nr < 0 || !PythonInterpreterRunning()) return node;
+  static auto pending =
+      reinterpret_cast<PendingFn>(PythonNodesSymbol("torchrr_function_ctx_pending"));
+  static auto take = reinterpret_cast<TakeFn>(PythonNodesSymbol("torchrr_take_function_node"));
+  if (pending != nullptr && take != nullptr && pending() != 0) take(sequence_nr, &node);
+  return node;
+}
+
 void TakeUnpackedTensors(const void* node, std::vector<format::UnpackedTensor>& out) {
   using TakeFn = void (*)(const void*, std::vector<format::UnpackedTensor>*);
   static auto take = reinterpret_cast<TakeFn>(PythonNodesSymbol("torchrr_take_unpacked"));

@@ -93,6 +93,16 @@ SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
 // is not one). Nothing for other nodes, or outside Python. Takes the GIL, as ReadSavedHook.
 void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out);
 
+// Python autograd.Functions: while `follow`, the ctx each apply() makes is noted (on its thread),
+// so that the apply's end (an op numbered with the node's sequence number) can take its node:
+// TakeFunctionNode. Outside Python, nothing. Following the first time takes the GIL (it wraps
+// BackwardCFunction.__init__ once per process); stopping takes neither a lock nor the GIL.
+void FollowFunctionNodes(bool follow);
+// The node of the Function whose apply() is the op numbered `sequence_nr` ending on this thread,
+// or an empty pointer. Takes the GIL only when a ctx is pending on this thread: call it with no
+// lock held that a thread holding the GIL could wait for, and drop the node likewise.
+compat::NodePtr TakeFunctionNode(int64_t sequence_nr);
+
 // Non-reentrant checkpointing from torch 2.12 on (checkpoint_inputs.h): while `follow`, each
 // _CheckpointFrame.save_inputs call is recorded as an op of that name that creates the frame's
 // CheckpointInputs, which the frame's placeholders then name. Up to 2.11, and outside Python,

@@ -244,6 +244,7 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
     g_fork_pending.store(false, std::memory_order_release);
   }
   FollowCheckpointInputs(true);  // Takes the GIL: outside g_active_mu.
+  FollowFunctionNodes(true);     // Likewise.
   return session;
 }
 
@@ -351,6 +352,7 @@ void Session::Stop() {
     recording_.store(false, std::memory_order_release);
     if (callback_handle_ != 0) at::removeCallback(callback_handle_);
     FollowCheckpointInputs(false);  // Takes no lock, not the GIL.
+    FollowFunctionNodes(false);
     // Callbacks that were already running finish before the tables and the sink go away.
     while (in_flight_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
     if (cuda_tracer_) {
@@ -681,6 +683,10 @@ void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   // The nodes this op created, first, so the outputs' TensorInfo can name them.
   graph_->RefCreatedNodes(ts.outputs, frame, ts.outermost_sequence_at_start, ts.saved_hooks,
                           after, ts.nodes);
+  if (ts.function_node) {
+    graph_->RefFunctionNode(ts.function_node.get(), frame, ts.saved_hooks, ts.unchecked_saves,
+                            after, ts.nodes);
+  }
   RecordOutputs(ts.outputs, frame, ids_, after);
   NameSavedOutputs(ts.nodes, ts.outputs, op.outputs);
   // Order: the fingerprints taken at the start (before), the definitions and the outputs'
@@ -723,6 +729,8 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
       state.nodes.size = 0;
       state.outputs.clear();
       state.saved_hooks.clear();  // Outside mu_: dropping a Python node takes the GIL.
+      state.unchecked_saves.clear();
+      state.function_node.reset();
     }
     ThreadState& state;
   } clear_scratch{ts};
@@ -735,6 +743,17 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   }
   CollectOutputs(fn.outputs(), ts.outputs);
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
+  // A Python Function's apply: the node made inside it, which no output shows (GIL: before mu_).
+  if (op.scope == format::OpScope::kFunction && op.sequence_nr >= 0) {
+    compat::NodePtr node = TakeFunctionNode(op.sequence_nr);
+    if (node && !op.threw) {
+      std::vector<at::Tensor> unchecked;
+      ReadUncheckedTensors(*node, unchecked);
+      if (!unchecked.empty()) ts.unchecked_saves.emplace_back(node.get(), std::move(unchecked));
+      ReadNodeSavedHooks(node.get(), ts.saved_hooks);
+      ts.function_node = std::move(node);
+    }
+  }
   if (op.scope == format::OpScope::kBackwardFunction && frame.exec_node_address != nullptr) {
     TakeUnpackedTensors(frame.exec_node_address, frame.unpacked);
   }

@@ -164,6 +164,8 @@ struct ThreadState {
   // OnStart's: what the inputs' Python nodes keep unchecked, and the latest nodes read (address
   // and sequence number, a ring), not read again while their outputs are used.
   UncheckedSaves unchecked_saves;
+  // RecordEnd's: the node of the Python Function whose apply ended (TakeFunctionNode).
+  compat::NodePtr function_node;
   std::array<std::pair<const void*, uint64_t>, 16> unchecked_read{};
   size_t unchecked_read_next = 0;
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.

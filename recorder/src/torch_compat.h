@@ -95,6 +95,17 @@ auto* PythonObjectOf(PyNode& node) {
   }
 }
 
+// The node of a Python autograd.Function's ctx (THPFunction::cdata: a weak pointer to its PyNode
+// before 2.13, an owning pointer after), or an empty NodePtr; `Function` is THPFunction.
+template <typename Function>
+NodePtr NodeOfFunction(Function& function) {
+  if constexpr (requires { function.cdata.lock(); }) {
+    return NodePtr(function.cdata.lock());
+  } else {
+    return NodePtr(function.cdata);
+  }
+}
+
 // The object in a Python-object member of autograd's Python classes (PySavedVariableHooks'
 // unpack_hook_), or nullptr: `Slot` is PyObject* or std::optional<c10::SafePyObject>;
 // `Interpreter` is c10::impl::PyInterpreter. A borrowed reference.

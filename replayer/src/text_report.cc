@@ -437,6 +437,11 @@ void TextReport::EmitNeededBy(const Violation& v) {
   if (v.evidence == SilentEvidence::kUncheckedSave && v.recomputed) {
     Fact() << "activation checkpointing recomputed it in backward; it was written between the "
               "forward and its use, and PyTorch does not check recomputed tensors\n";
+  } else if (v.evidence == SilentEvidence::kAliasedWrite &&
+             v.backward_node.name == "CompiledFunctionBackward") {
+    Fact() << "torch.compile saved it as another tensor over the same memory, with a version "
+              "counter of its own: PyTorch's check does not see writes through the tensor the "
+              "program holds\n";
   } else if (v.evidence == SilentEvidence::kAliasedWrite && v.recomputed) {
     Fact() << "activation checkpointing recomputed it in backward, and the write came after, as "
               "in the forward: backward used the bytes it left\n";
@@ -585,6 +590,11 @@ void TextReport::EmitHelp(const Violation& v) {
   if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
     out_ << "make the in-place op out of place, or .clone() the tensor before modifying it; "
             "PyTorch will not raise for it\n";
+    return;
+  }
+  if (silent && v.backward_node.name == "CompiledFunctionBackward") {
+    out_ << "do not modify what the compiled call took or returned before backward: make the "
+            "in-place op out of place, or .clone() the tensor before modifying it\n";
     return;
   }
   if (silent) {
