@@ -467,6 +467,8 @@ extern "C" void torchrr_read_saved_hook(const torch::autograd::SavedVariable& sa
   PyGILState_Release(gil);
 }
 
+namespace {
+
 // A Python autograd.Function's node is made inside its apply(), which is an op (a RecordFunction
 // named after the class, numbered with the node's sequence number) that shows no outputs: the
 // recorder would first see the node when another op took one of its outputs, maybe after a write
@@ -523,6 +525,8 @@ void WrapCtxInit() {
   Py_XDECREF(module);
 }
 
+}  // namespace
+
 // The tensors AOTAutograd keeps on a compiled region's ctx without a version check
 // (`ctx._tensors_no_vc_check`, a list: what a user Function inside the region stashed on its
 // ctx), read under the GIL. Python's error state is left as it was.
@@ -554,12 +558,14 @@ extern "C" void torchrr_read_unchecked_tensors(torch::autograd::Node& node,
   PyGILState_Release(gil);
 }
 
-// Starts or stops noting the ctxs Python Functions make. Starting wraps BackwardCFunction.__init__
-// the first time, under the GIL; stopping takes neither the GIL nor a lock (the ctxs noted stay
-// until taken, or dropped when the stack is full).
-extern "C" void torchrr_follow_function_nodes(int follow) {
+namespace {
+
+// Starts following, wrapping what `wrap` wraps the first time (under the GIL), or stops (taking
+// neither the GIL nor a lock). `following` says whether the wrap is in place and followed.
+void SetFollowing(int follow, std::atomic<bool>& following, PyObject* const& wrapped,
+                  void (*wrap)()) {
   if (follow == 0) {
-    g_follow_functions.store(false, std::memory_order_release);
+    following.store(false, std::memory_order_release);
     return;
   }
   if (!PythonUsable()) return;
@@ -568,10 +574,18 @@ extern "C" void torchrr_follow_function_nodes(int follow) {
   PyObject* error_value = nullptr;
   PyObject* error_trace = nullptr;
   PyErr_Fetch(&error_type, &error_value, &error_trace);
-  if (g_ctx_init == nullptr) WrapCtxInit();
-  g_follow_functions.store(g_ctx_init != nullptr, std::memory_order_release);
+  if (wrapped == nullptr) wrap();
+  following.store(wrapped != nullptr, std::memory_order_release);
   PyErr_Restore(error_type, error_value, error_trace);
   PyGILState_Release(gil);
+}
+
+}  // namespace
+
+// Starts or stops noting the ctxs Python Functions make (BackwardCFunction.__init__ is wrapped
+// the first time); the ctxs noted stay until taken, or dropped when the stack is full.
+extern "C" void torchrr_follow_function_nodes(int follow) {
+  SetFollowing(follow, g_follow_functions, g_ctx_init, WrapCtxInit);
 }
 
 // Whether this thread has a ctx noted and not taken. Takes neither the GIL nor a lock.
@@ -598,23 +612,10 @@ extern "C" void torchrr_take_function_node(int64_t sequence_nr, compat::NodePtr*
   PyGILState_Release(gil);
 }
 
-// Starts or stops recording _CheckpointFrame.save_inputs calls (FollowCheckpointInputs). Starting
-// wraps it the first time, under the GIL; stopping takes neither the GIL nor a lock.
+// Starts or stops recording _CheckpointFrame.save_inputs calls (FollowCheckpointInputs); starting
+// wraps it the first time.
 extern "C" void torchrr_follow_checkpoint_inputs(int follow) {
-  if (follow == 0) {
-    g_follow.store(false, std::memory_order_release);
-    return;
-  }
-  if (!PythonUsable()) return;
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* error_type = nullptr;
-  PyObject* error_value = nullptr;
-  PyObject* error_trace = nullptr;
-  PyErr_Fetch(&error_type, &error_value, &error_trace);
-  if (g_save_inputs == nullptr) WrapSaveInputs();
-  g_follow.store(g_save_inputs != nullptr, std::memory_order_release);
-  PyErr_Restore(error_type, error_value, error_trace);
-  PyGILState_Release(gil);
+  SetFollowing(follow, g_follow, g_save_inputs, WrapSaveInputs);
 }
 
 // What the node's wrapped unpack hooks returned on this thread that differs from what it saved
