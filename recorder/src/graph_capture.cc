@@ -171,6 +171,7 @@ void GraphCapture::RecordSavedTensors(torch::autograd::Node& node, IdRegistry::N
                                 saved.storage, format::FingerprintWhen::kAtSave);
           }
         }
+        RecordUse(node, record.saved.size(), saved, defs);
         record.saved.push_back(saved);
       });
   if (unchecked_ != nullptr) RecordUncheckedTensors(node, state, record, defs);
@@ -207,6 +208,7 @@ void GraphCapture::RecordUncheckedTensors(const torch::autograd::Node& node,
                             saved.storage, format::FingerprintWhen::kAtSave);
       }
     }
+    RecordUse(node, record.saved.size(), saved, defs);
     record.saved.push_back(saved);
   }
 }
@@ -289,12 +291,28 @@ void GraphCapture::RefInputNodes(c10::ArrayRef<const c10::IValue> inputs, uint64
 
 void GraphCapture::RefFunctionNode(torch::autograd::Node* node, const OpFrame& creator,
                                    const SavedHooks& hooks, const UncheckedSaves& unchecked,
-                                   EncodedRecords& defs, NodeScratch& nodes) {
+                                   const SavedUses* uses, EncodedRecords& defs,
+                                   NodeScratch& nodes) {
   ScopedPointer<SavedHooks> set_hooks(hooks_, hooks);
   ScopedPointer<UncheckedSaves> set_unchecked(unchecked_, unchecked);
   saved_outputs_by_copy_ = true;
+  if (uses != nullptr) {
+    std::vector<PythonCode> codes = uses->codes;
+    interner_.AddPythonCodes(codes);
+    uses_node_ = node;
+    saved_uses_ = uses;
+  }
   RefNode(node, &creator, defs, nodes);
   saved_outputs_by_copy_ = false;
+  uses_node_ = nullptr;
+  saved_uses_ = nullptr;
+}
+
+void GraphCapture::RecordUse(const torch::autograd::Node& node, size_t index,
+                             format::SavedTensor& saved, EncodedRecords& defs) {
+  if (&node != uses_node_ || saved_uses_ == nullptr || index >= saved_uses_->stacks.size()) return;
+  const std::vector<PythonFrame>& stack = saved_uses_->stacks[index];
+  saved.used_at = interner_.Stack(nullptr, 0, stack.data(), stack.size(), defs);
 }
 
 ObjectId GraphCapture::ExecutingNode(const at::RecordFunction& fn, format::InternId* name,

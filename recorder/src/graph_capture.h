@@ -61,11 +61,11 @@ class GraphCapture {
                      NodeScratch& scratch, EncodedRecords& out);
   // At the end of a Python Function's apply (the op of `creator`): its node (TakeFunctionNode),
   // which none of the op's outputs names (it shows none), with what its saved tensors' hooks
-  // packed and what it keeps unchecked (read before the lock). Its saved outputs are named by
-  // the saved copies.
+  // packed, what it keeps unchecked and where backward uses what it saved (`uses`, or null; all
+  // read before the lock). Its saved outputs are named by the saved copies.
   void RefFunctionNode(torch::autograd::Node* node, const OpFrame& creator,
                        const SavedHooks& hooks, const UncheckedSaves& unchecked,
-                       EncodedRecords& defs, NodeScratch& nodes);
+                       const SavedUses* uses, EncodedRecords& defs, NodeScratch& nodes);
   // A backward function at its start: the id of the node autograd's engine is running for it
   // (recorded now, into `out`, if never seen: `scratch` is left empty), or 0 when the engine is
   // not running it; `name` receives the node's name and `address` its address.
@@ -109,6 +109,9 @@ class GraphCapture {
   // The tensors RefInputNodes's `unchecked` holds for `node`, as saved entries `checked` false.
   void RecordUncheckedTensors(const torch::autograd::Node& node, IdRegistry::NodeState* state,
                               format::NodeRecord& record, EncodedRecords& defs);
+  // The saved entry `index` of the node RefFunctionNode writes: where backward uses it.
+  void RecordUse(const torch::autograd::Node& node, size_t index, format::SavedTensor& saved,
+                 EncodedRecords& defs);
   // A saved tensor with hooks: what they packed, when ReadSavedHooks read it.
   void RecordHook(const torch::autograd::SavedVariable& sv, format::SavedTensor& saved,
                   IdRegistry::NodeState* state, EncodedRecords& defs,
@@ -124,6 +127,9 @@ class GraphCapture {
   const SavedHooks* hooks_ = nullptr;  // RefCreatedNodes's, while it runs.
   const UncheckedSaves* unchecked_ = nullptr;  // RefInputNodes's, while it runs.
   bool saved_outputs_by_copy_ = false;          // RefFunctionNode's, while it runs.
+  // RefFunctionNode's, while it runs: its node, and where backward uses what that node saved.
+  const torch::autograd::Node* uses_node_ = nullptr;
+  const SavedUses* saved_uses_ = nullptr;
   SavedFingerprints& fingerprints_;
   // (forward thread, sequence_nr) -> node: the key a backward function carries.
   struct NodeKeyHash {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <typeinfo>
 #include <unordered_map>
 #include <utility>
@@ -556,6 +557,108 @@ extern "C" void torchrr_read_unchecked_tensors(torch::autograd::Node& node,
   PyErr_Clear();  // AttributeError: a ctx without the list (any Function's but AOTAutograd's).
   PyErr_Restore(error_type, error_value, error_trace);
   PyGILState_Release(gil);
+}
+
+namespace {
+
+// What torch.compile's backward graph says of the tensors its forward saved: AOTAutograd keeps
+// the graph it traced for backward (the CompiledFunction's `_lazy_backward_info.bw_module`, a
+// torch.fx GraphModule, until its meta is stripped when the compiled result is cached), whose
+// first placeholders are the saved tensors in ctx order (`saved_tensors`, then
+// `_tensors_no_vc_check`; symbolic ints and opaque objects are no tensors) and whose nodes keep
+// the traceback of the forward op they differentiate (`meta["stack_trace"]`). Per saved tensor:
+// the traceback of the first node reading it, "" when none has one. Reads attributes and dicts
+// only: no tensor op runs.
+constexpr const char kSavedUsesSource[] = R"py(
+def saved_uses(ctx_class):
+    import torch
+    forward_class = getattr(ctx_class, "_forward_cls", None)
+    info = getattr(forward_class, "_lazy_backward_info", None)
+    graph = getattr(getattr(info, "bw_module", None), "graph", None)
+    if not isinstance(graph, torch.fx.Graph):
+        return []
+    uses = []
+    for node in graph.nodes:
+        if node.op != "placeholder" or node.name.startswith("tangents"):
+            break
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        trace = ""
+        for user in node.users:
+            trace = user.meta.get("stack_trace") or ""
+            if trace:
+                break
+        uses.append(trace if isinstance(trace, str) else "")
+    return uses if any(uses) else []
+)py";
+
+PyObject* g_saved_uses_fn = nullptr;  // Compiled once, under the GIL; never released.
+// By the ctx's class (a strong reference, kept: a compiled region's class lives as long as its
+// compiled code). Read once per class, the first time a recorded apply ends: the meta is gone
+// once the backward ran and was cached. Guarded by the GIL; bounded.
+std::unordered_map<PyObject*, std::vector<std::string>>* g_saved_uses = nullptr;
+constexpr size_t kMaxSavedUseClasses = 4096;
+
+// The uses of `ctx_class`'s saved tensors, read now. Holds the GIL.
+std::vector<std::string> ReadSavedUsesOf(PyObject* ctx_class) {
+  std::vector<std::string> uses;
+  if (g_saved_uses_fn == nullptr) {
+    PyObject* globals = PyDict_New();
+    if (globals != nullptr &&
+        PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()) == 0) {
+      PyObject* done = PyRun_String(kSavedUsesSource, Py_file_input, globals, globals);
+      Py_XDECREF(done);
+      PyObject* fn = done != nullptr ? PyDict_GetItemString(globals, "saved_uses") : nullptr;
+      Py_XINCREF(fn);
+      g_saved_uses_fn = fn;
+    }
+    Py_XDECREF(globals);
+    PyErr_Clear();
+    if (g_saved_uses_fn == nullptr) return uses;
+  }
+  PyObject* list = PyObject_CallOneArg(g_saved_uses_fn, ctx_class);
+  if (list != nullptr && PyList_Check(list)) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
+      const char* text = PyUnicode_AsUTF8(PyList_GET_ITEM(list, i));
+      uses.emplace_back(text != nullptr ? text : "");
+    }
+  }
+  Py_XDECREF(list);
+  PyErr_Clear();
+  return uses;
+}
+
+}  // namespace
+
+// Where backward uses each tensor a torch.compile region's node saved (kSavedUsesSource): a
+// pointer to the tracebacks, cached per ctx class for the life of the process, or null when
+// there are none (any other node). Takes the GIL; Python's error state is left as it was.
+extern "C" const std::vector<std::string>* torchrr_read_saved_uses(torch::autograd::Node& node) {
+  if (!PythonUsable()) return nullptr;
+  auto& py_node = static_cast<torch::autograd::PyNode&>(node);
+  const std::vector<std::string>* found = nullptr;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* ctx = compat::PythonObjectOf(py_node);
+  PyObject* ctx_class = ctx != nullptr ? reinterpret_cast<PyObject*>(Py_TYPE(ctx)) : nullptr;
+  if (ctx_class != nullptr) {
+    if (g_saved_uses == nullptr) {
+      g_saved_uses = new std::unordered_map<PyObject*, std::vector<std::string>>();
+    }
+    auto it = g_saved_uses->find(ctx_class);
+    if (it == g_saved_uses->end() && g_saved_uses->size() < kMaxSavedUseClasses) {
+      PyObject* error_type = nullptr;
+      PyObject* error_value = nullptr;
+      PyObject* error_trace = nullptr;
+      PyErr_Fetch(&error_type, &error_value, &error_trace);
+      std::vector<std::string> uses = ReadSavedUsesOf(ctx_class);
+      PyErr_Restore(error_type, error_value, error_trace);
+      Py_INCREF(ctx_class);
+      it = g_saved_uses->emplace(ctx_class, std::move(uses)).first;
+    }
+    if (it != g_saved_uses->end() && !it->second.empty()) found = &it->second;
+  }
+  PyGILState_Release(gil);
+  return found;
 }
 
 namespace {

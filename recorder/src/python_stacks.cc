@@ -594,6 +594,25 @@ PythonFrame CodeDefinition(void* code, int32_t first_line, std::vector<PythonCod
   return frame;
 }
 
+size_t TracebackStack(std::string_view stack_trace, PythonFrame* out, size_t max,
+                      std::vector<PythonCode>* new_codes) {
+  std::vector<PythonLineOrigin> frames = TracebackFrames(stack_trace);
+  if (frames.empty() || max == 0) return 0;
+  const CPython& py = Api();
+  if (!py.usable || !py.Py_IsInitialized()) return 0;
+  if (py.IsFinalizing != nullptr && py.IsFinalizing()) return 0;  // Taking the GIL could hang.
+  PyGILStateState gil = py.PyGILState_Ensure();
+  const uint64_t epoch = g_epoch.load(std::memory_order_acquire);
+  size_t n = 0;
+  for (auto it = frames.rbegin(); it != frames.rend() && n < max; ++it, ++n) {
+    out[n].code = InternOrigin(py, *it, epoch, nullptr);
+    out[n].line = it->origin_line;
+    new_codes->push_back({out[n].code, it->file, it->function, IsFramework(py, it->file)});
+  }
+  py.PyGILState_Release(gil);
+  return n;
+}
+
 size_t CapturePythonStack(PythonFrame* out, size_t max, std::vector<PythonCode>* new_codes) {
   if (max == 0) return 0;
   const CPython& py = Api();

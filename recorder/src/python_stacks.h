@@ -59,6 +59,13 @@ const PythonLineOrigin* OriginOfLine(const std::vector<PythonLineOrigin>& origin
 // outermost first, each with `line` 0. Pure: for tests.
 std::vector<PythonLineOrigin> TracebackFrames(std::string_view stack_trace);
 
+// The frames of a torch.fx traceback (TracebackFrames), innermost first, as PythonFrames of up to
+// `max`: each the code id of its file and function (the ids origins get) and its line. Appends
+// the description of each code it names to `new_codes`, every time (as CodeDefinition). Takes
+// the GIL; nothing when Python is not running.
+size_t TracebackStack(std::string_view stack_trace, PythonFrame* out, size_t max,
+                      std::vector<PythonCode>* new_codes);
+
 // Writes up to `max` frames of the calling thread's Python stack into `out`, innermost first,
 // and appends to `new_codes` the code objects never described before. Returns how many frames.
 // Takes the GIL: the caller must hold no lock that a thread holding the GIL could wait for.

@@ -9,7 +9,10 @@
 #include <dlfcn.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 
 #include <c10/util/flat_hash_map.h>
 
@@ -106,6 +109,42 @@ void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& 
   using ReadFn = void (*)(torch::autograd::Node&, std::vector<at::Tensor>*);
   static auto read = reinterpret_cast<ReadFn>(PythonNodesSymbol("torchrr_read_unchecked_tensors"));
   if (read != nullptr && IsPythonNode(typeid(node))) read(node, &out);
+}
+
+std::shared_ptr<const SavedUses> ReadSavedUses(torch::autograd::Node& node) {
+  using ReadFn = const std::vector<std::string>* (*)(torch::autograd::Node&);
+  static auto read = reinterpret_cast<ReadFn>(PythonNodesSymbol("torchrr_read_saved_uses"));
+  if (read == nullptr || !IsPythonNode(typeid(node))) return nullptr;
+  const std::vector<std::string>* traces = read(node);  // Kept for the life of the process.
+  if (traces == nullptr) return nullptr;
+  // Parsed once per region: its tracebacks never change, and the code ids they get are the
+  // process's.
+  static std::mutex mu;
+  static auto* parsed =
+      new std::unordered_map<const std::vector<std::string>*, std::shared_ptr<const SavedUses>>();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = parsed->find(traces);
+    if (it != parsed->end()) return it->second;
+  }
+  auto uses = std::make_shared<SavedUses>();
+  constexpr size_t kMaxFrames = 64;
+  std::unordered_map<std::string_view, std::vector<PythonFrame>> by_trace;  // Many share one.
+  std::vector<PythonCode> codes;
+  for (const std::string& trace : *traces) {
+    auto [it, created] = by_trace.try_emplace(trace);
+    if (created && !trace.empty()) {
+      it->second.resize(kMaxFrames);
+      it->second.resize(TracebackStack(trace, it->second.data(), kMaxFrames, &codes));
+    }
+    uses->stacks.push_back(it->second);
+  }
+  std::unordered_set<uint32_t> described;
+  for (PythonCode& code : codes) {
+    if (described.insert(code.code).second) uses->codes.push_back(std::move(code));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  return parsed->emplace(traces, std::move(uses)).first->second;
 }
 
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,

@@ -93,6 +93,19 @@ SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
 // is not one). Nothing for other nodes, or outside Python. Takes the GIL, as ReadSavedHook.
 void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out);
 
+// Where backward uses each tensor a torch.compile region's node saved, in the node's saved order
+// (`saved_tensors`, then `_tensors_no_vc_check`): the Python frames, innermost first, of the
+// user's line whose forward op the first backward graph node reading it differentiates (empty
+// where unknown), with the descriptions of the codes they name. Read from AOTAutograd's backward
+// graph (python_nodes.cc) once per region, the first time one of its applies ends recorded.
+struct SavedUses {
+  std::vector<std::vector<PythonFrame>> stacks;
+  std::vector<PythonCode> codes;
+};
+// Null for any other node, outside Python, or when torch kept no backward graph (a region loaded
+// from AOTAutograd's cache). Takes the GIL.
+std::shared_ptr<const SavedUses> ReadSavedUses(torch::autograd::Node& node);
+
 // Python autograd.Functions: while `follow`, the ctx each apply() makes is noted (on its thread),
 // so that the apply's end (an op numbered with the node's sequence number) can take its node:
 // TakeFunctionNode. Outside Python, nothing. Following the first time takes the GIL (it wraps

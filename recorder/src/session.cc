@@ -685,7 +685,7 @@ void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
                           after, ts.nodes);
   if (ts.function_node) {
     graph_->RefFunctionNode(ts.function_node.get(), frame, ts.saved_hooks, ts.unchecked_saves,
-                            after, ts.nodes);
+                            ts.saved_uses.get(), after, ts.nodes);
   }
   RecordOutputs(ts.outputs, frame, ids_, after);
   NameSavedOutputs(ts.nodes, ts.outputs, op.outputs);
@@ -731,6 +731,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
       state.saved_hooks.clear();  // Outside mu_: dropping a Python node takes the GIL.
       state.unchecked_saves.clear();
       state.function_node.reset();
+      state.saved_uses.reset();
     }
     ThreadState& state;
   } clear_scratch{ts};
@@ -751,6 +752,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
       ReadUncheckedTensors(*node, unchecked);
       if (!unchecked.empty()) ts.unchecked_saves.emplace_back(node.get(), std::move(unchecked));
       ReadNodeSavedHooks(node.get(), ts.saved_hooks);
+      ts.saved_uses = ReadSavedUses(*node);
       ts.function_node = std::move(node);
     }
   }

@@ -166,6 +166,8 @@ struct ThreadState {
   UncheckedSaves unchecked_saves;
   // RecordEnd's: the node of the Python Function whose apply ended (TakeFunctionNode).
   compat::NodePtr function_node;
+  // ... and where backward uses what that node saved, for a torch.compile region (ReadSavedUses).
+  std::shared_ptr<const SavedUses> saved_uses;
   std::array<std::pair<const void*, uint64_t>, 16> unchecked_read{};
   size_t unchecked_read_next = 0;
   std::array<PythonFrame, kMaxPythonFrames> python_frames;  // OnStart's Python stack.

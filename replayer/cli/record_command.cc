@@ -285,6 +285,10 @@ int RunRecord(const RecordArgs& args) {
     SetOptionVariables(resolved);
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');
+      // AOTAutograd's cache hands back compiled regions without the backward graph that says
+      // which user line each saved tensor is for (the victim's line): traced again instead, which
+      // changes compile time only. The user's own setting wins.
+      setenv("TORCHINDUCTOR_AUTOGRAD_CACHE", "0", 0);
     } else {
       setenv("TORCHRR_TARGET_PID", std::to_string(getpid()).c_str(), 1);
       PrependEnv("LD_PRELOAD", preload.string(), ':');

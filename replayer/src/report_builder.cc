@@ -167,6 +167,7 @@ class ReportBuilder {
   void AddCulprits(const Finding& f, Violation& v) const;
   void AddFreedBy(const Finding& f, Violation& v) const;
   void AddUnpackHook(const SavedState& s, Violation& v) const;
+  void AddUseSite(const SavedState& s, OpRef& victim) const;
   void AddCounterReset(const Finding& f, Violation& v) const;
   SavedTensorRef MakeTensorRef(const SavedState& s) const;
   std::optional<std::string> PytorchNames(const Finding& f, const NodeState& node,
@@ -479,6 +480,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   if (f.kind == ViolationKind::kDetached && v.culprit) v.culprit->detail.clear();
   const ObjectId victim = f.victim_op != 0 ? f.victim_op : node.created_by;
   if (victim != 0) v.victim = UserOpRef(victim);
+  if (v.victim && s.saved.used_at != 0) AddUseSite(s, *v.victim);
   v.backward_node = {node.id, state_.Str(node.name), node.sequence_nr, node.forward_thread};
   v.saved_version = f.has_baseline ? f.baseline : s.saved.saved_version;
   v.current_version = f.current_version;
@@ -555,6 +557,17 @@ void ReportBuilder::AddUnpackHook(const SavedState& s, Violation& v) const {
   hook.user_frame = UserFrame{stack.front().file, stack.front().line, stack.front().function};
   hook.stack = std::move(stack);
   v.culprit = std::move(hook);
+}
+
+// A tensor a torch.compile region saved: the region is the op that saved it, and the user's line
+// that backward uses it for (SavedTensor.used_at: inside the region, as torch traced it) is the
+// line that saved it in eager mode. Its frames go before the region's call, and name the victim.
+void ReportBuilder::AddUseSite(const SavedState& s, OpRef& victim) const {
+  std::vector<Frame> inside = StackFrames(s.saved.used_at);
+  std::optional<UserFrame> user = FirstUserFrame(inside);
+  if (!user) return;
+  victim.stack.insert(victim.stack.begin(), inside.begin(), inside.end());
+  victim.user_frame = std::move(user);
 }
 
 // The counter went back: the op that last showed the higher version and the one that then

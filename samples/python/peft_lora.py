@@ -186,7 +186,7 @@ def train(args):
     for step in range(args.steps):
         # --bug-at-step K: the steps before K train cleanly, as a run whose bug first bites late.
         BUG = planted if step >= args.bug_at_step else "none"
-        logits = model(input_ids=input_ids).logits  # CALL(compiled)
+        logits = model(input_ids=input_ids).logits
         loss = next_token_loss(logits, input_ids)
         if BUG == "optimizer_before_backward":
             optimizer.step()  # BUG(optimizer_before_backward)

@@ -52,6 +52,13 @@ void ClearSince1_6(Record& r) {
   if (auto* frame = std::get_if<FrameDef>(&r)) frame->origin = 0;
 }
 
+// The fields added in 1.7.
+void ClearSince1_7(Record& r) {
+  if (auto* node = std::get_if<NodeRecord>(&r)) {
+    for (SavedTensor& saved : node->saved) saved.used_at = 0;
+  }
+}
+
 // How many record kinds a minor version has: Record's first ones.
 size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : minor < 5 ? 14 : kRecordKindCount; }
 
@@ -63,6 +70,7 @@ void AsOf(uint16_t minor, std::vector<Record>& want) {
     if (minor < 2) ClearSince1_2(r);
     if (minor < 3) ClearSince1_3(r);
     if (minor < 6) ClearSince1_6(r);
+    if (minor < 7) ClearSince1_7(r);
   }
 }
 
@@ -220,6 +228,14 @@ TEST(Golden, V1_5ReadsEveryField) {
 TEST(Golden, V1_6ReadsEveryField) {
   ExpectEveryField("/v1_6.trr", 6);
   EXPECT_EQ(Nth<FrameDef>(ReadTraceFileAll(kGolden + "/v1_6.trr"), 1).origin, 7u);
+}
+
+TEST(Golden, V1_7ReadsEveryField) {
+  ExpectEveryField("/v1_7.trr", 7);
+  const Trace trace = ReadTraceFileAll(kGolden + "/v1_7.trr");
+  const NodeRecord& node = Nth<NodeRecord>(trace, 1);
+  ASSERT_FALSE(node.saved.empty());
+  EXPECT_EQ(node.saved[0].used_at, Nth<StackDef>(trace, 1).id);
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and

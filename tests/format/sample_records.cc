@@ -95,6 +95,7 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   saved.checked = false;
   saved.recompute_from = id(21);
   saved.unpack_hook = intern(3);
+  saved.used_at = intern(3);
   node.saved = {saved, SavedTensor{}};
   out.push_back(node);
 

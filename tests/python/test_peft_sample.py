@@ -229,14 +229,15 @@ def test_gradient_checkpointing_grads():
 # first call, and the ops run from torch.fx's Interpreter report the lines of the graph nodes they
 # run, the same culprit and victim lines as eager (aot_eager for each bug; inductor, the default,
 # traces the same way, checked once). view_write's loss is outside the model: eager code, as
-# before. optimizer_before_backward changes weights that the compiled region saved as a whole:
-# the victim is that region (its op "Torch-Compiled Region: 0/0"), on the line that calls the
-# model. silent_dlpack: dynamo breaks the graph at torch.from_dlpack, so `up` is saved by the
-# region before the break (its CompiledFunction, in mlp_forward) and scaled by the region after
-# it; --verify-saved's fingerprints see the bytes change. With aot_eager the write is the
-# aten::copy_ AOTAutograd runs back into the mutated input, in the region called from the BUG
-# line; inductor writes from its own kernel, not an op: the region that made the alias is the
-# candidate. The victim is the region that saved `up`, called from the decoder layer.
+# before. optimizer_before_backward changes weights that the compiled region saved: the victim is
+# that region (its op "Torch-Compiled Region: 0/0"), named by the line inside it that backward
+# uses each weight for (the first PyTorch meets is an attention weight's). silent_dlpack: dynamo
+# breaks the graph at torch.from_dlpack, so `up` is saved by the region before the break (its
+# CompiledFunction, in mlp_forward) and scaled by the region after it; --verify-saved's
+# fingerprints see the bytes change. With aot_eager the write is the aten::copy_ AOTAutograd runs
+# back into the mutated input, in the region called from the BUG line; inductor writes from its
+# own kernel, not an op: the region that made the alias is the candidate. The victim is the region
+# that saved `up`, named by the line that uses it (`act * up`), as in eager.
 COMPILE_BUGS = ["none", "inplace_activation", "softmax_mask", "slice_assign", "residual_add",
                 "view_write", "optimizer_before_backward", "silent_dlpack"]
 INDUCTOR_BUGS = ["inplace_activation", "silent_dlpack"]
@@ -268,10 +269,10 @@ def test_compile(compile_runs, bug):
         v = report.violations[0]
         assert (v.kind, v.evidence) == ("silent", "fingerprint") and not v.pytorch_raised
         assert v.backward_node.name == "CompiledFunctionBackward"
-        # The region that ran the MLP up to the break, called from the decoder layer.
+        # The region that ran the MLP up to the break, named by the line that saved `up` in eager.
         assert v.victim.op.startswith("Torch-Compiled Region")
         assert same_file(v.victim.user_frame.file, SAMPLE)
-        assert v.victim.user_frame.function == "decoder_layer_forward"
+        assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
         bug_line = marker_line(SAMPLE, rf"BUG\({bug}\)")
         through_bug = [c for c in v.candidates
                        if any(same_file(f.file, SAMPLE) and f.line == bug_line for f in c.op.stack)]
@@ -291,8 +292,13 @@ def test_compile(compile_runs, bug):
     assert v.culprit.user_frame.line == marker_line(SAMPLE, rf"BUG\({bug}\)")
     assert same_file(v.victim.user_frame.file, SAMPLE)
     if bug == "optimizer_before_backward":
+        # One node saved every weight: PyTorch stops at the first in the region's saved order
+        # (an attention projection's, called at self_attn), not at the last layer's down_proj as
+        # in eager. Each weight is reported at the line that uses it, down_proj's among them.
         assert v.backward_node.name == "CompiledFunctionBackward"
         assert v.victim.op.startswith("Torch-Compiled Region")
-        assert v.victim.user_frame.line == marker_line(SAMPLE, r"CALL\(compiled\)")
-    else:
-        assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
+        assert v.victim.user_frame.function in ("decoder_layer_forward", "mlp_forward")
+        victims = {w.victim.user_frame.line for w in report.violations}
+        assert marker_line(SAMPLE, rf"VICTIM\({bug}\)") in victims, victims
+        return
+    assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")

@@ -80,6 +80,19 @@ def test_options_left_in_the_environment_do_not_apply(tmp_path):
     assert culprit.user_frame is not None and culprit.user_frame.line == 4, culprit.stack
 
 
+def test_autograd_cache_is_off_unless_the_user_set_it(tmp_path, monkeypatch):
+    # A compiled region loaded from AOTAutograd's cache has no backward graph to say which line
+    # each saved tensor is for: `torchrr record` turns that cache off, unless the user chose.
+    monkeypatch.delenv("TORCHINDUCTOR_AUTOGRAD_CACHE", raising=False)
+    script = tmp_path / "env.py"
+    script.write_text("import os, torch\nprint(os.environ.get('TORCHINDUCTOR_AUTOGRAD_CACHE'))\n")
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script])
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", proc.stderr
+    proc = record(trace, [sys.executable, script], env={"TORCHINDUCTOR_AUTOGRAD_CACHE": "1"})
+    assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr
+
+
 def test_not_recording_without_torch_import(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("print(sum(range(10)))\n")

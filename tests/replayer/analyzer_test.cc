@@ -110,6 +110,44 @@ TEST(AnalyzerTest, FramesInGeneratedCodeShowTheirOrigin) {
   EXPECT_TRUE(v.victim->stack[1].generated_file.empty());
 }
 
+// A compiled region saves its input; the program writes it before backward. The region's call is
+// the op that saved it; the line inside the region that backward uses it for (format 1.7's
+// SavedTensor.used_at) names the victim, its frames before the region's call.
+TEST(AnalyzerTest, CompiledRegionVictimIsTheLineThatUsesTheSavedTensor) {
+  for (bool with_use : {true, false}) {
+    TraceBuilder b;
+    auto x = b.Leaf({4});
+    auto h = b.Forward("aten::mul", "MulBackward0", {x}, {}, b.At(10), {});
+    auto region = b.Forward("CompiledFunction", "CompiledFunctionBackward", {h.out},
+                            {{"saved_tensors", h.out}}, b.At(20, "train.py", "train"));
+    b.Inplace("aten::add_", h.out, {}, b.At(21, "train.py", "train"));
+    auto loss = b.Forward("aten::sum", "SumBackward0", {region.out}, {}, b.At(22), {});
+    const format::InternId use = b.Stack({{"model.py", 72, "mlp_forward", false},
+                                  {"model.py", 94, "decoder_layer_forward", false}});
+    b.Backward({loss.node, region.node}, region.node, kSigmoidMessage);
+    for (format::Record& r : b.records) {
+      if (auto* node = std::get_if<format::NodeRecord>(&r); node && node->node == region.node) {
+        if (with_use) node->saved[0].used_at = use;
+      }
+    }
+    Report report = Analyze(b.records);
+    ASSERT_EQ(report.violations.size(), 1u);
+    const Violation& v = report.violations[0];
+    ASSERT_TRUE(v.victim && v.victim->user_frame);
+    EXPECT_EQ(v.victim->name, "CompiledFunction");
+    if (!with_use) {
+      EXPECT_EQ(v.victim->user_frame->line, 20u);
+      continue;
+    }
+    EXPECT_EQ(v.victim->user_frame->file, "model.py");
+    EXPECT_EQ(v.victim->user_frame->line, 72u);
+    EXPECT_EQ(v.victim->user_frame->function, "mlp_forward");
+    ASSERT_EQ(v.victim->stack.size(), 4u);
+    EXPECT_EQ(v.victim->stack[1].line, 94u);
+    EXPECT_EQ(v.victim->stack[3].line, 20u);  // The region's call, after torch's frame.
+  }
+}
+
 TEST(AnalyzerTest, RaisedWithoutCppMessageTakesThePythonOne) {
   SigmoidMulProgram p(/*with_message=*/false);
   p.b.PythonError(std::string("RuntimeError: ") + kSigmoidMessage);

@@ -3,7 +3,8 @@
 # (`ctx.w = w`) instead of save_for_backward: AOTAutograd keeps it in `ctx._tensors_no_vc_check`,
 # which backward reads with no version check (from torch 2.12; before, AOTAutograd saved it with
 # save_for_backward, checked). The program scales `w` in place before backward: PyTorch raises
-# nothing, and x's gradient uses the scaled w.
+# nothing, and x's gradient uses the scaled w. The victim is the region, named by the line of the
+# Function's backward that reads the stashed tensor (torch traced it into the region's backward).
 import torch
 
 
@@ -15,7 +16,7 @@ class Scale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * ctx.w, None
+        return grad * ctx.w, None  # VICTIM
 
 
 def f(x, w):
@@ -24,7 +25,7 @@ def f(x, w):
 
 w = torch.randn(8)
 x = torch.randn(8, requires_grad=True)
-loss = torch.compile(f, backend="aot_eager", fullgraph=True)(x, w)  # VICTIM
+loss = torch.compile(f, backend="aot_eager", fullgraph=True)(x, w)
 with torch.no_grad():
     w.mul_(2)  # CULPRIT
 loss.backward()

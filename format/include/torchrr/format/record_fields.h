@@ -50,7 +50,7 @@
 #define TORCHRR_SAVED_TENSOR_FIELDS(X, ID, TIME)                                                \
   X(name) X(list_index) ID(tensor) ID(storage) ID(version_counter) X(saved_version)            \
   X(is_output) X(defined) X(has_hooks) X(is_leaf) X(output_nr) X(hook) X(checked)               \
-  ID(recompute_from) X(unpack_hook)
+  ID(recompute_from) X(unpack_hook) X(used_at)
 #define TORCHRR_NODE_RECORD_FIELDS(X, ID, TIME)                                                 \
   ID(node) X(name) X(forward_thread) X(sequence_nr) ID(created_by) ID(variable) X(saved_kind)  \
   X(edges) X(saved)

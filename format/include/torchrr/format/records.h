@@ -212,6 +212,11 @@ struct SavedTensor {
   // hook's definition (its code's file, first line and qualified name), which decides what
   // backward gets back. 0 otherwise (C++ hooks, checkpointing's own, traces before 1.3).
   InternId unpack_hook = 0;
+  // Where backward uses it, when that is known apart from the node's creation (format 1.7): for a
+  // torch.compile region's node, the StackDef of Python frames (innermost first, no native ones)
+  // of the user's line whose forward op the first backward graph node reading this tensor
+  // belongs to, as torch.fx's traceback names it. 0 otherwise.
+  InternId used_at = 0;
   bool operator==(const SavedTensor&) const = default;
 };
 
