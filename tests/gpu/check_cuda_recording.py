@@ -11,6 +11,11 @@
    fingerprint, with that kernel among the candidates; without CuPy, a write through a DLPack
    alias (an op on another storage) stands in.
 4. A CUDA trace replays on a machine without a GPU: the replay runs with CUDA_VISIBLE_DEVICES="".
+5. Mixed precision: a short training loop under autocast (fp16 and bf16 on CUDA) with a GradScaler.
+   Without a bug it reports nothing (autocast's cast copies, the scaler's in-place unscale and
+   inf checks, the optimizer's step are legal); with an activation scaled in place it gives the
+   verdict that the same loop under bf16 autocast on the CPU gives. Without CUDA
+   (TORCHRR_GPU_DRY_RUN=1) the CPU half runs alone.
 
 Prints one PASS/FAIL line per check; exit status 1 when any failed. Usage: check_cuda_recording.py
 """
@@ -39,6 +44,46 @@ def program(device):
     y = torch.sigmoid(x)  # VICTIM
     y.mul_(2)  # CULPRIT
     y.sum().backward()
+
+
+def amp_loop(device, dtype, bug):
+    """Two steps of a small model under autocast with a GradScaler; with `bug`, the second step
+    scales an activation that sigmoid saved."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler(device)
+    x = torch.randn(32, 64, device=device)
+    for step in range(2):
+        with torch.autocast(device, dtype=dtype):
+            h = torch.sigmoid(model[0](x))  # AMP_VICTIM
+            if bug and step == 1:
+                h.mul_(2)  # AMP_CULPRIT
+            loss = model[1](h).float().pow(2).mean()
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def check_amp(tmp, device, dtypes, want=None):
+    """Checks amp_loop on `device` with each dtype; returns the buggy loop's verdict."""
+    for dtype in dtypes:
+        name = f"{device} {str(dtype).replace('torch.', '')} autocast + GradScaler"
+        clean = os.path.join(tmp, f"amp_clean_{device}_{dtype}.trr")
+        error = record(clean, amp_loop, device, dtype, False)
+        report = torchrr.replay(clean)
+        check(f"{name}: a clean loop reports nothing", error is None and not report.violations,
+              error or report.raw.get("violations"))
+        buggy = os.path.join(tmp, f"amp_bug_{device}_{dtype}.trr")
+        error = record(buggy, amp_loop, device, dtype, True)
+        got = verdict(torchrr.replay(buggy))
+        if want is None:
+            want = ("version", None, lines("AMP_CULPRIT")[0], lines("AMP_VICTIM")[0],
+                    "SigmoidBackward0", 0, 1, True)
+        check(f"{name}: an activation scaled in place", bool(error) and got == want,
+              f"{got} != {want} ({error!r})")
+    return want
 
 
 def lines(marker):
@@ -71,10 +116,15 @@ def records(path):
 
 
 def main():
-    if not torch.cuda.is_available():
-        print("SKIP no CUDA device")
-        return 0
     tmp = tempfile.mkdtemp(prefix="torchrr_gpu_")
+    if not torch.cuda.is_available():
+        if os.environ.get("TORCHRR_GPU_DRY_RUN") != "1":
+            print("SKIP no CUDA device")
+            return 0
+        print("dry run: no CUDA device; the CPU's mixed-precision checks only")
+        check_amp(tmp, "cpu", [torch.bfloat16])
+        print(f"{'FAILED: ' + ', '.join(FAILED) if FAILED else 'all passed'}")
+        return 1 if FAILED else 0
     cuda_trace, cpu_trace = os.path.join(tmp, "cuda.trr"), os.path.join(tmp, "cpu.trr")
     cuda_error = record(cuda_trace, program, "cuda")
     cpu_error = record(cpu_trace, program, "cpu")
@@ -157,6 +207,9 @@ def main():
     record(none_trace, clean, verify_saved=True)
     check("--verify-saved: a clean CUDA step reports nothing",
           torchrr.replay(none_trace).violations == [], "violations found")
+
+    cpu_amp = check_amp(tmp, "cpu", [torch.bfloat16])
+    check_amp(tmp, "cuda", [torch.float16, torch.bfloat16], want=cpu_amp)
 
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     replay = subprocess.run([_native.cli_path(), "replay", "--json", cuda_trace],

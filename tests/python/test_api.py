@@ -270,3 +270,55 @@ def test_replay_errors(tmp_path):
     with pytest.raises(torchrr.ReplayError) as info:
         torchrr.replay(junk)
     assert info.value.exit_code == 3
+
+
+COMPILED_STEPS = """
+import sys
+import torch
+import torchrr
+
+
+def f(x, w):
+    return torch.sigmoid(x @ w) * x  # VICTIM
+
+
+g = torch.compile(f)
+w = torch.randn(8, 8, requires_grad=True)
+with torchrr.record(sys.argv[1]):
+    for step in range(2):
+        h = torch.randn(4, 8, requires_grad=True) * 2
+        y = g(h, w)
+        if step == 1:
+            h.add_(1)
+        try:
+            y.sum().backward()
+        except RuntimeError:
+            print("raised")
+import torch._functorch.config as config
+print(config.enable_autograd_cache)
+"""
+
+
+@needs_build
+def test_compiled_regions_name_their_lines_on_a_second_run(tmp_path):
+    # The first run's clean step compiles the region's backward, which AOTAutograd would put in
+    # its cache, and the second run would load the region from there with no backward graph to
+    # name the line inside it: while recording, that cache is off (and back on after).
+    import os
+    import subprocess
+
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED_STEPS)
+    victim = next(i for i, line in enumerate(COMPILED_STEPS.splitlines(), 1)
+                  if line.endswith("# VICTIM"))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_AUTOGRAD_CACHE"}
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), OMP_NUM_THREADS="1")
+    for run in range(2):
+        trace = tmp_path / f"run{run}.trr"
+        proc = subprocess.run([sys.executable, script, trace], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == ["raised", "True"], proc.stdout
+        v = torchrr.replay(trace).violations[0]
+        assert v.victim.op.startswith("Torch-Compiled Region")
+        assert (v.victim.user_frame.file, v.victim.user_frame.line) == (str(script), victim)

@@ -61,6 +61,10 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
     steps: (first, last) keeps only those steps (0-based, inclusive; last None: to the end), and
     writes the trace as soon as a step after ``last`` begins.
 
+    torch.compile: until stop(), AOTAutograd's cache is off (unless TORCHINDUCTOR_AUTOGRAD_CACHE
+    is set), so that each compiled region is traced and its saved tensors are named by the lines
+    inside it that use them; this changes compile time only.
+
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
     """
@@ -93,7 +97,30 @@ def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = Fals
                                    spill_dir)
     if rc == 0:
         _close_in_forked_children()
+        _trace_compiled_regions()
     return rc == 0
+
+
+# The value of torch._functorch.config.enable_autograd_cache that start() replaced, restored by
+# stop(); empty when it replaced none.
+_AUTOGRAD_CACHE_BEFORE = []
+
+
+def _trace_compiled_regions():
+    """While recording, AOTAutograd traces every region torch.compile compiles instead of loading
+    it from its cache: a region loaded from there has no backward graph to say which line each
+    tensor it saves is for (docs/recorder.md, torch.compile). Compile time changes, nothing else.
+    The user's choice (TORCHINDUCTOR_AUTOGRAD_CACHE, which `torchrr record` sets to 0) stands.
+    stop() puts the setting back; a recording that ends on its own leaves it off."""
+    if "TORCHINDUCTOR_AUTOGRAD_CACHE" in os.environ or _AUTOGRAD_CACHE_BEFORE:
+        return
+    try:
+        import torch._functorch.config as config
+        before = config.enable_autograd_cache
+        config.enable_autograd_cache = False
+    except (ImportError, AttributeError):  # A torch without that cache: nothing to turn off.
+        return
+    _AUTOGRAD_CACHE_BEFORE.append(before)
 
 
 def start_from_environment() -> bool:
@@ -160,7 +187,11 @@ def stop() -> bool:
     """Stops the recording and closes the trace (symbolizing native stacks first). Returns False
     when nothing was recording. Never imports torch."""
     lib = _native.loaded()
-    return lib is not None and lib.torchrr_stop() == 0
+    stopped = lib is not None and lib.torchrr_stop() == 0
+    if _AUTOGRAD_CACHE_BEFORE:
+        import torch._functorch.config as config
+        config.enable_autograd_cache = _AUTOGRAD_CACHE_BEFORE.pop()
+    return stopped
 
 
 def step() -> None:
