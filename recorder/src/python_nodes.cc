@@ -593,11 +593,37 @@ def saved_uses(ctx_class):
 )py";
 
 PyObject* g_saved_uses_fn = nullptr;  // Compiled once, under the GIL; never released.
-// By the ctx's class (a strong reference, kept: a compiled region's class lives as long as its
-// compiled code). Read once per class, the first time a recorded apply ends: the meta is gone
-// once the backward ran and was cached. Guarded by the GIL; bounded.
-std::unordered_map<PyObject*, std::vector<std::string>>* g_saved_uses = nullptr;
+
+// What was read of a ctx class, kept while the class lives (a weak reference: a compiled region's
+// class holds its compiled code, which the recorder must not keep alive): read once per class,
+// the first time one of its applies ends recorded, as the meta is gone once the backward ran and
+// was cached. `id` names the reading for the process (never reused; 0: nothing read).
+struct SavedUsesEntry {
+  PyObject* weakref = nullptr;  // Strong reference to the weak reference.
+  uint64_t id = 0;
+  std::vector<std::string> traces;
+};
+// By the class's address. Guarded by the GIL; bounded.
+std::unordered_map<PyObject*, SavedUsesEntry>* g_saved_uses = nullptr;
+uint64_t g_last_saved_uses_id = 0;  // Guarded by the GIL.
 constexpr size_t kMaxSavedUseClasses = 4096;
+
+// The weak reference's callback: the class is gone, and its address may be reused. Holds the GIL.
+PyObject* ForgetSavedUses(PyObject* /*self*/, PyObject* weakref) {
+  if (g_saved_uses != nullptr) {
+    for (auto it = g_saved_uses->begin(); it != g_saved_uses->end(); ++it) {
+      if (it->second.weakref == weakref) {
+        Py_DECREF(it->second.weakref);
+        g_saved_uses->erase(it);
+        break;
+      }
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kForgetSavedUsesDef = {"torchrr_forget_saved_uses", ForgetSavedUses, METH_O,
+                                   "A compiled region's class is gone: torchrr forgets it."};
 
 // The uses of `ctx_class`'s saved tensors, read now. Holds the GIL.
 std::vector<std::string> ReadSavedUsesOf(PyObject* ctx_class) {
@@ -628,37 +654,52 @@ std::vector<std::string> ReadSavedUsesOf(PyObject* ctx_class) {
   return uses;
 }
 
+// The entry of `ctx_class`, read when first seen; null when it cannot be kept. Holds the GIL.
+const SavedUsesEntry* SavedUsesOf(PyObject* ctx_class) {
+  if (g_saved_uses == nullptr) g_saved_uses = new std::unordered_map<PyObject*, SavedUsesEntry>();
+  auto it = g_saved_uses->find(ctx_class);
+  if (it != g_saved_uses->end()) return &it->second;
+  if (g_saved_uses->size() >= kMaxSavedUseClasses) return nullptr;
+  static PyObject* const forget = PyCFunction_New(&kForgetSavedUsesDef, nullptr);
+  PyObject* weakref = forget != nullptr ? PyWeakref_NewRef(ctx_class, forget) : nullptr;
+  if (weakref == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  SavedUsesEntry entry;
+  entry.weakref = weakref;
+  entry.traces = ReadSavedUsesOf(ctx_class);
+  if (!entry.traces.empty()) entry.id = ++g_last_saved_uses_id;
+  return &g_saved_uses->emplace(ctx_class, std::move(entry)).first->second;
+}
+
 }  // namespace
 
-// Where backward uses each tensor a torch.compile region's node saved (kSavedUsesSource): a
-// pointer to the tracebacks, cached per ctx class for the life of the process, or null when
-// there are none (any other node). Takes the GIL; Python's error state is left as it was.
-extern "C" const std::vector<std::string>* torchrr_read_saved_uses(torch::autograd::Node& node) {
-  if (!PythonUsable()) return nullptr;
+// Where backward uses each tensor a torch.compile region's node saved (kSavedUsesSource): the id
+// of what was read of the node's class (the same for every node of that class while it lives; 0
+// for any other node), and, when `traces` is given, the tracebacks themselves. Takes the GIL;
+// Python's error state is left as it was.
+extern "C" uint64_t torchrr_read_saved_uses(torch::autograd::Node& node,
+                                            std::vector<std::string>* traces) {
+  if (!PythonUsable()) return 0;
   auto& py_node = static_cast<torch::autograd::PyNode&>(node);
-  const std::vector<std::string>* found = nullptr;
+  uint64_t id = 0;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* ctx = compat::PythonObjectOf(py_node);
-  PyObject* ctx_class = ctx != nullptr ? reinterpret_cast<PyObject*>(Py_TYPE(ctx)) : nullptr;
-  if (ctx_class != nullptr) {
-    if (g_saved_uses == nullptr) {
-      g_saved_uses = new std::unordered_map<PyObject*, std::vector<std::string>>();
+  if (ctx != nullptr) {
+    PyObject* error_type = nullptr;
+    PyObject* error_value = nullptr;
+    PyObject* error_trace = nullptr;
+    PyErr_Fetch(&error_type, &error_value, &error_trace);
+    const SavedUsesEntry* entry = SavedUsesOf(reinterpret_cast<PyObject*>(Py_TYPE(ctx)));
+    if (entry != nullptr) {
+      id = entry->id;
+      if (traces != nullptr && id != 0) *traces = entry->traces;
     }
-    auto it = g_saved_uses->find(ctx_class);
-    if (it == g_saved_uses->end() && g_saved_uses->size() < kMaxSavedUseClasses) {
-      PyObject* error_type = nullptr;
-      PyObject* error_value = nullptr;
-      PyObject* error_trace = nullptr;
-      PyErr_Fetch(&error_type, &error_value, &error_trace);
-      std::vector<std::string> uses = ReadSavedUsesOf(ctx_class);
-      PyErr_Restore(error_type, error_value, error_trace);
-      Py_INCREF(ctx_class);
-      it = g_saved_uses->emplace(ctx_class, std::move(uses)).first;
-    }
-    if (it != g_saved_uses->end() && !it->second.empty()) found = &it->second;
+    PyErr_Restore(error_type, error_value, error_trace);
   }
   PyGILState_Release(gil);
-  return found;
+  return id;
 }
 
 namespace {

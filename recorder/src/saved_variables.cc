@@ -112,26 +112,27 @@ void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& 
 }
 
 std::shared_ptr<const SavedUses> ReadSavedUses(torch::autograd::Node& node) {
-  using ReadFn = const std::vector<std::string>* (*)(torch::autograd::Node&);
+  using ReadFn = uint64_t (*)(torch::autograd::Node&, std::vector<std::string>*);
   static auto read = reinterpret_cast<ReadFn>(PythonNodesSymbol("torchrr_read_saved_uses"));
   if (read == nullptr || !IsPythonNode(typeid(node))) return nullptr;
-  const std::vector<std::string>* traces = read(node);  // Kept for the life of the process.
-  if (traces == nullptr) return nullptr;
-  // Parsed once per region: its tracebacks never change, and the code ids they get are the
-  // process's.
+  const uint64_t id = read(node, nullptr);
+  if (id == 0) return nullptr;
+  // Parsed once per region's reading: its tracebacks never change, and the code ids they get
+  // are the process's.
   static std::mutex mu;
-  static auto* parsed =
-      new std::unordered_map<const std::vector<std::string>*, std::shared_ptr<const SavedUses>>();
+  static auto* parsed = new std::unordered_map<uint64_t, std::shared_ptr<const SavedUses>>();
   {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = parsed->find(traces);
+    auto it = parsed->find(id);
     if (it != parsed->end()) return it->second;
   }
+  std::vector<std::string> traces;
+  if (read(node, &traces) != id) return nullptr;
   auto uses = std::make_shared<SavedUses>();
   constexpr size_t kMaxFrames = 64;
   std::unordered_map<std::string_view, std::vector<PythonFrame>> by_trace;  // Many share one.
   std::vector<PythonCode> codes;
-  for (const std::string& trace : *traces) {
+  for (const std::string& trace : traces) {
     auto [it, created] = by_trace.try_emplace(trace);
     if (created && !trace.empty()) {
       it->second.resize(kMaxFrames);
@@ -144,7 +145,8 @@ std::shared_ptr<const SavedUses> ReadSavedUses(torch::autograd::Node& node) {
     if (described.insert(code.code).second) uses->codes.push_back(std::move(code));
   }
   std::lock_guard<std::mutex> lock(mu);
-  return parsed->emplace(traces, std::move(uses)).first->second;
+  if (parsed->size() >= 4096) parsed->clear();  // Regions compiled and dropped: read again.
+  return parsed->emplace(id, std::move(uses)).first->second;
 }
 
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
