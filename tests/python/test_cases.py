@@ -1,6 +1,7 @@
 """Tiny bug (and legal) scripts under `torchrr record -- python script.py`, replayed with
 torchrr.replay. Each script's first line states what the replay must find (`# EXPECT k=v ...`);
-its `# CULPRIT` and `# VICTIM` comments mark the lines.
+its `# CULPRIT` and `# VICTIM` comments mark the lines (several `# VICTIM` lines: the victim is on
+one of them, where torch releases name different lines).
 
 Keys: `kind`, `node`, `victim_op`, `raised` (0/1) of the first violation; `op` (the culprit's op),
 or `culprit=none`; `saved`, `current` (versions); `evidence` (silent; `-`: none); `message` (a phrase of
@@ -124,7 +125,9 @@ def test_case(script, all_ops, tmp_path):
     else:
         assert v.victim.op == expect["victim_op"]
     assert same_file(v.victim.user_frame.file, script)
-    assert v.victim.user_frame.line == marker_line(script, "VICTIM")
+    victims = marker_lines(script, "VICTIM")
+    assert victims, f"{script}: no line marked VICTIM"
+    assert v.victim.user_frame.line in victims, (v.victim.user_frame.line, victims)
 
     if expect.get("evidence") == "fingerprint":
         # No recorded op wrote it: no culprit, but the ops that touched its bytes are candidates.

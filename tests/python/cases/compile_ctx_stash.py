@@ -3,8 +3,9 @@
 # (`ctx.w = w`) instead of save_for_backward: AOTAutograd keeps it in `ctx._tensors_no_vc_check`,
 # which backward reads with no version check (from torch 2.12; before, AOTAutograd saved it with
 # save_for_backward, checked). The program scales `w` in place before backward: PyTorch raises
-# nothing, and x's gradient uses the scaled w. The victim is the region, named by the line of the
-# Function's backward that reads the stashed tensor (torch traced it into the region's backward).
+# nothing, and x's gradient uses the scaled w. The victim is the region, named by the line its
+# backward graph gives the node that reads the stashed tensor: the Function's backward line that
+# reads it (torch 2.15), or the apply() call (2.9).
 import torch
 
 
@@ -20,7 +21,7 @@ class Scale(torch.autograd.Function):
 
 
 def f(x, w):
-    return Scale.apply(torch.tanh(x), w).sum()
+    return Scale.apply(torch.tanh(x), w).sum()  # VICTIM
 
 
 w = torch.randn(8)
