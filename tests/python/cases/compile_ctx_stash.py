@@ -1,7 +1,7 @@
-# EXPECT kind=version evidence=- raised=1 exit=1 kind@2.12=silent evidence@2.12=unchecked_save raised@2.12=0 exit@2.12=0 node=CompiledFunctionBackward op=aten::mul_ victim_prefix=Torch-Compiled tags=compile,aot_eager,fullgraph
+# EXPECT kind=version evidence=- raised=1 exit=1 kind@2.11=silent evidence@2.11=unchecked_save raised@2.11=0 exit@2.11=0 node=CompiledFunctionBackward op=aten::mul_ victim_prefix=Torch-Compiled tags=compile,aot_eager,fullgraph
 # torch.compile (aot_eager, fullgraph) of a user autograd.Function that stashes a tensor on its ctx
 # (`ctx.w = w`) instead of save_for_backward: AOTAutograd keeps it in `ctx._tensors_no_vc_check`,
-# which backward reads with no version check (from torch 2.12; before, AOTAutograd saved it with
+# which backward reads with no version check (from torch 2.11; before, AOTAutograd saved it with
 # save_for_backward, checked). The program scales `w` in place before backward: PyTorch raises
 # nothing, and x's gradient uses the scaled w. The victim is the region, named by the line its
 # backward graph gives the node that reads the stashed tensor: the Function's backward line that
