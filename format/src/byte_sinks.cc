@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -18,6 +20,7 @@ Status NotARegularFile(const std::string& path, mode_t mode) {
                      : S_ISSOCK(mode) ? "a socket"
                      : S_ISCHR(mode)  ? "a character device"
                      : S_ISBLK(mode)  ? "a block device"
+                     : S_ISLNK(mode)  ? "a symbolic link"
                                       : "not a file";
   return Status(StatusCode::kInvalidArgument,
                 path + ": not a regular file (" + what + "); a trace is written to a file");
@@ -26,8 +29,10 @@ Status NotARegularFile(const std::string& path, mode_t mode) {
 // Opens `path` for writing, creating it when `create`, only if it is a regular file, and takes
 // the exclusive lock (flock) a writer holds on its trace for as long as the descriptor is open.
 // Changes no byte of the file. Returns the descriptor (O_CLOEXEC, blocking), or:
-// kInvalidArgument for an empty path or anything but a regular file; kIoError "path: another
-// recording is writing it" when the lock is held, "path: strerror" when open fails.
+// kInvalidArgument for an empty path, a symbolic link (O_NOFOLLOW: a link planted at the path
+// never truncates its target nor creates a file elsewhere) or anything but a regular file;
+// kIoError "path: another recording is writing it" when the lock is held, "path: strerror" when
+// open fails.
 //
 // The stat before open keeps it from touching a device or a FIFO (whose open would block until
 // a reader came); O_NONBLOCK makes a FIFO put there after that stat fail (ENXIO) instead of
@@ -36,12 +41,13 @@ Status NotARegularFile(const std::string& path, mode_t mode) {
 StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create) {
   if (path.empty()) return Status(StatusCode::kInvalidArgument, "no trace path given (empty)");
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     return NotARegularFile(path, st.st_mode);
   }
-  int flags = O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (create ? O_CREAT : 0);
+  int flags = O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0);
   int fd = ::open(path.c_str(), flags, 0644);
   if (fd < 0) {
+    if (errno == ELOOP) return NotARegularFile(path, S_IFLNK);
     if (errno == ENXIO) return NotARegularFile(path, S_IFIFO);
     if (errno == EISDIR) return NotARegularFile(path, S_IFDIR);
     return Status(StatusCode::kIoError, path + ": " + std::strerror(errno));
@@ -63,7 +69,59 @@ StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create) {
   return fd;
 }
 
+// `fd` moved to a number far above those a program allocates (the lowest free one), so that a
+// program that closes its inherited descriptors and opens files of its own does not get the
+// trace's number back. Half the soft descriptor limit, at most 1024; `fd` itself when the limit
+// is low or the move fails. The flock goes with the open file description.
+int MoveToHighDescriptor(int fd) {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur < 64) return fd;
+  const rlim_t least = std::min<rlim_t>(1024, limit.rlim_cur / 2);
+  if (static_cast<rlim_t>(fd) >= least) return fd;
+  int high = ::fcntl(fd, F_DUPFD_CLOEXEC, static_cast<int>(least));
+  if (high < 0) return fd;
+  ::close(fd);
+  return high;
+}
+
 }  // namespace
+
+FileSink::FileSink(int fd, std::string path) : fd_(MoveToHighDescriptor(fd)), path_(std::move(path)) {
+  struct stat st;
+  if (::fstat(fd_, &st) == 0) {
+    device_ = st.st_dev;
+    inode_ = st.st_ino;
+  }
+}
+
+bool FileSink::OwnsDescriptor() const {
+  struct stat st;
+  return fd_ >= 0 && ::fstat(fd_, &st) == 0 && st.st_dev == device_ && st.st_ino == inode_;
+}
+
+Status FileSink::TakeDescriptorBack() {
+  if (OwnsDescriptor()) return Status::Ok();
+  // The program closed the descriptor (os.closerange, a daemon's setup); its number may now be a
+  // file of the program's, which is never written or closed from here.
+  const int lost = fd_;
+  fd_ = -1;
+  int fd = ::open(path_.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_dev != device_ || st.st_ino != inode_) {
+    if (fd >= 0) ::close(fd);
+    return Status(StatusCode::kIoError,
+                  path_ + ": the program closed the trace's descriptor (" + std::to_string(lost) +
+                      ") and the path is no longer the trace; nothing more is written");
+  }
+  (void)::flock(fd, LOCK_EX | LOCK_NB);
+  if (::lseek(fd, static_cast<off_t>(offset_), SEEK_SET) < 0) {
+    Status failed(StatusCode::kIoError, path_ + ": lseek: " + std::strerror(errno));
+    ::close(fd);
+    return failed;
+  }
+  fd_ = MoveToHighDescriptor(fd);
+  return Status::Ok();
+}
 
 StatusOr<std::unique_ptr<FileSink>> FileSink::Open(const std::string& path) {
   StatusOr<int> fd = OpenLockedRegularFile(path, /*create=*/true);
@@ -80,7 +138,7 @@ StatusOr<std::unique_ptr<FileSink>> FileSink::Open(const std::string& path) {
 Status FileSink::CheckPath(const std::string& path) {
   if (path.empty()) return OpenLockedRegularFile(path, false).status();
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
+  if (::lstat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) return Status(StatusCode::kIoError, path + ": " + std::strerror(errno));
     // A new file: its directory must take one.
     std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -98,11 +156,12 @@ Status FileSink::CheckPath(const std::string& path) {
 }
 
 FileSink::~FileSink() {
-  if (fd_ >= 0) ::close(fd_);
+  if (OwnsDescriptor()) ::close(fd_);
 }
 
 Status FileSink::Write(const void* data, size_t size) {
-  if (fd_ < 0) return Status(StatusCode::kIoError, path_ + ": write after close");
+  if (closed_) return Status(StatusCode::kIoError, path_ + ": write after close");
+  TORCHRR_RETURN_IF_ERROR(TakeDescriptorBack());
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd_, p, size);
@@ -112,12 +171,18 @@ Status FileSink::Write(const void* data, size_t size) {
     }
     p += n;
     size -= static_cast<size_t>(n);
+    offset_ += static_cast<uint64_t>(n);
   }
   return Status::Ok();
 }
 
 Status FileSink::Close() {
-  if (fd_ < 0) return Status::Ok();
+  if (closed_) return Status::Ok();
+  closed_ = true;
+  if (!OwnsDescriptor()) {  // Never close what the program opened at the trace's old number.
+    fd_ = -1;
+    return Status::Ok();
+  }
   int rc = ::close(fd_);
   fd_ = -1;
   if (rc != 0 && errno != EINTR) {

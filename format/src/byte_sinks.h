@@ -2,6 +2,9 @@
 #ifndef TORCHRR_FORMAT_SRC_BYTE_SINKS_H_
 #define TORCHRR_FORMAT_SRC_BYTE_SINKS_H_
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <string>
 
 #include "torchrr/format/writer.h"
@@ -10,6 +13,14 @@ namespace torchrr::format {
 
 // Writes to a file descriptor it owns with write(2): no user-space buffer, so what a Write
 // returned from is in the kernel and survives the process being killed.
+//
+// The descriptor lives in a process it does not own: a recorded program may close it
+// (`os.closerange`) and get its number back for a file of its own. Before each write the sink
+// checks that the descriptor is still the file it created (device and inode); when it is not,
+// it never touches that number again and reopens the trace by path (O_NOFOLLOW), only if the
+// path is still that same file, at the offset it had written to. Otherwise Write fails and the
+// recording stops with the error. The descriptor sits at a high number (MoveToHighDescriptor),
+// which makes a close-and-reopen between the check and the write as unlikely as it can be.
 class FileSink : public ByteSink {
  public:
   // Creates or truncates `path`, a regular file, and holds an exclusive flock on it until Close,
@@ -24,9 +35,18 @@ class FileSink : public ByteSink {
   Status Close() override;
 
  private:
-  FileSink(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  FileSink(int fd, std::string path);
+  // Whether fd_ is still the file Open created.
+  bool OwnsDescriptor() const;
+  // Ok when fd_ is the trace, possibly reopened by path; the error otherwise (fd_ is then -1).
+  Status TakeDescriptorBack();
+
   int fd_;
   std::string path_;
+  dev_t device_ = 0;  // The trace's identity, from fstat at open.
+  ino_t inode_ = 0;
+  uint64_t offset_ = 0;  // Bytes written: where a reopened descriptor resumes.
+  bool closed_ = false;
 };
 
 // Appends to a string the caller owns.

@@ -130,3 +130,72 @@ def test_the_recorder_never_truncates_a_file_another_recording_writes(tmp_path):
     assert "another recording" in second.stderr
     info = subprocess.run([cli(), "info", str(trace)], capture_output=True, text=True, timeout=60)
     assert info.returncode == 0, info.stderr
+
+
+def test_a_link_at_the_output_is_refused_and_its_target_kept(tmp_path):
+    # O_NOFOLLOW: a link planted at the path neither truncates its target nor, dangling, makes a
+    # file where it points.
+    target = tmp_path / "results.txt"
+    target.write_text("the program's results\n")
+    link = tmp_path / "run.trr"
+    link.symlink_to(target)
+    proc = record(link, PROGRAM, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert "ran" not in proc.stdout
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1 and "symbolic link" in errors[0], proc.stderr
+    assert target.read_text() == "the program's results\n"
+
+    dangling = tmp_path / "dangling.trr"
+    dangling.symlink_to(tmp_path / "elsewhere.trr")
+    proc = record(dangling, PROGRAM, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert not (tmp_path / "elsewhere.trr").exists()
+
+    code = (f"import torchrr; print(torchrr.start({str(link)!r}))")
+    proc = _python_api(code)
+    assert proc.stdout.strip() == "False", proc.stdout + proc.stderr
+    assert "symbolic link" in proc.stderr
+    assert target.read_text() == "the program's results\n"
+
+
+CLOSES_ITS_DESCRIPTORS = """
+import os, sys, torch
+w = torch.randn(8, 8, requires_grad=True)
+for step in range(2):
+    if step == 1:
+        # What python-daemon and some launchers do, then the program opens its own file, which
+        # gets the lowest free number.
+        os.closerange(3, 4096)
+        with open(sys.argv[1], "w") as results:
+            results.write("result line\\n")
+            results.flush()
+    h = torch.sigmoid(torch.randn(4, 8) @ w)
+    h.mul_(2)  # BUG: sigmoid saved its output.
+    try:
+        h.sum().backward()
+    except RuntimeError:
+        pass
+    with open(sys.argv[1], "a") as results:
+        results.write("after step %d\\n" % step)
+"""
+
+
+def test_a_program_that_closes_its_descriptors_keeps_its_files_and_the_trace(tmp_path):
+    script = tmp_path / "daemon_like.py"
+    script.write_text(CLOSES_ITS_DESCRIPTORS)
+    results = tmp_path / "results.txt"
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script, results])
+    assert proc.returncode == 0, proc.stderr
+    # The program's file holds only what it wrote: no chunk of the trace (which starts TRRC).
+    assert results.read_bytes() == b"result line\nafter step 1\n", results.read_bytes()[:64]
+    replay = subprocess.run([cli(), "replay", "--json", str(trace)], capture_output=True,
+                            text=True, timeout=120)
+    import json
+    report = json.loads(replay.stdout)
+    assert replay.returncode == 1, replay.stdout[-2000:] + replay.stderr
+    # Both steps' violations: the writes after the close reached the trace too.
+    assert len(report["violations"]) == 2, [v.get("culprit", {}).get("op") for v in
+                                            report["violations"]]
+    assert "Bad file descriptor" not in proc.stderr
