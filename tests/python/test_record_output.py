@@ -170,6 +170,8 @@ for step in range(2):
         with open(sys.argv[1], "w") as results:
             results.write("result line\\n")
             results.flush()
+        # Files of its own at every low number, the trace's old one among them.
+        scratch = [open(os.path.join(sys.argv[2], "scratch%d" % i), "wb") for i in range(64)]
     h = torch.sigmoid(torch.randn(4, 8) @ w)
     h.mul_(2)  # BUG: sigmoid saved its output.
     try:
@@ -186,8 +188,12 @@ def test_a_program_that_closes_its_descriptors_keeps_its_files_and_the_trace(tmp
     script.write_text(CLOSES_ITS_DESCRIPTORS)
     results = tmp_path / "results.txt"
     trace = tmp_path / "run.trr"
-    proc = record(trace, [sys.executable, script, results])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = record(trace, [sys.executable, script, results, scratch])
     assert proc.returncode == 0, proc.stderr
+    written = {p.name: p.stat().st_size for p in scratch.iterdir() if p.stat().st_size}
+    assert len(list(scratch.iterdir())) == 64 and not written, written
     # The program's file holds only what it wrote: no chunk of the trace (which starts TRRC).
     assert results.read_bytes() == b"result line\nafter step 1\n", results.read_bytes()[:64]
     replay = subprocess.run([cli(), "replay", "--json", str(trace)], capture_output=True,
