@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
@@ -86,7 +86,8 @@ int MoveToHighDescriptor(int fd) {
 
 }  // namespace
 
-FileSink::FileSink(int fd, std::string path) : fd_(MoveToHighDescriptor(fd)), path_(std::move(path)) {
+FileSink::FileSink(int fd, std::string path)
+    : fd_(MoveToHighDescriptor(fd)), path_(std::move(path)) {
   struct stat st;
   if (::fstat(fd_, &st) == 0) {
     device_ = st.st_dev;
@@ -103,23 +104,24 @@ Status FileSink::TakeDescriptorBack() {
   if (OwnsDescriptor()) return Status::Ok();
   // The program closed the descriptor (os.closerange, a daemon's setup); its number may now be a
   // file of the program's, which is never written or closed from here.
-  const int lost = fd_;
+  // The same open as the first (no link, a regular file, the lock: another recording holding it
+  // has truncated the file), and then the same file, or nothing more is written.
+  const std::string lost = path_ + ": the program closed the trace's descriptor (" +
+                           std::to_string(fd_) + "); nothing more is written: ";
   fd_ = -1;
-  int fd = ::open(path_.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
+  StatusOr<int> fd = OpenLockedRegularFile(path_, /*create=*/false);
+  if (!fd.ok()) return Status(StatusCode::kIoError, lost + fd.status().message());
   struct stat st;
-  if (fd < 0 || ::fstat(fd, &st) != 0 || st.st_dev != device_ || st.st_ino != inode_) {
-    if (fd >= 0) ::close(fd);
-    return Status(StatusCode::kIoError,
-                  path_ + ": the program closed the trace's descriptor (" + std::to_string(lost) +
-                      ") and the path is no longer the trace; nothing more is written");
+  if (::fstat(fd.value(), &st) != 0 || st.st_dev != device_ || st.st_ino != inode_) {
+    ::close(fd.value());
+    return Status(StatusCode::kIoError, lost + "the path is no longer the trace");
   }
-  (void)::flock(fd, LOCK_EX | LOCK_NB);
-  if (::lseek(fd, static_cast<off_t>(offset_), SEEK_SET) < 0) {
-    Status failed(StatusCode::kIoError, path_ + ": lseek: " + std::strerror(errno));
-    ::close(fd);
+  if (::lseek(fd.value(), static_cast<off_t>(offset_), SEEK_SET) < 0) {
+    Status failed(StatusCode::kIoError, lost + "lseek: " + std::strerror(errno));
+    ::close(fd.value());
     return failed;
   }
-  fd_ = MoveToHighDescriptor(fd);
+  fd_ = MoveToHighDescriptor(fd.value());
   return Status::Ok();
 }
 

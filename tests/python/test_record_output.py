@@ -2,6 +2,7 @@
 never hold a trace, options out of range, and an output another recording is writing; the
 recorder's own open (torchrr.start, the C API) refuses the same, and never truncates another
 recording's file."""
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,14 @@ def _errors(stderr):
     return [line for line in stderr.splitlines() if line.startswith("torchrr: error:")]
 
 
+def _assert_refused_before_running(proc, why):
+    """`torchrr record` exited 2 with one error line naming `why`, and the program never ran."""
+    assert proc.returncode == 2, proc.stderr
+    assert "ran" not in proc.stdout
+    errors = _errors(proc.stderr)
+    assert len(errors) == 1 and why in errors[0], proc.stderr
+
+
 def _python_api(code, timeout=60):
     """Runs `code` in a fresh interpreter that imports the checkout's torchrr package."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "recorder" / "python"), OMP_NUM_THREADS="1")
@@ -31,11 +40,7 @@ def test_a_fifo_is_refused_before_the_program_runs(tmp_path):
     # The recorder would block in open() until something read the FIFO: the program never ran.
     fifo = tmp_path / "run.trr"
     os.mkfifo(fifo)
-    proc = record(fifo, PROGRAM, timeout=30)
-    assert proc.returncode == 2, proc.stderr
-    assert "ran" not in proc.stdout
-    errors = _errors(proc.stderr)
-    assert len(errors) == 1 and "not a regular file" in errors[0], proc.stderr
+    _assert_refused_before_running(record(fifo, PROGRAM, timeout=30), "not a regular file")
 
 
 def test_a_directory_is_refused(tmp_path):
@@ -139,11 +144,7 @@ def test_a_link_at_the_output_is_refused_and_its_target_kept(tmp_path):
     target.write_text("the program's results\n")
     link = tmp_path / "run.trr"
     link.symlink_to(target)
-    proc = record(link, PROGRAM, timeout=30)
-    assert proc.returncode == 2, proc.stderr
-    assert "ran" not in proc.stdout
-    errors = _errors(proc.stderr)
-    assert len(errors) == 1 and "symbolic link" in errors[0], proc.stderr
+    _assert_refused_before_running(record(link, PROGRAM, timeout=30), "symbolic link")
     assert target.read_text() == "the program's results\n"
 
     dangling = tmp_path / "dangling.trr"
@@ -152,8 +153,7 @@ def test_a_link_at_the_output_is_refused_and_its_target_kept(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert not (tmp_path / "elsewhere.trr").exists()
 
-    code = (f"import torchrr; print(torchrr.start({str(link)!r}))")
-    proc = _python_api(code)
+    proc = _python_api(f"import torchrr; print(torchrr.start({str(link)!r}))")
     assert proc.stdout.strip() == "False", proc.stdout + proc.stderr
     assert "symbolic link" in proc.stderr
     assert target.read_text() == "the program's results\n"
@@ -198,7 +198,6 @@ def test_a_program_that_closes_its_descriptors_keeps_its_files_and_the_trace(tmp
     assert results.read_bytes() == b"result line\nafter step 1\n", results.read_bytes()[:64]
     replay = subprocess.run([cli(), "replay", "--json", str(trace)], capture_output=True,
                             text=True, timeout=120)
-    import json
     report = json.loads(replay.stdout)
     assert replay.returncode == 1, replay.stdout[-2000:] + replay.stderr
     # Both steps' violations: the writes after the close reached the trace too.
