@@ -2,14 +2,19 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "environment_options.h"
+#include "python_stacks.h"
 #include "session.h"
+#include "torchrr/recording_options.h"
 
 namespace {
 
@@ -23,7 +28,7 @@ std::shared_ptr<torchrr::recorder::Session>* g_session = nullptr;  // Guarded by
 void LockBeforeFork() { g_mu.lock(); }
 void UnlockAfterFork() { g_mu.unlock(); }
 
-// Starts the C API's one recording. Returns torchrr_start's values.
+// Starts the C API's one recording. Returns torchrr_start_with's 0 or 1.
 int Start(const torchrr::RecorderOptions& options) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_session != nullptr && *g_session && (*g_session)->recording()) {
@@ -45,47 +50,73 @@ int Start(const torchrr::RecorderOptions& options) {
   return 0;
 }
 
-}  // namespace
-
-extern "C" int torchrr_start(const char* path, int native_stacks, int python_stacks,
-                             size_t max_buffered_bytes, int drop_when_full, int rank,
-                             uint32_t flags) {
-  return torchrr_start_keeping(path, native_stacks, python_stacks, max_buffered_bytes,
-                               drop_when_full, rank, flags, 0, 0, 1, 0, nullptr);
+// The RecorderOptions torchrr_start_with's `given` says, into *options. Returns why not ("" when
+// they are understood).
+std::string OptionsFromC(const torchrr_options* given, torchrr::RecorderOptions* options) {
+  *options = torchrr::DefaultRecorderOptions(torchrr::recorder::PythonInterpreterRunning());
+  if (given == nullptr) return "";
+  if (given->path != nullptr) options->path = given->path;
+  options->rank = given->rank;
+  std::vector<const torchrr::RecordingOption*> named;
+  for (size_t i = 0; i < given->setting_count; ++i) {
+    const torchrr_setting& setting = given->settings[i];
+    const std::string name = setting.name != nullptr ? setting.name : "";
+    const std::string value = setting.value != nullptr ? setting.value : "";
+    const torchrr::RecordingOption* option = torchrr::FindRecordingOptionByKeyword(name);
+    if (option == nullptr) return "unknown option " + name;
+    if (std::string why = option->set(torchrr::KeywordText(*option, value), options);
+        !why.empty()) {
+      return name + "=" + value + ": " + why;
+    }
+    named.push_back(option);
+  }
+  auto given_option = [&named](const torchrr::RecordingOption& option) {
+    return std::find(named.begin(), named.end(), &option) != named.end();
+  };
+  if (const torchrr::RecordingOptionRelation* broken = torchrr::BrokenRelation(given_option)) {
+    return std::string(broken->option->keyword) + (broken->needs ? " needs " : " excludes ") +
+           broken->other->keyword;
+  }
+  return "";
 }
+
+// Says why `given` was refused where it asks; returns torchrr_start_with's 2.
+int Refuse(const torchrr_options* given, const std::string& why) {
+  if (given != nullptr && given->error != nullptr && given->error_size > 0) {
+    std::snprintf(given->error, given->error_size, "%s", why.c_str());
+  }
+  return 2;
+}
+
+}  // namespace
 
 extern "C" void torchrr_step(void) {
   if (auto session = torchrr::recorder::Session::Active()) session->MarkStep();
 }
 
-extern "C" int torchrr_start_keeping(const char* path, int native_stacks, int python_stacks,
-                                     size_t max_buffered_bytes, int drop_when_full, int rank,
-                                     uint32_t flags, size_t keep_last_steps,
-                                     size_t keep_last_bytes, uint64_t steps_first,
-                                     uint64_t steps_last, const char* spill_dir) {
+extern "C" int torchrr_start_with(const torchrr_options* given) {
   torchrr::RecorderOptions options;
-  options.path = path != nullptr ? path : "torchrr.trr";
-  options.native_stacks = native_stacks != 0;
-  options.python_stacks = python_stacks != 0;
-  if (max_buffered_bytes != 0) options.max_buffered_bytes = max_buffered_bytes;
-  options.when_full = drop_when_full ? torchrr::WhenFull::kDrop : torchrr::WhenFull::kWait;
-  options.rank = rank;
-  options.verify_saved = (flags & TORCHRR_VERIFY_SAVED) != 0;
-  options.cuda_kernels = (flags & TORCHRR_NO_CUDA_KERNELS) == 0;
-  options.all_ops = (flags & TORCHRR_ALL_OPS) != 0;
-  options.follow_forks = (flags & TORCHRR_FOLLOW_FORKS) != 0;
-  options.source = (flags & TORCHRR_NO_SOURCE) == 0;
-  options.keep_last_steps = keep_last_steps;
-  if (keep_last_bytes != 0) options.keep_last_bytes = keep_last_bytes;
-  options.steps_first = steps_first;
-  options.steps_last = steps_last;
-  if (spill_dir != nullptr) options.spill_dir = spill_dir;
+  if (std::string why = OptionsFromC(given, &options); !why.empty()) return Refuse(given, why);
   return Start(options);
 }
 
+extern "C" int torchrr_describe_options(const torchrr_options* given, char* out, size_t size) {
+  torchrr::RecorderOptions options;
+  if (std::string why = OptionsFromC(given, &options); !why.empty()) return Refuse(given, why);
+  std::string text;
+  for (const torchrr::RecordingOption& option : torchrr::RecordingOptions()) {
+    text += std::string(option.keyword) + "=" + option.get(options) + "\n";
+  }
+  if (out != nullptr && size > 0) std::snprintf(out, size, "%s", text.c_str());
+  return 0;
+}
+
 extern "C" int torchrr_start_from_environment(void) {
-  std::optional<torchrr::RecorderOptions> options =
-      torchrr::recorder::OptionsFromEnvironment();
+  // A preloaded library's constructor runs before the interpreter starts, so whether one runs
+  // is asked now, not then. std::getenv: not safe against a concurrent setenv.
+  std::optional<torchrr::RecorderOptions> options = torchrr::recorder::OptionsFromEnvironment(
+      [](const char* name) { return std::getenv(name); },
+      torchrr::recorder::PythonInterpreterRunning());
   return options ? Start(*options) : 1;
 }
 

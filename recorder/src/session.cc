@@ -251,24 +251,14 @@ std::shared_ptr<Session> Session::Start(const RecorderOptions& options, std::str
 std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std::string* error) {
   std::shared_ptr<Session> session(new Session(options));
   ForgetPythonCodeDescriptions();  // This session's interner knows no code yet.
-  TraceSink::Options sink_options;
-  sink_options.path = options.path;
-  sink_options.max_buffered_bytes = options.max_buffered_bytes;
-  sink_options.when_full = options.when_full;
-  sink_options.zstd_level = options.zstd_level;
-  sink_options.record_source = options.source;
-  sink_options.keep_last_steps = options.keep_last_steps;
-  sink_options.keep_last_bytes = options.keep_last_bytes;
-  sink_options.spill_dir = options.spill_dir;
-  sink_options.steps_first = options.steps_first;
-  sink_options.steps_last = options.steps_last;
   // The writer thread takes pending groups each time it looks at the queue: the session outlives
-  // the sink's thread (Stop closes the sink).
+  // the sink's thread (Stop closes the sink), and the sink reads the session's options.
   Session* raw = session.get();
-  sink_options.pull = [raw] { raw->PullPending(); };
+  auto pull = [raw] { raw->PullPending(); };
   // A batch is small beside the queue's bound, so that kWait and kDrop still act per few ops.
   session->pending_bytes_ = std::clamp<size_t>(options.max_buffered_bytes / 16, 1, 64u << 10);
-  session->sink_ = TraceSink::Open(sink_options, MakeFileInfo(options), error);
+  session->sink_ =
+      TraceSink::Open(session->options_, std::move(pull), MakeFileInfo(options), error);
   if (!session->sink_) return nullptr;
   session->interner_.emplace(*session->sink_);
   session->graph_.emplace(*session->interner_, session->ids_, session->fingerprints_);

@@ -88,7 +88,8 @@ class FileSizeSignalBlocked {
 
 }  // namespace
 
-std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format::FileInfo& info,
+std::unique_ptr<TraceSink> TraceSink::Open(const RecorderOptions& options, Pull pull,
+                                           const format::FileInfo& info,
                                            std::string* error) {
   format::WriterOptions writer_options;
   writer_options.zstd_level = options.zstd_level;
@@ -98,7 +99,7 @@ std::unique_ptr<TraceSink> TraceSink::Open(const Options& options, const format:
     *error = writer.status().message();
     return nullptr;
   }
-  std::unique_ptr<TraceSink> sink(new TraceSink(options, info, std::move(writer.value())));
+  std::unique_ptr<TraceSink> sink(new TraceSink(options, std::move(pull), info, std::move(writer.value())));
   struct stat file;
   if (::stat(options.path.c_str(), &file) == 0) {
     sink->file_device_ = file.st_dev;
@@ -130,33 +131,33 @@ void TraceSink::CloseInheritedDescriptors() const {
 
 namespace {
 
-// spill_dir/STEM.step for the trace `path` (STEM: its name without .trr).
-std::string SpillPrefix(const TraceSink::Options& options) {
-  if (options.spill_dir.empty() || options.keep_last_steps == 0) return "";
+// SPILL/STEM.step for the trace `path` (STEM: its name without .trr).
+std::string SpillPrefix(const RecorderOptions& options) {
+  if (options.spill.empty() || options.keep_last == 0) return "";
   std::filesystem::path name = std::filesystem::path(options.path).filename();
   if (name.extension() == ".trr") name.replace_extension();
   // Absolute: a forked child, whose working directory may differ, matches its descriptors' paths
   // against it.
   std::error_code error;
-  std::filesystem::path dir = std::filesystem::absolute(options.spill_dir, error);
-  if (error) dir = options.spill_dir;
+  std::filesystem::path dir = std::filesystem::absolute(options.spill, error);
+  if (error) dir = options.spill;
   return (dir.lexically_normal() / name).string() + ".step";
 }
 
 }  // namespace
 
-TraceSink::TraceSink(const Options& options, const format::FileInfo& info,
+TraceSink::TraceSink(const RecorderOptions& options, Pull pull, const format::FileInfo& info,
                      std::unique_ptr<format::TraceWriter> writer)
     : options_(options),
+      pull_(std::move(pull)),
       info_(info),
       spill_prefix_(SpillPrefix(options)),
       wake_bytes_(std::min(kWakeBytes, std::max<size_t>(options.max_buffered_bytes / 4, 1))),
       writer_(std::move(writer)) {
-  const bool ranged = options.steps_first <= options.steps_last;
-  if (options.keep_last_steps > 0 || ranged) {
-    window_ = std::make_unique<StepWindow>(options.keep_last_steps, options.keep_last_bytes);
-    if (ranged) window_->KeepRange(options.steps_first, options.steps_last);
-    spilling_ = !ranged && !spill_prefix_.empty();
+  if (options.keep_last > 0 || options.steps.on()) {
+    window_ = std::make_unique<StepWindow>(options.keep_last, options.keep_last_bytes);
+    if (options.steps.on()) window_->KeepRange(options.steps.first, options.steps.last);
+    spilling_ = !options.steps.on() && !spill_prefix_.empty();
     InstallSignalHandlers();
   }
   thread_ = std::thread([this] { WriterLoop(); });
@@ -230,7 +231,7 @@ void TraceSink::WriterLoop() {
     // A fatal signal's handler asks for the trace now: what is queued, then the end. Without the
     // producers' pending records: the signal may have stopped a producer holding them.
     const bool dumping = dump_requested_.load();
-    if (options_.pull && !dumping) options_.pull();  // Without mu_: it pushes.
+    if (pull_ && !dumping) pull_();  // Without mu_: it pushes.
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch.swap(queue_);
@@ -281,7 +282,7 @@ bool TraceSink::WriteBatch(std::string_view batch) {
         source_line = frame->line;
       }
     } else if (auto* string = std::get_if<format::StringDef>(&record)) {
-      if (options_.record_source) string_texts_[string->id] = string->text;
+      if (options_.source) string_texts_[string->id] = string->text;
     } else if (auto* stack = std::get_if<format::StackDef>(&record)) {
       expanded_stack_.clear();
       for (format::InternId id : stack->frames) {
@@ -295,7 +296,7 @@ bool TraceSink::WriteBatch(std::string_view batch) {
       stack->frames.swap(expanded_stack_);
     }
     if (!Emit(record)) return false;
-    if (source_file != 0 && options_.record_source) {
+    if (source_file != 0 && options_.source) {
       auto path = string_texts_.find(source_file);
       if (path != string_texts_.end() && !WriteSource(source_file, path->second, source_line)) {
         return false;
@@ -471,7 +472,7 @@ void TraceSink::RestoreSignalHandlers() {
 }
 
 bool TraceSink::WriteSource(format::InternId file, const std::string& path, uint32_t line) {
-  if (!options_.record_source || file == 0 || line == 0 || path.empty()) return true;
+  if (!options_.source || file == 0 || line == 0 || path.empty()) return true;
   auto [it, first_seen] = sources_.try_emplace(path);
   Source& source = it->second;
   if (first_seen) {

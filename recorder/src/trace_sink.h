@@ -37,42 +37,26 @@ namespace torchrr::recorder {
 
 class TraceSink {
  public:
-  struct Options {
-    std::string path;
-    size_t max_buffered_bytes = 256u << 20;
-    WhenFull when_full = WhenFull::kWait;
-    int zstd_level = 3;
-    // The lines around each user frame's line (FrameDef.framework false) of the files they name,
-    // with each file's hash (SourceFile, SourceLines), read by the writer thread when a frame is
-    // first written. RecorderOptions::source.
-    bool record_source = true;
-    // --keep-last: 0 writes every record as it comes; N > 0 keeps only the last N steps in memory
-    // (StepWindow), at most keep_last_bytes of them compressed, and writes them at Close(), or
-    // when SIGTERM, SIGINT or SIGABRT is about to end the process (handlers installed while the
-    // sink lives, for the signals whose action was the default).
-    size_t keep_last_steps = 0;
-    size_t keep_last_bytes = size_t{1} << 30;
-    // --steps A:B (steps_last StepWindow::kNoLast: to the end): keeps those steps instead, and
-    // writes the trace as soon as a step after B begins. Off while steps_first > steps_last.
-    uint64_t steps_first = 1;
-    uint64_t steps_last = 0;
-    // --spill DIR, with keep_last_steps: the window is also kept on disk, so that a process
-    // killed outright (SIGKILL, the OOM killer) leaves it behind. One trace file in DIR, named
-    // after `path` and the step under way (run.step00000900.trr for run.trr), holds the window as
-    // it stands: when a step ends, the window is written into a new file, which then follows each
-    // record as it comes (flushed as the trace is), and the previous file is removed. At the end
-    // the trace is written to `path` as without it and the file in DIR is removed; it stays when
-    // the trace could not be written. A file that cannot be written prints one warning and stops
-    // the spilling, not the recording.
-    std::string spill_dir;
-    // Called by the writer thread before each look at the queue, without the sink's lock: the
-    // producer pushes what it holds back (Push with may_wait false). Must not block.
-    std::function<void()> pull;
-  };
+  // Called by the writer thread before each look at the queue, without the sink's lock: the
+  // producer pushes what it holds back (Push with may_wait false). Must not block.
+  using Pull = std::function<void()>;
 
-  // Opens the trace file and starts the writer thread. On failure returns nullptr and sets *error.
-  static std::unique_ptr<TraceSink> Open(const Options& options, const format::FileInfo& info,
-                                         std::string* error);
+  // Opens the trace file at options.path and starts the writer thread. The sink reads these of
+  // `options`, which must outlive it: max_buffered_bytes and when_full (the queue), zstd_level,
+  // source (the lines around each user frame's line, FrameDef.framework false, with each file's
+  // hash: SourceFile, SourceLines, read by the writer thread when a frame is first written),
+  // keep_last, keep_last_bytes and steps (the StepWindow, written at Close(), or when SIGTERM,
+  // SIGINT or SIGABRT is about to end the process: handlers installed while the sink lives, for
+  // the signals whose action was the default), and spill: with keep_last, one trace file in the
+  // directory, named after `path` and the step under way (run.step00000900.trr for run.trr),
+  // holds the window as it stands: when a step ends, the window is written into a new file,
+  // which then follows each record as it comes (flushed as the trace is), and the previous file
+  // is removed. At the end the trace is written to `path` as without it and the file there is
+  // removed; it stays when the trace could not be written. A file that cannot be written prints
+  // one warning and stops the spilling, not the recording.
+  // On failure returns nullptr and sets *error.
+  static std::unique_ptr<TraceSink> Open(const RecorderOptions& options, Pull pull,
+                                         const format::FileInfo& info, std::string* error);
   ~TraceSink();  // Close().
 
   enum class PushResult { kQueued, kDropped, kFailed };
@@ -106,7 +90,7 @@ class TraceSink {
   format::InternId NextFrameId() { return next_frame_id_.fetch_add(1) + 1; }
 
  private:
-  TraceSink(const Options& options, const format::FileInfo& info,
+  TraceSink(const RecorderOptions& options, Pull pull, const format::FileInfo& info,
             std::unique_ptr<format::TraceWriter> writer);
   void WriterLoop();
   bool WriteBatch(std::string_view batch);  // Writer thread only.
@@ -115,19 +99,19 @@ class TraceSink {
   // Writer thread only.
   bool Symbolize(const format::FrameDef& placeholder);
   format::InternId InternSymbolString(const std::string& text, bool* ok);
-  // With record_source: the lines of `path` (StringDef `file`) around `line` that the trace does
+  // With options.source: the lines of `path` (StringDef `file`) around `line` that the trace does
   // not hold yet, and the file's SourceFile first. False when the sink failed. Writer thread only.
   bool WriteSource(format::InternId file, const std::string& path, uint32_t line);
   // Hands a record to the trace: the file, or the step window. False when the sink failed.
   bool Emit(const format::Record& record);
   // The end of the trace: the window (if any), then the index and the trailer.
   void Finish();
-  // --spill: the window into a new file in spill_dir (the previous one removed), or the record
+  // --spill: the window into a new file in the spill directory (the previous one removed), or the record
   // that the window just took after it. A failure stops the spilling. Writer thread only.
   void Spill(const format::Record& record);
   void RotateSpill();
   void StopSpilling(const std::string& why);
-  // Closes the file in spill_dir, removing it when `remove`. Writer thread only.
+  // Closes the file in the spill directory, removing it when `remove`. Writer thread only.
   void EndSpill(bool remove);
   // Whether the descriptor `fd` is open onto a spill file (CloseInheritedDescriptors).
   bool IsSpillFile(int fd) const;
@@ -144,9 +128,10 @@ class TraceSink {
     std::vector<bool> written;            // Per line: already in the trace.
   };
 
-  const Options options_;
+  const RecorderOptions& options_;  // The session's.
+  const Pull pull_;
   const format::FileInfo info_;     // The spill files' too.
-  const std::string spill_prefix_;  // spill_dir/STEM.step: what the spill files' paths begin with.
+  const std::string spill_prefix_;  // SPILL/STEM.step: what the spill files' paths begin with.
   const size_t wake_bytes_;  // Queued bytes that wake the writer before its next poll.
   // The trace file as Open found it (no inode 0: unknown).
   dev_t file_device_ = 0;
@@ -167,13 +152,13 @@ class TraceSink {
   std::vector<format::InternId> expanded_stack_;                      // Writer thread only.
   std::unordered_map<std::string, format::InternId> symbol_strings_;  // Writer thread only.
   std::unordered_map<format::InternId, std::vector<format::InternId>> expanded_frames_;  // Writer.
-  // With record_source, writer thread only: the queued StringDefs' texts (a Python frame names
+  // With options.source, writer thread only: the queued StringDefs' texts (a Python frame names
   // its file by id), and the files read, by path.
   std::unordered_map<format::InternId, std::string> string_texts_;
   std::unordered_map<std::string, Source> sources_;
   size_t source_bytes_read_ = 0;     // Of the files read.
   size_t source_bytes_written_ = 0;  // Of the lines written.
-  std::unique_ptr<StepWindow> window_;  // Writer thread only; keep_last_steps > 0.
+  std::unique_ptr<StepWindow> window_;  // Writer thread only; keep_last or steps.
   uint64_t marked_steps_ = 0;           // StepRecords the program marked (writer thread).
   // --spill, writer thread only: the file, its path, the ids it carries from before the window,
   // and the window's changes() it was written at.

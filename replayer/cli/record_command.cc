@@ -23,7 +23,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <charconv>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@
 #include "exit_codes.h"
 #include "native_torch.h"
 #include "torchrr/format/writer.h"
+#include "torchrr/recording_options.h"
 
 namespace torchrr::cli {
 namespace {
@@ -40,26 +44,13 @@ namespace fs = std::filesystem;
 
 struct RecordArgs {
   std::string output = "torchrr.trr";
+  // The recording options given (recording_options.def), each as its TORCHRR_* variable's text.
+  std::map<const RecordingOption*, std::string> options;
   bool no_stacks = false;
-  bool native_stacks = false;
-  size_t max_buffer_mb = 0;
-  bool drop_when_full = false;
-  bool verify_saved = false;
-  bool no_cuda_kernels = false;
-  bool all_ops = false;
-  bool follow_forks = false;
-  bool no_source = false;
-  size_t keep_last = 0;
-  size_t keep_last_mb = 0;
-  std::string steps;
-  std::string spill;
   bool force_python = false;
   bool force_native = false;
   std::vector<std::string> command;
 };
-
-// --max-buffer-mb's bounds: at least one record group must fit; 1 TiB keeps `<< 20` in range.
-constexpr size_t kMaxBufferMbLimit = size_t{1} << 20;
 
 pid_t g_child = 0;
 
@@ -127,39 +118,12 @@ RecorderDirs FindRecorderDirs(const fs::path& exe) {
   return candidates[0];
 }
 
-// The recorder's options (environment_options.h). Each is set only when the command line changes
+// The recorder's options (environment_options.h). Each is set only when the command line gives
 // it; the others are cleared, so that the recorder's default applies and not a value left over
 // in the caller's environment.
-constexpr const char* kOptionVariables[] = {
-    "TORCHRR_NATIVE_STACKS", "TORCHRR_PYTHON_STACKS", "TORCHRR_MAX_BUFFERED_BYTES",
-    "TORCHRR_WHEN_FULL",     "TORCHRR_VERIFY_SAVED",  "TORCHRR_CUDA_KERNELS",
-    "TORCHRR_ALL_OPS",       "TORCHRR_FOLLOW_FORKS",  "TORCHRR_SOURCE",
-    "TORCHRR_KEEP_LAST",     "TORCHRR_KEEP_LAST_BYTES", "TORCHRR_STEPS",
-    "TORCHRR_SPILL"};
-
 void SetOptionVariables(const RecordArgs& args) {
-  for (const char* name : kOptionVariables) unsetenv(name);
-  if (args.no_stacks) {
-    setenv("TORCHRR_NATIVE_STACKS", "0", 1);
-    setenv("TORCHRR_PYTHON_STACKS", "0", 1);
-  } else if (args.native_stacks) {
-    setenv("TORCHRR_NATIVE_STACKS", "1", 1);  // Off by default in a Python program.
-  }
-  if (args.max_buffer_mb != 0) {
-    setenv("TORCHRR_MAX_BUFFERED_BYTES", std::to_string(args.max_buffer_mb << 20).c_str(), 1);
-  }
-  if (args.drop_when_full) setenv("TORCHRR_WHEN_FULL", "drop", 1);
-  if (args.verify_saved) setenv("TORCHRR_VERIFY_SAVED", "1", 1);
-  if (args.no_cuda_kernels) setenv("TORCHRR_CUDA_KERNELS", "0", 1);
-  if (args.all_ops) setenv("TORCHRR_ALL_OPS", "1", 1);
-  if (args.follow_forks) setenv("TORCHRR_FOLLOW_FORKS", "1", 1);
-  if (args.no_source) setenv("TORCHRR_SOURCE", "0", 1);
-  if (args.keep_last != 0) setenv("TORCHRR_KEEP_LAST", std::to_string(args.keep_last).c_str(), 1);
-  if (!args.steps.empty()) setenv("TORCHRR_STEPS", args.steps.c_str(), 1);
-  if (!args.spill.empty()) setenv("TORCHRR_SPILL", args.spill.c_str(), 1);
-  if (args.keep_last_mb != 0) {
-    setenv("TORCHRR_KEEP_LAST_BYTES", std::to_string(args.keep_last_mb << 20).c_str(), 1);
-  }
+  for (const RecordingOption& option : RecordingOptions()) unsetenv(option.environment);
+  for (const auto& [option, text] : args.options) setenv(option->environment, text.c_str(), 1);
 }
 
 void PrependEnv(const char* name, const std::string& value, char separator) {
@@ -226,8 +190,9 @@ int RunRecord(const RecordArgs& args) {
 
   if (int refused = CheckOutput(output.string())) return refused;
   RecordArgs resolved = args;
-  if (!args.spill.empty()) {
-    if (int refused = MakeSpillDir(args.spill, &resolved.spill)) return refused;
+  if (auto spill = resolved.options.find(FindRecordingOption("spill"));
+      spill != resolved.options.end()) {
+    if (int refused = MakeSpillDir(spill->second, &spill->second)) return refused;
   }
 
   bool python = args.force_python || (!args.force_native && LooksLikePython(args.command[0]));
@@ -319,6 +284,58 @@ int RunRecord(const RecordArgs& args) {
   return 7;
 }
 
+// What `value`, given to option's flag, sets: the value times the flag's scale. Returns why not
+// ("" when it is understood).
+std::string FlagText(const RecordingOption& option, const std::string& value, std::string* text) {
+  if (option.flag_scale == 1) {
+    RecorderOptions scratch;
+    *text = value;
+    return option.set(value, &scratch);
+  }
+  const uint64_t least = (option.least + option.flag_scale - 1) / option.flag_scale;
+  const uint64_t most = option.most / option.flag_scale;
+  uint64_t n = 0;
+  auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (value.empty() || error != std::errc() || end != value.data() + value.size() || n < least ||
+      n > most) {
+    return "expected a number from " + std::to_string(least) + " to " + std::to_string(most);
+  }
+  *text = std::to_string(n * option.flag_scale);
+  return "";
+}
+
+// One flag per recording option, its relations as CLI11's needs and excludes.
+void AddOptionFlags(CLI::App& cmd, const std::shared_ptr<RecordArgs>& args) {
+  std::map<const RecordingOption*, CLI::Option*> flags;
+  for (const RecordingOption& option : RecordingOptions()) {
+    const RecordingOption* o = &option;
+    CLI::Option* flag = nullptr;
+    if (option.flag_value != nullptr) {
+      flag = cmd.add_flag_callback(
+          option.flag, [args, o] { args->options[o] = o->flag_value; }, option.help);
+    } else {
+      flag = cmd.add_option_function<std::string>(
+                    option.flag,
+                    [args, o](const std::string& value) { FlagText(*o, value, &args->options[o]); },
+                    option.help)
+                 ->type_name(option.value_name)
+                 ->check([o](const std::string& value) {
+                   std::string text;
+                   return FlagText(*o, value, &text);
+                 });
+    }
+    if (*option.help == '\0') flag->group("");
+    flags[o] = flag;
+  }
+  for (const RecordingOptionRelation& relation : RecordingOptionRelations()) {
+    if (relation.needs) {
+      flags[relation.option]->needs(flags[relation.other]);
+    } else {
+      flags[relation.option]->excludes(flags[relation.other]);
+    }
+  }
+}
+
 }  // namespace
 
 void RegisterRecordCommand(CLI::App& app, int* exit_code) {
@@ -329,67 +346,7 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                   "Trace file to write: a new or regular file, locked while recorded (torchrun: "
                   "one per rank, FILE.rankN.trr)");
   cmd->add_flag("--no-stacks", args->no_stacks, "Do not capture stacks (faster, no lines)");
-  cmd->add_flag("--native-stacks", args->native_stacks,
-                "Python programs: also capture C++ stacks (off by default: slow, and all "
-                "framework frames)");
-  cmd->add_option("--max-buffer-mb", args->max_buffer_mb,
-                  "Memory for records waiting to be written (default 256)")
-      ->check(CLI::Range(size_t{1}, kMaxBufferMbLimit));
-  cmd->add_flag("--verify-saved", args->verify_saved,
-                "Fingerprint each saved tensor at save and at use, to catch writes no version "
-                "counter sees (raw kernels, numpy, extensions); costs a pass over saved bytes");
-  cmd->add_flag("--no-cuda-kernels", args->no_cuda_kernels,
-                "Do not record CUDA kernels, copies and memsets (CUPTI)");
-  cmd->add_flag("--all-ops", args->all_ops,
-                "Also record the ops folded into the op around them: those a kernel runs below "
-                "autograd and a backward formula's that write nothing (they create no node and "
-                "bump no version; on with --verify-saved)");
-  cmd->add_flag("--follow-forks", args->follow_forks,
-                "Record each forked process (os.fork, DataLoader workers with the fork start "
-                "method) into a trace of its own, FILE.pidN.trr beside FILE (by default a forked "
-                "process records nothing)");
-  cmd->add_flag("--no-source", args->no_source,
-                "Leave the code out: by default the trace carries the lines around each line of "
-                "user code its stacks name (not torch's, site-packages' or the standard "
-                "library's), so it replays with code elsewhere");
-  CLI::Option* keep_last =
-      cmd->add_option("--keep-last", args->keep_last,
-                      "Keep only the last N steps of the run, in memory, and write them when it "
-                      "ends (exit, uncaught exception, SIGTERM/SIGINT/SIGABRT; not SIGKILL)")
-          ->check(CLI::Range(size_t{1}, size_t{1} << 20));
-  CLI::Option* steps =
-      cmd->add_option("--steps", args->steps,
-                      "Keep only steps A to B (0-based, inclusive; A: to the end), written as "
-                      "soon as step B is over")
-          ->type_name("A:B")
-          ->check([](const std::string& range) -> std::string {
-            const size_t colon = range.find(':');
-            auto number = [](const std::string& s) {
-              return s.empty() || s.find_first_not_of("0123456789") == std::string::npos;
-            };
-            if (colon == std::string::npos || range == ":" ||
-                !number(range.substr(0, colon)) || !number(range.substr(colon + 1))) {
-              return "expected A:B, A: or :B (step numbers from 0)";
-            }
-            if (colon > 0 && colon + 1 < range.size() &&
-                std::stoull(range.substr(colon + 1)) < std::stoull(range.substr(0, colon))) {
-              return "B is before A";
-            }
-            return "";
-          })
-          ->excludes(keep_last);
-  cmd->add_option("--spill", args->spill,
-                  "With --keep-last: keep the last steps on disk too, in one trace file in DIR "
-                  "(created if missing) that a run killed outright (SIGKILL, the OOM killer) "
-                  "leaves behind; removed once the trace is written")
-      ->type_name("DIR")
-      ->needs(keep_last);
-  cmd->add_option("--keep-last-mb", args->keep_last_mb,
-                  "With --keep-last or --steps: memory for the kept steps, compressed (default "
-                  "1024)")
-      ->check(CLI::Range(size_t{1}, kMaxBufferMbLimit));
-  cmd->add_flag("--drop-when-full", args->drop_when_full,
-                "When the writer cannot keep up, drop records (and say so) instead of waiting");
+  AddOptionFlags(*cmd, args);
   cmd->add_flag("--python", args->force_python, "The command is a Python program");
   cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");
   cmd->add_option("command", args->command, "The program and its arguments, after --")
@@ -400,7 +357,13 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
               "its torch is not the one torchrr was built against (9). "
               "Ctrl-C reaches the program once, from the terminal; SIGTERM and SIGHUP sent to "
               "torchrr are passed on.");
-  cmd->callback([args, exit_code] { *exit_code = RunRecord(*args); });
+  cmd->callback([args, exit_code] {
+    if (args->no_stacks) {
+      args->options[FindRecordingOption("native_stacks")] = "0";
+      args->options[FindRecordingOption("python_stacks")] = "0";
+    }
+    *exit_code = RunRecord(*args);
+  });
 }
 
 }  // namespace torchrr::cli

@@ -11,39 +11,44 @@
 extern "C" {
 #endif
 
-/* Option flags for torchrr_start. */
-#define TORCHRR_VERIFY_SAVED 1u     /* RecorderOptions::verify_saved: fingerprint saved tensors. */
-#define TORCHRR_NO_CUDA_KERNELS 2u  /* RecorderOptions::cuda_kernels off: no CUPTI. */
-#define TORCHRR_ALL_OPS 4u          /* RecorderOptions::all_ops: no op folded into another. */
-#define TORCHRR_FOLLOW_FORKS 8u     /* RecorderOptions::follow_forks: a forked child records. */
-#define TORCHRR_NO_SOURCE 16u       /* RecorderOptions::source off: no source lines in the trace. */
+/* One recording option: `name` is its Python keyword (recording_options.def: native_stacks,
+ * keep_last, steps, ...), `value` its text as its TORCHRR_* variable takes it ("1", "3", "2:5",
+ * "drop"); an option that is a flag of `torchrr record` also takes a switch word (true sets what
+ * the flag sets, false the default: drop_when_full=1). */
+typedef struct torchrr_setting {
+  const char* name;
+  const char* value;
+} torchrr_setting;
 
-/* Starts recording into `path`. native_stacks, python_stacks: 0/1 (Python frames are captured
- * only in a process that runs Python, on threads with a Python thread state);
- * max_buffered_bytes: 0 for the default; drop_when_full: 0 waits for the writer, 1 drops and
- * writes a data-loss record; rank: -1 reads the RANK environment variable; flags: an OR of the
- * TORCHRR_* flags above (unknown bits are ignored). Returns 0 when recording, 1 otherwise
- * (already recording, or the file could not be opened: a warning says which). */
-int torchrr_start(const char* path, int native_stacks, int python_stacks,
-                  size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags);
+typedef struct torchrr_options {
+  const char* path;                 /* The trace; NULL: torchrr.trr. */
+  int rank;                         /* The distributed rank; -1 reads RANK. */
+  const torchrr_setting* settings;  /* The options given; the others take their defaults. */
+  size_t setting_count;
+  char* error;                      /* Where a refused option says why (NULL: not said). */
+  size_t error_size;
+} torchrr_options;
 
-/* torchrr_start with RecorderOptions::keep_last_steps and keep_last_bytes (0: the default),
- * steps_first, steps_last (every step while steps_first > steps_last), and spill_dir (NULL or
- * empty: none). */
-int torchrr_start_keeping(const char* path, int native_stacks, int python_stacks,
-                          size_t max_buffered_bytes, int drop_when_full, int rank, uint32_t flags,
-                          size_t keep_last_steps, size_t keep_last_bytes, uint64_t steps_first,
-                          uint64_t steps_last, const char* spill_dir);
+/* Starts recording as `options` says. An option not given takes its default: RecorderOptions'
+ * (recording_options.def), except C++ stacks, off when this process runs a Python interpreter.
+ * Returns 0 when recording; 1 when not (already recording, or the file could not be opened: a
+ * warning says which); 2 when an option is unknown, its value not understood, or it needs or
+ * excludes another (options->error says which; nothing is printed and nothing starts). */
+int torchrr_start_with(const torchrr_options* options);
+
+/* What torchrr_start_with(options) would record with, without starting: one line per option,
+ * "keyword=value" in recording_options.def's order, into `out` (at most `size` bytes with the
+ * terminating NUL). Returns torchrr_start_with's 0, or its 2 (options->error says why). */
+int torchrr_describe_options(const torchrr_options* options, char* out, size_t size);
 
 /* Marks the start of a training step in the active recording (Recorder::Step). */
 void torchrr_step(void);
 
 /* Starts recording as `torchrr record` asked through the environment: TORCHRR_OUTPUT (the trace;
- * FILE.rankN.trr when RANK=N is set), TORCHRR_NATIVE_STACKS, TORCHRR_PYTHON_STACKS,
- * TORCHRR_MAX_BUFFERED_BYTES, TORCHRR_WHEN_FULL (wait/drop), TORCHRR_VERIFY_SAVED,
- * TORCHRR_CUDA_KERNELS, TORCHRR_ALL_OPS, TORCHRR_FOLLOW_FORKS, TORCHRR_SOURCE (switches: 0/1). An unset variable
- * takes its default: RecorderOptions' (recorder.h), except C++ stacks, off when this process runs
- * a Python interpreter. Returns 0 when recording; 1 when TORCHRR_OUTPUT is unset or empty
+ * FILE.rankN.trr when RANK=N is set) and one TORCHRR_* variable per option, as
+ * recording_options.def names them (environment_options.h). An unset variable takes its
+ * default: RecorderOptions' (recorder.h), except C++ stacks, off when this process runs a Python
+ * interpreter. Returns 0 when recording; 1 when TORCHRR_OUTPUT is unset or empty
  * (silently), already recording or the file could not be opened (a warning says which). A value
  * not understood prints a warning and takes the default. Reads the environment as getenv does:
  * not safe against a concurrent setenv. */

@@ -161,6 +161,51 @@ def installed_torch_problem() -> str | None:
         return None
 
 
+class Setting(ctypes.Structure):
+    """c_api.h's torchrr_setting."""
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+class Options(ctypes.Structure):
+    """c_api.h's torchrr_options."""
+    _fields_ = [("path", ctypes.c_char_p), ("rank", ctypes.c_int),
+                ("settings", ctypes.POINTER(Setting)), ("setting_count", ctypes.c_size_t),
+                ("error", ctypes.c_char_p), ("error_size", ctypes.c_size_t)]
+
+
+_ERROR_SIZE = 512
+
+
+def options(path: str, rank, settings) -> Options:
+    """torchrr_options for `path`, `rank` (None: RANK's) and (keyword, text) settings. The
+    result keeps the buffers it points into alive."""
+    given = Options()
+    array = (Setting * max(len(settings), 1))(
+        *[Setting(name.encode(), os.fsencode(value)) for name, value in settings])
+    error = ctypes.create_string_buffer(_ERROR_SIZE)
+    given._keep = (array, error)
+    given.path = os.fsencode(path)
+    given.rank = -1 if rank is None else int(rank)
+    given.settings = ctypes.cast(array, ctypes.POINTER(Setting))
+    given.setting_count = len(settings)
+    given.error = ctypes.cast(error, ctypes.c_char_p)
+    given.error_size = _ERROR_SIZE
+    return given
+
+
+def refusal(given: Options) -> str:
+    """Why the recorder refused `given` (its error text)."""
+    return os.fsdecode(given._keep[1].value)
+
+
+def describe(lib: ctypes.CDLL, given: Options) -> str:
+    """torchrr_describe_options' "keyword=value" lines for `given`; ValueError when refused."""
+    out = ctypes.create_string_buffer(16 << 10)
+    if lib.torchrr_describe_options(ctypes.byref(given), out, len(out)) == 2:
+        raise ValueError(f"torchrr.start: {refusal(given)}")
+    return os.fsdecode(out.value)
+
+
 def library() -> ctypes.CDLL:
     """The recorder library, loaded once. Imports torch first, so that the library binds to the
     libtorch this process already uses; raises RuntimeError (torch_problem's message) when that
@@ -180,13 +225,11 @@ def library() -> ctypes.CDLL:
         if problem:
             raise RuntimeError(f"torchrr: {problem}")
         lib = ctypes.CDLL(str(path))
-        lib.torchrr_start.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_uint32]
-        lib.torchrr_start.restype = ctypes.c_int
-        lib.torchrr_start_keeping.argtypes = lib.torchrr_start.argtypes + [
-            ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p]
-        lib.torchrr_start_keeping.restype = ctypes.c_int
+        lib.torchrr_start_with.argtypes = [ctypes.POINTER(Options)]
+        lib.torchrr_start_with.restype = ctypes.c_int
+        lib.torchrr_describe_options.argtypes = [ctypes.POINTER(Options), ctypes.c_char_p,
+                                                 ctypes.c_size_t]
+        lib.torchrr_describe_options.restype = ctypes.c_int
         lib.torchrr_step.argtypes = []
         lib.torchrr_step.restype = None
         lib.torchrr_start_from_environment.argtypes = []

@@ -6,99 +6,78 @@ from typing import Optional
 
 from . import _native
 
-# torchrr_start's flags (c_api.h).
-_VERIFY_SAVED = 1
-_NO_CUDA_KERNELS = 2
-_ALL_OPS = 4
-_FOLLOW_FORKS = 8
-_NO_SOURCE = 16
-
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
 ERROR_PYTHON = 1
 ERROR_UNCAUGHT = 2
 
 
-def start(path: str | os.PathLike = "torchrr.trr", *, native_stacks: bool = False,
-          python_stacks: bool = True, max_buffered_bytes: int = 0,
-          drop_when_full: bool = False, rank: Optional[int] = None,
-          verify_saved: bool = False, cuda_kernels: bool = True,
-          all_ops: bool = False, follow_forks: bool = False, source: bool = True,
-          keep_last: int = 0, keep_last_bytes: int = 0,
-          steps: Optional[tuple] = None,
-          spill: Optional[str | os.PathLike] = None) -> bool:
+def start(path: str | os.PathLike = "torchrr.trr", *, rank: Optional[int] = None,
+          **options) -> bool:
     """Starts recording every tensor op autograd sees in this process into ``path``.
 
-    native_stacks: a C++ stack per top-level op (symbolized when the trace closes). Off by
-    default, as under ``torchrr record`` for a Python program: the user's lines are in the Python
-    frames, the C++ frames are the interpreter's and torch's, and unwinding them costs more than
-    the op. python_stacks: the Python frames that issued each top-level op.
-    max_buffered_bytes: memory for records waiting for the writer thread (0: the default, 256
-    MiB). drop_when_full: drop records (and say so in the trace) rather than wait for the writer.
-    rank: the distributed rank written to the trace (None reads RANK). verify_saved: fingerprint
-    every saved tensor's bytes when it is saved and when backward uses it, so that writes no
-    version counter sees (numpy, raw CUDA kernels, extensions) are reported as ``silent``; costs a
-    pass over the saved bytes at save and at use. cuda_kernels: record CUDA kernels, copies and
-    memsets through CUPTI, each with the op that launched it (only when a GPU is present).
-    all_ops: also the ops folded by default into the op they run in: those a kernel runs below
-    autograd, and those of a backward formula that write none of their arguments (they create no
-    autograd node and bump no version counter; the op around them stands for them); about 60% of
-    a training step's ops. On with verify_saved. follow_forks: a process forked from this one
-    (os.fork, DataLoader workers with the fork start method) records into a trace of its own,
-    ``FILE.pidN.trr`` beside ``path``, closed when it exits (a multiprocessing child's too, which
-    ends with os._exit; not one that calls os._exit itself); without it a forked process records
-    nothing. source: the lines around each line of user code the stacks name (not torch's,
-    site-packages' or the standard library's) go into the trace with each file's hash, so that it
-    replays with its code on a machine without the sources; False leaves the code out.
-    keep_last: keep only the last N steps of the run (0: all), in memory and compressed, at most
-    keep_last_bytes of them (0: 1 GiB), written when the recording stops (at exit, at an uncaught
-    exception, or when SIGTERM, SIGINT or SIGABRT ends the process); step() marks steps, else the
-    recorder finds them (a backward pass, the forward ops before it, the optimizer after it).
-    spill: with keep_last, a directory (created if missing) where the kept steps are also kept on
-    disk, in one trace file named after ``path`` and the step under way (``run.step00000900.trr``),
-    so that a process killed outright (SIGKILL, the OOM killer) leaves them behind; removed once
-    the trace at ``path`` is written.
-    steps: (first, last) keeps only those steps (0-based, inclusive; last None: to the end), and
-    writes the trace as soon as a step after ``last`` begins.
+    rank: the distributed rank written to the trace (None reads RANK). The other keywords are
+    the recording options, each named as in docs/recorder.md's table of options (the recorder's
+    recording_options.def holds them, with what each one does): native_stacks, python_stacks,
+    max_buffered_bytes, drop_when_full, verify_saved, cuda_kernels, all_ops, follow_forks,
+    source, keep_last, keep_last_bytes, spill, steps. A switch takes True or False; a count an
+    int; spill a directory (created if missing); steps a (first, last) pair of 0-based step
+    numbers, inclusive, last None for the end of the run. One not given takes its default, as
+    under ``torchrr record``: C++ stacks are off in a Python process (its user lines are in its
+    Python frames).
 
     torch.compile: until stop(), AOTAutograd's cache is off (unless TORCHINDUCTOR_AUTOGRAD_CACHE
     is set), so that each compiled region is traced and its saved tensors are named by the lines
     inside it that use them; this changes compile time only.
 
     Returns True when recording, False when not (already recording, or the file could not be
-    opened: the recorder printed a warning saying which). Imports torch. Thread-safe.
+    opened: the recorder printed a warning saying which). Raises ValueError for an option the
+    recorder does not know, a value it does not take, or options that do not go together
+    (steps with keep_last, spill without keep_last); nothing starts then. Imports torch.
+    Thread-safe.
     """
     lib = _native.library()
-    if keep_last < 0 or keep_last_bytes < 0:
-        raise ValueError("keep_last and keep_last_bytes must be 0 or more")
-    first, last = 1, 0  # Every step.
-    if steps is not None:
-        first, last = steps
-        last = 2**64 - 1 if last is None else last
-        if not 0 <= first <= last:
-            raise ValueError("steps must be (first, last) with 0 <= first <= last")
-        if keep_last:
-            raise ValueError("steps and keep_last exclude each other")
-    spill_dir = None
-    if spill is not None:
-        if not keep_last:
-            raise ValueError("spill needs keep_last")
-        os.makedirs(spill, exist_ok=True)
-        spill_dir = os.fsencode(os.fspath(spill))
-    rc = lib.torchrr_start_keeping(os.fsencode(os.fspath(path)), int(bool(native_stacks)),
-                                   int(bool(python_stacks)), int(max_buffered_bytes),
-                                   int(bool(drop_when_full)), -1 if rank is None else int(rank),
-                                   (_VERIFY_SAVED if verify_saved else 0) |
-                                   (0 if cuda_kernels else _NO_CUDA_KERNELS) |
-                                   (_ALL_OPS if all_ops else 0) |
-                                   (_FOLLOW_FORKS if follow_forks else 0) |
-                                   (0 if source else _NO_SOURCE),
-                                   int(keep_last), int(keep_last_bytes), int(first), int(last),
-                                   spill_dir)
+    given = _given(path, rank, options)
+    _native.describe(lib, given)  # Raises ValueError before anything is created.
+    if options.get("spill") is not None:
+        os.makedirs(options["spill"], exist_ok=True)
+    rc = lib.torchrr_start_with(given)
+    if rc == 2:
+        raise ValueError(f"torchrr.start: {_native.refusal(given)}")
     if rc == 0:
         _close_in_forked_children()
         _trace_compiled_regions()
     return rc == 0
+
+
+def _given(path, rank, options: dict):
+    """start()'s arguments as the recorder's torchrr_options (None: not given)."""
+    settings = [(name, _setting_text(name, value)) for name, value in options.items()
+                if value is not None]
+    return _native.options(os.fspath(path), rank, settings)
+
+
+def _setting_text(name: str, value) -> str:
+    """A keyword's value as the recorder takes it (c_api.h, torchrr_setting)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if name == "steps" and isinstance(value, (tuple, list)) and len(value) == 2:
+        first, last = value
+        return f"{'' if first is None else int(first)}:{'' if last is None else int(last)}"
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return os.fsdecode(os.fspath(value))
+    if isinstance(value, int):
+        return str(value)
+    raise ValueError(f"torchrr.start: {name}={value!r}: expected a bool, an int or a string")
+
+
+def options_in_effect(path: str | os.PathLike = "torchrr.trr", *, rank: Optional[int] = None,
+                      **options) -> dict:
+    """What start(path, rank=rank, **options) would record with, without starting: every
+    recording option's keyword and value, as the recorder's text ("1", "256", "2:5"). Raises
+    ValueError as start() does. Imports torch."""
+    text = _native.describe(_native.library(), _given(path, rank, options))
+    return dict(line.split("=", 1) for line in text.splitlines() if line)
 
 
 # The value of torch._functorch.config.enable_autograd_cache that start() replaced, restored by

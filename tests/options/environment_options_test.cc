@@ -1,5 +1,5 @@
 // The options `torchrr record` hands to the recorder through TORCHRR_* variables
-// (recorder/src/environment_options.h): each one's default when unset, each value read, and what
+// (recorder/src/options/environment_options.h): each one's default when unset, each value read, and what
 // happens to a value not understood. No torch.
 #include <map>
 #include <optional>
@@ -79,9 +79,9 @@ TEST(EnvironmentOptions, EveryVariableIsRead) {
   EXPECT_TRUE(options->all_ops);
   EXPECT_TRUE(options->follow_forks);
   EXPECT_FALSE(options->source);
-  EXPECT_EQ(options->keep_last_steps, 3u);
+  EXPECT_EQ(options->keep_last, 3u);
   EXPECT_EQ(options->keep_last_bytes, 4096u);
-  EXPECT_EQ(options->spill_dir, "/tmp/spill");
+  EXPECT_EQ(options->spill, "/tmp/spill");
 }
 
 TEST(EnvironmentOptions, ValuesNotUnderstoodWarnAndKeepTheDefault) {
@@ -105,6 +105,26 @@ TEST(EnvironmentOptions, ValuesNotUnderstoodWarnAndKeepTheDefault) {
   warnings = testing::internal::GetCapturedStderr();
   EXPECT_EQ(options->max_buffered_bytes, defaults.max_buffered_bytes);  // Not a buffer of 0.
   EXPECT_NE(warnings.find("TORCHRR_MAX_BUFFERED_BYTES=0 ignored"), std::string::npos);
+}
+
+TEST(EnvironmentOptions, AnOptionWithoutWhatItNeedsOrWithWhatItExcludesIsDropped) {
+  testing::internal::CaptureStderr();
+  std::optional<RecorderOptions> options =
+      Read({{"TORCHRR_OUTPUT", "run.trr"}, {"TORCHRR_SPILL", "/tmp/spill"}});
+  std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(options->spill, "");
+  EXPECT_NE(warnings.find("TORCHRR_SPILL ignored (it needs TORCHRR_KEEP_LAST)"), std::string::npos)
+      << warnings;
+  testing::internal::CaptureStderr();
+  options = Read({{"TORCHRR_OUTPUT", "run.trr"}, {"TORCHRR_STEPS", "2:5"},
+                  {"TORCHRR_KEEP_LAST", "3"}, {"TORCHRR_SPILL", "/tmp/spill"}});
+  warnings = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(options->steps.on());
+  EXPECT_EQ(options->keep_last, 3u);
+  EXPECT_EQ(options->spill, "/tmp/spill");
+  EXPECT_NE(warnings.find("TORCHRR_STEPS ignored (it excludes TORCHRR_KEEP_LAST)"),
+            std::string::npos)
+      << warnings;
 }
 
 TEST(EnvironmentOptions, EachRankWritesItsOwnTrace) {
