@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "exit_codes.h"
+
 namespace torchrr::cli {
 
 std::optional<std::string> ChildOutput(
@@ -36,7 +38,7 @@ std::optional<std::string> ChildOutput(
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execvp(args[0], args.data());
-    _exit(127);
+    _exit(kExitNotRun);
   }
   close(pipe_fds[1]);
   std::string out;

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "exit_codes.h"
+#include "torchrr/format/json.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/replayer.h"
 
@@ -22,13 +23,9 @@ void RegisterExportCommand(CLI::App& app, int* exit_code);
 void RegisterRedactCommand(CLI::App& app, int* exit_code);
 void RegisterReportCommand(CLI::App& app, int* exit_code);
 
-// `json` as text (compact, or indented by `indent`), valid JSON whatever its strings hold: a byte
-// that is not valid UTF-8 becomes U+FFFD (replayer/SCHEMA.md, "Strings"), where dump() would
-// throw. Every JSON output of the command line goes through it.
-template <typename Json>
-std::string JsonText(const Json& json, int indent = -1) {
-  return json.dump(indent, ' ', false, Json::error_handler_t::replace);
-}
+// Every JSON output of the command line goes through format::JsonText (valid UTF-8 whatever its
+// strings hold).
+using format::JsonText;
 
 // A verb that reads `trace` twice and writes `output` must not truncate the trace before its
 // second read: returns kExitUsage after one error line when both name the same file, else 0.

@@ -116,7 +116,7 @@ int RunDump(const DumpOptions& options) {
     // prints the records as they come (memory stays bounded by one chunk).
     summary = format::ReadTraceFile(options.path, nullptr);
     int rc = ReportRead(options.path, summary);
-    if (rc == 3 || rc == 6) return rc;
+    if (NothingRead(rc)) return rc;
     std::printf("%s\n", JsonText(format::SummaryToJson(summary)).c_str());
     (void)format::ReadTraceFile(options.path, [](const format::Record& record) {
       std::string line = JsonText(format::RecordToJson(record));

@@ -1,34 +1,84 @@
-// The exit codes of the `torchrr` command line, as `torchrr --help` lists them (main.cc):
-//   0 ok, 1 replay found violations, 2 usage error, 3 unreadable file or not a torchrr trace,
-//   4 trace truncated, 5 trace corrupt, 6 trace written by a newer format, 7 any other error,
-//   8 replay: the recording is incomplete (the recorder stopped early or lost records),
-//   9 record: the program's torch is not the one torchrr was built against, or is unsupported.
-// Header-only, so that tests check the mapping without linking the command line.
+// The exit codes of the `torchrr` command line, each named once: the verbs return these names,
+// `torchrr --help` lists kExitCodeMeanings (main.cc), and the README's table is checked against
+// it (tests/replayer/exit_codes_test.cc). Header-only, so that tests check the mapping without
+// linking the command line.
 #ifndef TORCHRR_REPLAYER_CLI_EXIT_CODES_H_
 #define TORCHRR_REPLAYER_CLI_EXIT_CODES_H_
+
+#include <string>
 
 #include "torchrr/format/status.h"
 
 namespace torchrr::cli {
 
+inline constexpr int kExitOk = 0;
 inline constexpr int kExitViolations = 1;  // replay: violations or unexplained backward errors.
 inline constexpr int kExitUsage = 2;
+inline constexpr int kExitNotATrace = 3;  // Unreadable, or not a torchrr trace: nothing read.
+inline constexpr int kExitTruncated = 4;  // What was before the cut was still used.
+inline constexpr int kExitCorrupt = 5;    // What verifies was still used.
+inline constexpr int kExitTooNew = 6;     // A newer format: nothing read.
+inline constexpr int kExitOther = 7;      // An I/O error, or torchrr itself failed.
 inline constexpr int kExitIncomplete = 8;  // replay: the recording misses part of the run.
 // record: the program's torch is not the one the recorder was built against (the program is not
 // run).
 inline constexpr int kExitTorchMismatch = 9;
+inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
+
+struct ExitCodeMeaning {
+  int code;
+  const char* meaning;
+};
+
+inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
+    {kExitOk, "ok"},
+    {kExitViolations,
+     "replay: violations found, or the program raised an error it does not explain"},
+    {kExitUsage, "usage error"},
+    {kExitNotATrace, "unreadable file, or not a torchrr trace"},
+    {kExitTruncated, "trace truncated (data before the cut still used)"},
+    {kExitCorrupt, "trace corrupt (data that verifies still used)"},
+    {kExitTooNew, "trace written by a newer torchrr format"},
+    {kExitOther, "other error"},
+    {kExitIncomplete,
+     "replay: the recording is incomplete (the recorder stopped early or lost records)"},
+    {kExitTorchMismatch,
+     "record: the program's torch is not the one torchrr was built against, or unsupported"},
+    {kExitNotRun, "record: the program could not be run"},
+};
+
+// `torchrr --help`'s list of them.
+inline std::string ExitCodesText() {
+  std::string text = "Exit codes:\n";
+  for (const ExitCodeMeaning& exit : kExitCodeMeanings) {
+    std::string code = std::to_string(exit.code);
+    text += "  " + code + std::string(code.size() < 3 ? 3 - code.size() : 1, ' ') + exit.meaning +
+            "\n";
+  }
+  return text + "A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported.\n";
+}
+
+// A read that gave nothing to show: not a trace, or too new.
+constexpr bool NothingRead(int read_code) {
+  return read_code == kExitNotATrace || read_code == kExitTooNew;
+}
+
+// A read after which a verb that writes an output has nothing to write from.
+constexpr bool NothingToWrite(int read_code) {
+  return NothingRead(read_code) || read_code == kExitOther;
+}
 
 // The exit code for how reading a trace ended: 0 ok, 3 not a trace or unreadable, 4 truncated
 // (the data before the cut was still used), 5 corrupt (the data that verifies was still used),
 // 6 too new, 7 an I/O or any other error. Never 1 or 2, which are not about the read.
 constexpr int ExitCodeFor(format::StatusCode code) {
   switch (code) {
-    case format::StatusCode::kOk: return 0;
-    case format::StatusCode::kNotATrace: return 3;
-    case format::StatusCode::kTruncated: return 4;
-    case format::StatusCode::kCorrupt: return 5;
-    case format::StatusCode::kTooNew: return 6;
-    default: return 7;
+    case format::StatusCode::kOk: return kExitOk;
+    case format::StatusCode::kNotATrace: return kExitNotATrace;
+    case format::StatusCode::kTruncated: return kExitTruncated;
+    case format::StatusCode::kCorrupt: return kExitCorrupt;
+    case format::StatusCode::kTooNew: return kExitTooNew;
+    default: return kExitOther;
   }
 }
 
@@ -39,7 +89,7 @@ constexpr int ExitCodeFor(format::StatusCode code) {
 constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations) {
   if (read_code != 0) return read_code;
   if (incomplete) return kExitIncomplete;
-  return violations ? kExitViolations : 0;
+  return violations ? kExitViolations : kExitOk;
 }
 
 }  // namespace torchrr::cli

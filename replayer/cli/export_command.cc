@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "chrome_trace.h"
+#include "torchrr/replayer/chrome_trace.h"
 #include "commands.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
@@ -27,28 +27,28 @@ int RunExport(const ExportOptions& options) {
   if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
   // Pass 1: the analysis and what the events need to know ahead (chrome_trace.h).
   replayer::Analyzer analyzer;
-  ChromeTracePlan plan;
+  replayer::ChromeTracePlan plan;
   format::ReadSummary summary = format::ReadTraceFile(options.path, [&](const format::Record& r) {
     analyzer.Add(r);
     plan.See(r);
   });
   int rc = ReportRead(options.path, summary);
-  if (rc == 3 || rc == 6 || rc == 7) return rc;
+  if (NothingToWrite(rc)) return rc;
   replayer::Report report = FinishAnalysis(analyzer, summary);
 
   std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
   if (!out) {
     std::fprintf(stderr, "torchrr: error: %s: cannot write\n",
                  replayer::Printable(options.output).c_str());
-    return 7;
+    return kExitOther;
   }
-  ChromeTraceWriter writer(out, plan, report, summary.info);
+  replayer::ChromeTraceWriter writer(out, plan, report, summary.info);
   (void)format::ReadTraceFile(options.path, [&](const format::Record& r) { writer.Add(r); });
   writer.Finish();
   if (!out) {
     std::fprintf(stderr, "torchrr: error: %s: write failed\n",
                  replayer::Printable(options.output).c_str());
-    return 7;
+    return kExitOther;
   }
   return rc;
 }

@@ -9,7 +9,7 @@
 #include <fmt/core.h>
 
 #include "commands.h"
-#include "privacy.h"
+#include "torchrr/replayer/privacy.h"
 #include "torchrr/format/json.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
@@ -103,13 +103,13 @@ int RunInfo(const InfoOptions& options) {
   using format::ReadSummary;
   // Records are counted by the reader; only what says whether the recording is whole is kept.
   Completeness completeness;
-  PrivacyScan privacy;
+  replayer::PrivacyScan privacy;
   ReadSummary s = format::ReadTraceFile(options.path, [&](const format::Record& r) {
     completeness.See(r);
     privacy.See(r);
   });
   int rc = ReportRead(options.path, s);
-  if (rc == 3 || rc == 6) return rc;
+  if (NothingRead(rc)) return rc;
   if (s.has_info) privacy.SeeInfo(s.info);
   const std::optional<BytesPerOp> bytes_per_op = BytesPerOp::Of(s);
   if (options.json) {

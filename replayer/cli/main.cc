@@ -9,24 +9,6 @@
 #include "replay_command.h"
 #include "torchrr/format/reader.h"
 
-namespace {
-
-constexpr const char* kExitCodes = R"(Exit codes:
-  0  ok
-  1  replay: violations found, or the program raised an error it does not explain
-  2  usage error
-  3  unreadable file, or not a torchrr trace
-  4  trace truncated (data before the cut still used)
-  5  trace corrupt (data that verifies still used)
-  6  trace written by a newer torchrr format
-  7  other error
-  8  replay: the recording is incomplete (the recorder stopped early or lost records)
-  9  record: the program's torch is not the one torchrr was built against, or unsupported
-A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported.
-)";
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app("torchrr: records every tensor op of a PyTorch training step and replays it "
                "offline to find the in-place op that broke autograd.",
@@ -34,7 +16,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("torchrr ") + TORCHRR_VERSION + " (trace format " +
                                         std::to_string(torchrr::format::kFormatMajor) + "." +
                                         std::to_string(torchrr::format::kFormatMinor) + ")");
-  app.footer(kExitCodes);
+  app.footer(torchrr::cli::ExitCodesText());
   app.require_subcommand(1);
 
   int exit_code = 0;
@@ -53,7 +35,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : torchrr::cli::kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "torchrr: error: %s\n", e.what());
-    return 7;
+    return torchrr::cli::kExitOther;
   }
   return exit_code;
 }

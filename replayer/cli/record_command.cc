@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 #include "commands.h"
 #include "child_output.h"
 #include "exit_codes.h"
@@ -155,7 +157,7 @@ int CheckOutput(const std::string& output) {
   format::Status usable = format::TraceWriter::CheckPath(output);
   if (usable.ok()) return 0;
   std::fprintf(stderr, "torchrr: error: %s\n", usable.message().c_str());
-  return usable.code() == format::StatusCode::kInvalidArgument ? kExitUsage : 7;
+  return usable.code() == format::StatusCode::kInvalidArgument ? kExitUsage : kExitOther;
 }
 
 // --spill DIR: made if missing, and named absolutely in *absolute. Refuses, with one line, a DIR
@@ -171,7 +173,7 @@ int MakeSpillDir(const std::string& dir, std::string* absolute) {
   if (ec || access(path.c_str(), W_OK | X_OK) != 0) {
     std::fprintf(stderr, "torchrr: error: --spill %s: %s\n", dir.c_str(),
                  ec ? ec.message().c_str() : std::strerror(errno));
-    return 7;
+    return kExitOther;
   }
   *absolute = path.lexically_normal().string();
   return 0;
@@ -199,7 +201,7 @@ int RunRecord(const RecordArgs& args) {
   if (python && !fs::exists(site_dir / "sitecustomize.py")) {
     std::fprintf(stderr, "torchrr: error: %s not found: is torchrr built? (make build)\n",
                  (site_dir / "sitecustomize.py").c_str());
-    return 7;
+    return kExitOther;
   }
   // A Python interpreter named directly: asked, before the program runs, whether its torch is
   // the one the recorder was built against. Launchers (torchrun, pytest) are left to the
@@ -214,7 +216,7 @@ int RunRecord(const RecordArgs& args) {
   if (!python && !fs::exists(preload)) {
     std::fprintf(stderr, "torchrr: error: %s not found: the recorder is not built (make build "
                          "builds it when it finds torch)\n", preload.c_str());
-    return 7;
+    return kExitOther;
   }
   // A native program, likewise, from the libtorch its loader would pick.
   if (!python) {
@@ -241,7 +243,7 @@ int RunRecord(const RecordArgs& args) {
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
     RestoreSignals(saved);
     std::fprintf(stderr, "torchrr: error: fork: %s\n", std::strerror(errno));
-    return 7;
+    return kExitOther;
   }
   if (pid == 0) {
     RestoreSignals(saved);
@@ -263,7 +265,7 @@ int RunRecord(const RecordArgs& args) {
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
     std::fprintf(stderr, "torchrr: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
+    _exit(kExitNotRun);
   }
   g_child = pid;
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
@@ -271,7 +273,7 @@ int RunRecord(const RecordArgs& args) {
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) {
       std::fprintf(stderr, "torchrr: error: waitpid: %s\n", std::strerror(errno));
-      return 7;
+      return kExitOther;
     }
   }
   g_child = 0;
@@ -281,7 +283,7 @@ int RunRecord(const RecordArgs& args) {
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 7;
+  return kExitOther;
 }
 
 // What `value`, given to option's flag, sets: the value times the flag's scale. Returns why not
@@ -351,12 +353,13 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");
   cmd->add_option("command", args->command, "The program and its arguments, after --")
       ->required();
-  cmd->footer("The exit status is the program's (128+N when signal N ended it); 127 when it "
-              "could not be run, 7 when torchrr itself failed. The program is not run when the "
-              "output is empty or not a regular file (2), another recording is writing it (7), or "
-              "its torch is not the one torchrr was built against (9). "
-              "Ctrl-C reaches the program once, from the terminal; SIGTERM and SIGHUP sent to "
-              "torchrr are passed on.");
+  cmd->footer(fmt::format(
+      "The exit status is the program's (128+N when signal N ended it); {} when it could not be "
+      "run, {} when torchrr itself failed. The program is not run when the output is empty or "
+      "not a regular file ({}), another recording is writing it ({}), or its torch is not the "
+      "one torchrr was built against ({}). Ctrl-C reaches the program once, from the terminal; "
+      "SIGTERM and SIGHUP sent to torchrr are passed on.",
+      kExitNotRun, kExitOther, kExitUsage, kExitOther, kExitTorchMismatch));
   cmd->callback([args, exit_code] {
     if (args->no_stacks) {
       args->options[FindRecordingOption("native_stacks")] = "0";

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "privacy.h"
+#include "torchrr/replayer/privacy.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/format/writer.h"
 #include "torchrr/replayer/printable.h"
@@ -29,7 +29,7 @@ int Fail(int code, const std::string& message) {
 }
 
 int RunRedact(const RedactOptions& options) {
-  Redaction redaction;
+  replayer::Redaction redaction;
   redaction.drop_values = options.drop_values;
   redaction.drop_source = options.drop_source;
   for (const std::string& map : options.maps) {
@@ -44,7 +44,7 @@ int RunRedact(const RedactOptions& options) {
   format::ReadSummary summary =
       format::ReadTraceFile(options.path, [&](const format::Record& r) { redaction.FindNames(r); });
   int rc = ReportRead(options.path, summary);
-  if (rc == 3 || rc == 6 || rc == 7) return rc;
+  if (NothingToWrite(rc)) return rc;
   redaction.FindNames(summary.info);
   redaction.AddThisMachine();
   redaction.Finish();

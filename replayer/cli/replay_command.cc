@@ -97,7 +97,7 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
 // How unclean a replay exit code is: a damaged or unread trace, then an incomplete recording,
 // then violations.
 int Severity(int exit_code) {
-  if (exit_code == 0) return 0;
+  if (exit_code == kExitOk) return 0;
   if (exit_code == kExitViolations) return 1;
   if (exit_code == kExitIncomplete) return 2;
   return 3;

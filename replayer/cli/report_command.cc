@@ -5,14 +5,14 @@
 #include <memory>
 #include <string>
 
-#include "autograd_graph.h"
+#include "torchrr/replayer/autograd_graph.h"
 #include "commands.h"
-#include "graphviz.h"
-#include "html_report.h"
-#include "step_timeline.h"
+#include "torchrr/replayer/graphviz.h"
+#include "torchrr/replayer/html_report.h"
+#include "torchrr/replayer/step_timeline.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
-#include "trace_tables.h"
+#include "torchrr/replayer/trace_tables.h"
 
 namespace torchrr::cli {
 namespace {
@@ -29,27 +29,27 @@ int RunReport(const ReportOptions& options) {
   format::ReadSummary summary =
       format::ReadTraceFile(options.path, [&](const format::Record& r) { analyzer.Add(r); });
   int rc = ReportRead(options.path, summary);
-  if (rc == 3 || rc == 6 || rc == 7) return rc;
+  if (NothingToWrite(rc)) return rc;
   const replayer::Report report = FinishAnalysis(analyzer, summary);
 
   // Pass 2: the graph and the timeline.
-  TraceTables tables;
-  AutogradGraph graph;
-  StepTimeline timeline(report);
+  replayer::TraceTables tables;
+  replayer::AutogradGraph graph;
+  replayer::StepTimeline timeline(report);
   (void)format::ReadTraceFile(options.path, [&](const format::Record& r) {
     tables.See(r);
     graph.See(r);
     timeline.See(r, tables);
   });
 
-  HtmlReportParts parts;
+  replayer::HtmlReportParts parts;
   parts.trace_path = options.path;
   parts.summary = &summary;
   parts.report = &report;
   parts.timeline_svg = timeline.Svg();
   for (const replayer::Violation& v : report.violations) {
     if (!parts.graph_problem.empty()) break;
-    format::StatusOr<std::string> svg = DotToSvg(graph.Dot(v, tables));
+    format::StatusOr<std::string> svg = replayer::DotToSvg(graph.Dot(v, tables));
     if (!svg.ok()) {
       parts.graph_problem = svg.status().message();
       std::fprintf(stderr, "torchrr: warning: no autograd graphs in the report: %s\n",
@@ -60,12 +60,12 @@ int RunReport(const ReportOptions& options) {
   }
 
   std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
-  out << HtmlReport(parts);
+  out << replayer::HtmlReport(parts);
   out.close();
   if (!out) {
     std::fprintf(stderr, "torchrr: error: %s: cannot write\n",
                  replayer::Printable(options.output).c_str());
-    return 7;
+    return kExitOther;
   }
   return rc;
 }

@@ -1,6 +1,6 @@
-// export --chrome-trace's events (replayer/cli/chrome_trace.h) on hand-built records: the kernels'
+// export --chrome-trace's events (torchrr/replayer/chrome_trace.h) on hand-built records: the kernels'
 // tracks and flows, and what a damaged trace (an op that was not read) leaves out.
-#include "chrome_trace.h"
+#include "torchrr/replayer/chrome_trace.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "trace_builder.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 using testing::TraceBuilder;
@@ -76,4 +76,4 @@ TEST(ChromeTrace, AKernelWhoseOpWasNotReadHasNoFlow) {
 }
 
 }  // namespace
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

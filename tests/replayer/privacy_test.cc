@@ -1,9 +1,9 @@
-// torchrr redact's rewrite rules (replayer/cli/privacy.h): which occurrences of a name change.
-#include "privacy.h"
+// torchrr redact's rewrite rules (torchrr/replayer/privacy.h): which occurrences of a name change.
+#include "torchrr/replayer/privacy.h"
 
 #include <gtest/gtest.h>
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 TEST(HomeDirectories, FindsEachOnceInOrder) {
@@ -84,4 +84,4 @@ TEST(Redaction, DropValuesEmptiesOnlyStringsNothingElseUses) {
 }
 
 }  // namespace
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

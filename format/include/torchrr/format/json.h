@@ -9,12 +9,22 @@
 #ifndef TORCHRR_FORMAT_JSON_H_
 #define TORCHRR_FORMAT_JSON_H_
 
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "torchrr/format/reader.h"
 #include "torchrr/format/records.h"
 
 namespace torchrr::format {
+
+// `json` as text (compact, or indented by `indent`), valid JSON whatever its strings hold: a byte
+// that is not valid UTF-8 becomes U+FFFD (replayer/SCHEMA.md, "Strings"), where dump() would
+// throw. Every JSON output of torchrr goes through it.
+template <typename Json>
+std::string JsonText(const Json& json, int indent = -1) {
+  return json.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
 
 nlohmann::ordered_json RecordToJson(const Record& record);
 nlohmann::ordered_json FileInfoToJson(const FileInfo& info);

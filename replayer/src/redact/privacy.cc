@@ -1,4 +1,4 @@
-#include "privacy.h"
+#include "torchrr/replayer/privacy.h"
 
 #include <pwd.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "torchrr/format/record_fields.h"
 #include "torchrr/replayer/printable.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 constexpr size_t kPathExamples = 3;
@@ -305,4 +305,4 @@ std::string Redaction::Describe() const {
   return out;
 }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

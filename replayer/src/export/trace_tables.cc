@@ -1,9 +1,9 @@
-#include "trace_tables.h"
+#include "torchrr/replayer/trace_tables.h"
 
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 void TraceTables::See(const format::Record& record) {
   if (const auto* s = std::get_if<format::StringDef>(&record)) {
@@ -92,4 +92,4 @@ std::string TraceTables::ValueText(const format::Value& v) const {
   return "?";
 }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

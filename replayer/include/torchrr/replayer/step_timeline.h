@@ -9,8 +9,8 @@
 // no op on any thread (importing torch, building the model) are cut to a narrow dashed box, so
 // that the step fills the width. Memory: the outermost
 // ops' times (three numbers each) and the marked ops'. Not thread-safe.
-#ifndef TORCHRR_REPLAYER_CLI_STEP_TIMELINE_H_
-#define TORCHRR_REPLAYER_CLI_STEP_TIMELINE_H_
+#ifndef TORCHRR_REPLAYER_STEP_TIMELINE_H_
+#define TORCHRR_REPLAYER_STEP_TIMELINE_H_
 
 #include <cstdint>
 #include <map>
@@ -21,9 +21,9 @@
 
 #include "torchrr/format/records.h"
 #include "torchrr/replayer/replayer.h"
-#include "trace_tables.h"
+#include "torchrr/replayer/trace_tables.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 class StepTimeline {
  public:
@@ -65,6 +65,6 @@ class StepTimeline {
   int64_t last_ns_ = INT64_MIN;
 };
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer
 
-#endif  // TORCHRR_REPLAYER_CLI_STEP_TIMELINE_H_
+#endif  // TORCHRR_REPLAYER_STEP_TIMELINE_H_

@@ -1,4 +1,4 @@
-#include "graphviz.h"
+#include "torchrr/replayer/graphviz.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,7 +14,7 @@
 
 extern char** environ;
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 // Writes all of `data` to `fd` while reading `from` into `out`, so that neither side blocks on a
@@ -101,4 +101,4 @@ format::StatusOr<std::string> DotToSvg(const std::string& graph) {
   return svg.substr(start);
 }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

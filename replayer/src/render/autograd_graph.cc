@@ -1,4 +1,4 @@
-#include "autograd_graph.h"
+#include "torchrr/replayer/autograd_graph.h"
 
 #include <deque>
 #include <map>
@@ -8,9 +8,9 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
-#include "graphviz.h"
+#include "torchrr/replayer/graphviz.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 constexpr int kRadius = 2;
@@ -116,4 +116,4 @@ std::string AutogradGraph::Dot(const replayer::Violation& v, const TraceTables& 
   return dot;
 }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

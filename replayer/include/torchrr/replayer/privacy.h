@@ -7,8 +7,8 @@
 // and no working directory. PrivacyScan lists what a trace holds (`torchrr info`); Redaction rewrites the
 // strings so that none of the names it was given is left, while file basenames, line numbers,
 // op names and every id stay as they were, so that the redacted trace replays to the same verdicts.
-#ifndef TORCHRR_REPLAYER_CLI_PRIVACY_H_
-#define TORCHRR_REPLAYER_CLI_PRIVACY_H_
+#ifndef TORCHRR_REPLAYER_PRIVACY_H_
+#define TORCHRR_REPLAYER_PRIVACY_H_
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -20,7 +20,7 @@
 
 #include "torchrr/format/records.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 // The home directories in `text`: "/home/NAME" and "/Users/NAME" (followed by "/" or the end), and
 // "/root"; each once, in order of appearance.
@@ -107,6 +107,6 @@ class Redaction {
   std::set<format::InternId> named_strings_;  // Used by anything else: kept by --drop-values.
 };
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer
 
-#endif  // TORCHRR_REPLAYER_CLI_PRIVACY_H_
+#endif  // TORCHRR_REPLAYER_PRIVACY_H_

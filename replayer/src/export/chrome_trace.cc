@@ -1,4 +1,4 @@
-#include "chrome_trace.h"
+#include "torchrr/replayer/chrome_trace.h"
 
 #include <algorithm>
 #include <map>
@@ -7,11 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
 #include "torchrr/format/json.h"
-#include "trace_tables.h"
+#include "torchrr/replayer/trace_tables.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -77,7 +76,7 @@ class ChromeTraceWriter::Impl {
       }
     }
     out_ << "{\"displayTimeUnit\":\"ns\",\"otherData\":"
-         << JsonText(Json{{"producer", "torchrr"},
+         << format::JsonText(Json{{"producer", "torchrr"},
                           {"torchrr_version", info.torchrr_version},
                           {"torch_version", info.torch_version}})
          << ",\"traceEvents\":[\n";
@@ -309,7 +308,7 @@ class ChromeTraceWriter::Impl {
 
   void Emit(const Json& event) {
     if (events_++ != 0) out_ << ",\n";
-    out_ << JsonText(event);
+    out_ << format::JsonText(event);
   }
 
   std::ostream& out_;
@@ -340,4 +339,4 @@ ChromeTraceWriter::~ChromeTraceWriter() = default;
 void ChromeTraceWriter::Add(const format::Record& record) { impl_->Add(record); }
 void ChromeTraceWriter::Finish() { impl_->Finish(); }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

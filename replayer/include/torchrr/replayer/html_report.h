@@ -6,8 +6,8 @@
 // with the replay's own text for it (replayer::FormatText, so the verdict reads as in a terminal)
 // and the autograd subgraph around it (autograd_graph.h, drawn by Graphviz), or why it is not
 // drawn.
-#ifndef TORCHRR_REPLAYER_CLI_HTML_REPORT_H_
-#define TORCHRR_REPLAYER_CLI_HTML_REPORT_H_
+#ifndef TORCHRR_REPLAYER_HTML_REPORT_H_
+#define TORCHRR_REPLAYER_HTML_REPORT_H_
 
 #include <string>
 #include <vector>
@@ -15,7 +15,7 @@
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/replayer.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 struct HtmlReportParts {
   std::string trace_path;
@@ -36,6 +36,6 @@ std::string HtmlEscape(const std::string& text);
 // that its own newlines stay and its escapes are not escaped twice.
 std::string HtmlEscapePrintable(const std::string& printable);
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer
 
-#endif  // TORCHRR_REPLAYER_CLI_HTML_REPORT_H_
+#endif  // TORCHRR_REPLAYER_HTML_REPORT_H_

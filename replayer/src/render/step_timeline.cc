@@ -1,13 +1,13 @@
-#include "step_timeline.h"
+#include "torchrr/replayer/step_timeline.h"
 
 #include <algorithm>
 #include <variant>
 
 #include <fmt/core.h>
 
-#include "html_report.h"
+#include "torchrr/replayer/html_report.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 constexpr double kWidth = 960;
@@ -259,4 +259,4 @@ void StepTimeline::EmitAxis(const Geometry& g, std::string& svg) const {
   }
 }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

@@ -3,8 +3,8 @@
 //
 // Memory grows with the trace's nodes (a name id and the next functions of each), as the
 // analysis' does. Not thread-safe.
-#ifndef TORCHRR_REPLAYER_CLI_AUTOGRAD_GRAPH_H_
-#define TORCHRR_REPLAYER_CLI_AUTOGRAD_GRAPH_H_
+#ifndef TORCHRR_REPLAYER_AUTOGRAD_GRAPH_H_
+#define TORCHRR_REPLAYER_AUTOGRAD_GRAPH_H_
 
 #include <string>
 #include <unordered_map>
@@ -12,9 +12,9 @@
 
 #include "torchrr/format/records.h"
 #include "torchrr/replayer/replayer.h"
-#include "trace_tables.h"
+#include "torchrr/replayer/trace_tables.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 class AutogradGraph {
  public:
@@ -36,6 +36,6 @@ class AutogradGraph {
   std::unordered_map<format::ObjectId, Node> nodes_;
 };
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer
 
-#endif  // TORCHRR_REPLAYER_CLI_AUTOGRAD_GRAPH_H_
+#endif  // TORCHRR_REPLAYER_AUTOGRAD_GRAPH_H_

@@ -19,8 +19,8 @@
 // (ChromeTraceWriter) writes the events as the records come, but for the flows' ends, which wait
 // for the end to be written only where their start was; memory stays bounded by the trace's
 // names, tensors and CUDA activities, not its ops.
-#ifndef TORCHRR_REPLAYER_CLI_CHROME_TRACE_H_
-#define TORCHRR_REPLAYER_CLI_CHROME_TRACE_H_
+#ifndef TORCHRR_REPLAYER_CHROME_TRACE_H_
+#define TORCHRR_REPLAYER_CHROME_TRACE_H_
 
 #include <cstdint>
 #include <limits>
@@ -33,7 +33,7 @@
 #include "torchrr/format/records.h"
 #include "torchrr/replayer/replayer.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 // The first pass. Not thread-safe.
 class ChromeTracePlan {
@@ -75,6 +75,6 @@ class ChromeTraceWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer
 
-#endif  // TORCHRR_REPLAYER_CLI_CHROME_TRACE_H_
+#endif  // TORCHRR_REPLAYER_CHROME_TRACE_H_

@@ -1,10 +1,10 @@
-#include "html_report.h"
+#include "torchrr/replayer/html_report.h"
 
 #include <fmt/core.h>
 
 #include "torchrr/replayer/printable.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 namespace {
 
 constexpr const char* kStyle = R"(
@@ -137,4 +137,4 @@ std::string HtmlReport(const HtmlReportParts& parts) {
   return html;
 }
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer

@@ -5,8 +5,8 @@
 // op's name, its user frame or a tensor's shape keeps the definitions seen so far; this class is
 // that memory. It grows with the trace's distinct names, frames, stacks and tensors, not its ops.
 // Not thread-safe.
-#ifndef TORCHRR_REPLAYER_CLI_TRACE_TABLES_H_
-#define TORCHRR_REPLAYER_CLI_TRACE_TABLES_H_
+#ifndef TORCHRR_REPLAYER_TRACE_TABLES_H_
+#define TORCHRR_REPLAYER_TRACE_TABLES_H_
 
 #include <optional>
 #include <string>
@@ -16,7 +16,7 @@
 #include "torchrr/format/records.h"
 #include "torchrr/replayer/replayer.h"
 
-namespace torchrr::cli {
+namespace torchrr::replayer {
 
 class TraceTables {
  public:
@@ -47,6 +47,6 @@ class TraceTables {
   std::unordered_map<format::ObjectId, format::TensorInfo> tensors_;
 };
 
-}  // namespace torchrr::cli
+}  // namespace torchrr::replayer
 
-#endif  // TORCHRR_REPLAYER_CLI_TRACE_TABLES_H_
+#endif  // TORCHRR_REPLAYER_TRACE_TABLES_H_
