@@ -41,7 +41,7 @@ endif()
 
 # Torch: the one in TORCHRR_PYTHON's environment (the project's .venv by default; under pip, the
 # Python that runs pip), through its own CMake config, so the same recipe builds against a user's
-# torch. The versions the recorder supports: each has its layout in recorder/src/torch_compat.h,
+# torch. The versions the recorder supports: each has its layout in recorder/src/internals/torch_compat.h,
 # and tools/torch_matrix.sh tests them; the Python package refuses any other at run time.
 set(TORCHRR_TORCH_MIN 2.9)
 set(TORCHRR_TORCH_MAX 2.15)

@@ -7,7 +7,7 @@
 // libtorchrr_preload.so through LD_PRELOAD. Only the started process records: children it spawns
 // inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID). Both are found relative to this
 // executable, in an install as in the build tree (FindRecorderDirs), and both read the options
-// from the TORCHRR_* variables set here (recorder/src/environment_options.h, where their
+// from the TORCHRR_* variables set here (recorder/src/options/environment_options.h, where their
 // defaults are).
 //
 // Signals, as a shell's `system()` treats them: the program runs in this process group, so the

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "environment_options.h"
+#include "options/environment_options.h"
 
 namespace torchrr::recorder {
 namespace {

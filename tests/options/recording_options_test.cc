@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "environment_options.h"
+#include "options/environment_options.h"
 #include "torchrr/recording_options.h"
 
 namespace torchrr {

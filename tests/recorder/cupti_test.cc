@@ -1,11 +1,11 @@
-// CUDA kernel recording (recorder/src/cupti_tracer.cc) against a fake CUPTI, as libkineto tests
+// CUDA kernel recording (recorder/src/cuda/cupti_tracer.cc) against a fake CUPTI, as libkineto tests
 // its profiler with MockCuptiActivities: the fake hands the tracer buffers of the real CUPTI record
 // structs (cupti_activity.h), built here the way CUPTI lays them out, and the test checks what
 // reaches the Sink. No GPU, no torch.
 //
 // Built twice (tests/recorder/CMakeLists.txt): with cupti.h, and without it, where only the tests
 // of the unavailable version are compiled.
-#include "cupti_tracer.h"
+#include "cuda/cupti_tracer.h"
 
 #include <chrono>
 #include <cstdio>
@@ -24,7 +24,7 @@
 #if TORCHRR_HAVE_CUPTI
 #include <cupti.h>
 
-#include "cupti_layouts.h"
+#include "cuda/cupti_layouts.h"
 #endif
 
 namespace torchrr::recorder {

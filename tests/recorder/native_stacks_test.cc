@@ -1,4 +1,4 @@
-// CaptureNativeStack (recorder/src/native_stacks.cc): libunwind's fast path returns the frames
+// CaptureNativeStack (recorder/src/stacks/native_stacks.cc): libunwind's fast path returns the frames
 // Boost.Stacktrace (libgcc's unwinder) returns, at every depth, and keeps doing so past the
 // captures it verifies. No torch.
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <boost/stacktrace.hpp>
 #include <gtest/gtest.h>
 
-#include "libunwind_backtrace.h"
-#include "native_stacks.h"
+#include "stacks/libunwind_backtrace.h"
+#include "stacks/native_stacks.h"
 
 namespace torchrr::recorder {
 namespace {

@@ -21,8 +21,8 @@
 #include "torchrr/format/reader.h"
 #include "torchrr/kernels/fingerprint.h"
 #include "torchrr/recorder.h"
-#include "object_ids.h"
-#include "python_stacks.h"
+#include "capture/object_ids.h"
+#include "stacks/python_stacks.h"
 
 namespace torchrr {
 namespace {

@@ -1,4 +1,4 @@
-// StepWindow (recorder/src/step_window.h): where steps begin, which are kept, and what a window
+// StepWindow (recorder/src/sink/step_window.h): where steps begin, which are kept, and what a window
 // carries from before it, read back through the trace format.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "step_window.h"
+#include "sink/step_window.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/format/writer.h"
 

@@ -1,4 +1,4 @@
-#include "environment_options.h"
+#include "options/environment_options.h"
 
 #include <charconv>
 #include <cstring>
