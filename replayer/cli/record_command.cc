@@ -6,17 +6,11 @@
 // sitecustomize already there; any other program (a C++ trainer linked against libtorch) gets
 // libtorchrr_preload.so through LD_PRELOAD. Only the started process records: children it spawns
 // inherit LD_PRELOAD but not the recording (TORCHRR_TARGET_PID). Both are found relative to this
-// executable, in an install as in the build tree (FindRecorderDirs), and both read the options
-// from the TORCHRR_* variables set here (recorder/src/options/environment_options.h, where their
-// defaults are).
+// executable, in an install as in the build tree (launch/recorder_dirs.h), and both read the
+// options from the TORCHRR_* variables set here (recorder/src/options/environment_options.h,
+// where their defaults are). The program runs as launch/child_process.h says, once
+// launch/torch_check.h found its torch to be the recorder's.
 //
-// Signals, as a shell's `system()` treats them: the program runs in this process group, so the
-// terminal's SIGINT and SIGQUIT (Ctrl-C, Ctrl-\) reach it directly; this process ignores them
-// while it waits, and never sends a second one. SIGTERM and SIGHUP sent to this process by
-// another (`kill PID`, a job scheduler) are forwarded to the program once; a SIGHUP from the
-// kernel (the terminal hung up) went to the program already.
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -33,9 +27,10 @@
 #include <fmt/core.h>
 
 #include "commands.h"
-#include "child_output.h"
 #include "exit_codes.h"
-#include "native_torch.h"
+#include "launch/child_process.h"
+#include "launch/recorder_dirs.h"
+#include "launch/torch_check.h"
 #include "torchrr/format/writer.h"
 #include "torchrr/recording_options.h"
 
@@ -54,70 +49,10 @@ struct RecordArgs {
   std::vector<std::string> command;
 };
 
-pid_t g_child = 0;
-
-// SIGTERM or SIGHUP: forwarded to the program when a process sent it (si_code SI_USER, SI_QUEUE,
-// SI_TKILL: all <= 0), not when the kernel sent it to the whole foreground group.
-void ForwardSignal(int signal_number, siginfo_t* info, void*) {
-  if (g_child > 0 && info != nullptr && info->si_code <= 0) kill(g_child, signal_number);
-}
-
-// The dispositions RunRecord changes while it waits, to put back in the child before exec.
-struct SavedSignals {
-  struct sigaction interrupt, quit, terminate, hangup;
-};
-
-// Ignores SIGINT and SIGQUIT, forwards SIGTERM and SIGHUP; returns what was there.
-SavedSignals TakeSignalsWhileWaiting() {
-  SavedSignals saved;
-  struct sigaction ignore {};
-  ignore.sa_handler = SIG_IGN;
-  sigemptyset(&ignore.sa_mask);
-  sigaction(SIGINT, &ignore, &saved.interrupt);
-  sigaction(SIGQUIT, &ignore, &saved.quit);
-  struct sigaction forward {};
-  forward.sa_sigaction = ForwardSignal;
-  forward.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&forward.sa_mask);
-  sigaction(SIGTERM, &forward, &saved.terminate);
-  sigaction(SIGHUP, &forward, &saved.hangup);
-  return saved;
-}
-
-void RestoreSignals(const SavedSignals& saved) {
-  sigaction(SIGINT, &saved.interrupt, nullptr);
-  sigaction(SIGQUIT, &saved.quit, nullptr);
-  sigaction(SIGTERM, &saved.terminate, nullptr);
-  sigaction(SIGHUP, &saved.hangup, nullptr);
-}
-
 bool LooksLikePython(const std::string& program) {
   std::string base = fs::path(program).filename().string();
   return base.rfind("python", 0) == 0 || base == "torchrun" || base == "pytest" ||
          base == "accelerate" || base == "deepspeed";
-}
-
-// Where the recorder's libraries and its Python package are.
-struct RecorderDirs {
-  fs::path lib;
-  fs::path package;  // The torchrr package: __init__.py, _sitecustomize/.
-};
-
-// For the executable `exe`, as installed (cmake/TorchrrInstallDirs.cmake: <prefix>/bin/torchrr
-// with <prefix>/lib and <prefix>/lib/torchrr/python/torchrr; a wheel's torchrr/bin/torchrr with
-// torchrr/lib and torchrr/) or in the build tree (<build>/bin/torchrr with <build>/lib and its
-// link <build>/lib/torchrr/python/torchrr). The first whose directory holds the recorder; else
-// the first.
-RecorderDirs FindRecorderDirs(const fs::path& exe) {
-  const fs::path installed = (exe.parent_path() / TORCHRR_LIBDIR_FROM_BINDIR).lexically_normal();
-  const fs::path build = (exe.parent_path().parent_path() / "lib").lexically_normal();
-  const RecorderDirs candidates[] = {
-      {installed, (installed / TORCHRR_PACKAGE_FROM_LIBDIR).lexically_normal()},
-      {build, build / "torchrr" / "python" / "torchrr"}};
-  for (const RecorderDirs& dirs : candidates) {
-    if (fs::exists(dirs.lib / "libtorchrr_recorder.so")) return dirs;
-  }
-  return candidates[0];
 }
 
 // The recorder's options (environment_options.h). Each is set only when the command line gives
@@ -133,21 +68,6 @@ void PrependEnv(const char* name, const std::string& value, char separator) {
   std::string joined = value;
   if (old != nullptr && *old != '\0') joined += separator + std::string(old);
   setenv(name, joined.c_str(), 1);
-}
-
-// Why the recorder in `package` cannot record under the torch that the interpreter `python`
-// (a command, looked up on PATH) would import: torchrr._native.installed_torch_problem() run in
-// that interpreter, which reads torch's version from its metadata without importing it (about
-// 50 ms). Empty when it can, and whenever the question cannot be asked (no such interpreter, no
-// torch, an old package): the sitecustomize then checks again, and warns, in the program.
-std::string TorchProblem(const std::string& python, const fs::path& package) {
-  const std::string code =
-      "import sys; sys.path.insert(0, sys.argv[1]); from torchrr import _native; "
-      "sys.stdout.write(_native.installed_torch_problem() or '')";
-  // -W ignore: the import's own TorchVersionWarning would say it a second time.
-  return ChildOutput({python, "-I", "-W", "ignore", "-c", code,
-                      package.parent_path().string()})
-      .value_or("");
 }
 
 // Refuses, with one line, an output the recorder could never write (empty, a FIFO, a directory,
@@ -207,7 +127,7 @@ int RunRecord(const RecordArgs& args) {
   // the one the recorder was built against. Launchers (torchrun, pytest) are left to the
   // sitecustomize, which warns in the program.
   if (python && fs::path(args.command[0]).filename().string().rfind("python", 0) == 0) {
-    std::string problem = TorchProblem(args.command[0], dirs.package);
+    std::string problem = PythonTorchProblem(args.command[0], dirs.package);
     if (!problem.empty()) {
       std::fprintf(stderr, "torchrr: error: %s\n", problem.c_str());
       return kExitTorchMismatch;
@@ -227,27 +147,7 @@ int RunRecord(const RecordArgs& args) {
     }
   }
 
-  std::fflush(nullptr);
-  // Taken before fork, so that no Ctrl-C between fork and exec reaches this process alone; the
-  // child puts them back (an ignored SIGINT would survive exec, and Python would then never
-  // raise KeyboardInterrupt).
-  const SavedSignals saved = TakeSignalsWhileWaiting();
-  // SIGTERM and SIGHUP wait until g_child is set, so that none is lost between fork and then.
-  sigset_t forwarded, old_mask;
-  sigemptyset(&forwarded);
-  sigaddset(&forwarded, SIGTERM);
-  sigaddset(&forwarded, SIGHUP);
-  sigprocmask(SIG_BLOCK, &forwarded, &old_mask);
-  pid_t pid = fork();
-  if (pid < 0) {
-    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-    RestoreSignals(saved);
-    std::fprintf(stderr, "torchrr: error: fork: %s\n", std::strerror(errno));
-    return kExitOther;
-  }
-  if (pid == 0) {
-    RestoreSignals(saved);
-    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  const int status = RunProgram(args.command, [&] {
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
     SetOptionVariables(resolved);
     if (python) {
@@ -260,30 +160,11 @@ int RunRecord(const RecordArgs& args) {
       setenv("TORCHRR_TARGET_PID", std::to_string(getpid()).c_str(), 1);
       PrependEnv("LD_PRELOAD", preload.string(), ':');
     }
-    std::vector<char*> argv;
-    for (const auto& a : args.command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    std::fprintf(stderr, "torchrr: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(kExitNotRun);
-  }
-  g_child = pid;
-  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) {
-      std::fprintf(stderr, "torchrr: error: waitpid: %s\n", std::strerror(errno));
-      return kExitOther;
-    }
-  }
-  g_child = 0;
-  RestoreSignals(saved);
+  });
   if (!python && fs::exists(output)) {
     std::fprintf(stderr, "torchrr: trace written to %s\n", output.c_str());
   }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return kExitOther;
+  return status;
 }
 
 // What `value`, given to option's flag, sets: the value times the flag's scale. Returns why not

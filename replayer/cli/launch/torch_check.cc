@@ -1,4 +1,4 @@
-#include "native_torch.h"
+#include "launch/torch_check.h"
 
 #include <elf.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "child_output.h"
+#include "launch/child_output.h"
 
 namespace torchrr::cli {
 namespace {
@@ -141,6 +141,16 @@ std::string NativeTorchProblem(const std::vector<std::string>& command, const fs
            version + " (" + library.string() + "): " + kRebuild;
   }
   return "";
+}
+
+std::string PythonTorchProblem(const std::string& python, const std::filesystem::path& package) {
+  const std::string code =
+      "import sys; sys.path.insert(0, sys.argv[1]); from torchrr import _native; "
+      "sys.stdout.write(_native.installed_torch_problem() or '')";
+  // -W ignore: the import's own TorchVersionWarning would say it a second time.
+  return ChildOutput({python, "-I", "-W", "ignore", "-c", code,
+                      package.parent_path().string()})
+      .value_or("");
 }
 
 }  // namespace torchrr::cli

@@ -1,4 +1,4 @@
-#include "child_output.h"
+#include "launch/child_output.h"
 
 #include <fcntl.h>
 #include <sys/wait.h>

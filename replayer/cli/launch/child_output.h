@@ -1,6 +1,6 @@
 // Asking another program a question before `torchrr record` runs the user's: its standard output.
-#ifndef TORCHRR_REPLAYER_CLI_CHILD_OUTPUT_H_
-#define TORCHRR_REPLAYER_CLI_CHILD_OUTPUT_H_
+#ifndef TORCHRR_REPLAYER_CLI_LAUNCH_CHILD_OUTPUT_H_
+#define TORCHRR_REPLAYER_CLI_LAUNCH_CHILD_OUTPUT_H_
 
 #include <optional>
 #include <string>
@@ -19,4 +19,4 @@ std::optional<std::string> ChildOutput(
 
 }  // namespace torchrr::cli
 
-#endif  // TORCHRR_REPLAYER_CLI_CHILD_OUTPUT_H_
+#endif  // TORCHRR_REPLAYER_CLI_LAUNCH_CHILD_OUTPUT_H_

@@ -1,0 +1,25 @@
+// Where `torchrr record` finds the recorder it attaches: its libraries and its Python package,
+// relative to this executable, in an install as in the build tree.
+#ifndef TORCHRR_REPLAYER_CLI_LAUNCH_RECORDER_DIRS_H_
+#define TORCHRR_REPLAYER_CLI_LAUNCH_RECORDER_DIRS_H_
+
+#include <filesystem>
+
+namespace torchrr::cli {
+
+// Where the recorder's libraries and its Python package are.
+struct RecorderDirs {
+  std::filesystem::path lib;
+  std::filesystem::path package;  // The torchrr package: __init__.py, _sitecustomize/.
+};
+
+// For the executable `exe`, as installed (cmake/TorchrrInstallDirs.cmake: <prefix>/bin/torchrr
+// with <prefix>/lib and <prefix>/lib/torchrr/python/torchrr; a wheel's torchrr/bin/torchrr with
+// torchrr/lib and torchrr/) or in the build tree (<build>/bin/torchrr with <build>/lib and its
+// link <build>/lib/torchrr/python/torchrr). The first whose directory holds the recorder; else
+// the first.
+RecorderDirs FindRecorderDirs(const std::filesystem::path& exe);
+
+}  // namespace torchrr::cli
+
+#endif  // TORCHRR_REPLAYER_CLI_LAUNCH_RECORDER_DIRS_H_
