@@ -322,3 +322,21 @@ def test_compiled_regions_name_their_lines_on_a_second_run(tmp_path):
         v = torchrr.replay(trace).violations[0]
         assert v.victim.op.startswith("Torch-Compiled Region")
         assert (v.victim.user_frame.file, v.victim.user_frame.line) == (str(script), victim)
+
+
+@needs_build
+def test_flush_puts_what_was_recorded_on_disk(tmp_path):
+    import subprocess
+
+    import torch
+
+    assert not torchrr.flush()  # Nothing records.
+    trace = tmp_path / "flushed.trr"
+    with torchrr.record(trace):
+        torch.ones(3).add(2)
+        assert torchrr.flush()
+        # The trace is still open: it reads to its last chunk, which holds the add.
+        dump = subprocess.run([str(cli()), "dump", "--json", str(trace)], capture_output=True,
+                              text=True, timeout=60)
+        assert '"aten::add"' in dump.stdout, dump.stderr
+    assert not torchrr.flush()

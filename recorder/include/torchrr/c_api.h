@@ -44,6 +44,10 @@ int torchrr_describe_options(const torchrr_options* options, char* out, size_t s
 /* Marks the start of a training step in the active recording (Recorder::Step). */
 void torchrr_step(void);
 
+/* Returns once what the active recording recorded so far is in its trace file on disk
+ * (Recorder::Flush). Returns 0, or 1 when nothing records or the trace could not be written. */
+int torchrr_flush(void);
+
 /* Starts recording as `torchrr record` asked through the environment: TORCHRR_OUTPUT (the trace;
  * FILE.rankN.trr when RANK=N is set) and one TORCHRR_* variable per option, as
  * recording_options.def names them (environment_options.h). An unset variable takes its

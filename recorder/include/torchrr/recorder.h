@@ -70,9 +70,17 @@ class Recorder {
   void RecordError(const std::string& type, const std::string& message);
 
   // Marks the start of a training step (call it where each step begins). From the first call on,
-  // the program's marks are the only step boundaries (RecorderOptions::keep_last_steps and the
+  // the program's marks are the only step boundaries (RecorderOptions::keep_last and the
   // trace's StepRecords); without any, the recorder finds the steps itself. Thread-safe.
   void Step();
+
+  // Hands what was recorded so far to the writer thread and returns once it is in the trace
+  // file on disk (written and flushed; with keep_last, in the spill file when there is one: the
+  // kept steps themselves are written when the recording stops), as the writer does on its own
+  // every 0.5 s. For a program about to take a risk (a test that kills itself, a step that may
+  // be OOM-killed). Returns false when not recording or the trace could not be written.
+  // Thread-safe; blocks the caller, never the other threads.
+  bool Flush();
 
   // Counts so far. Thread-safe.
   uint64_t ops_recorded() const;

@@ -19,13 +19,13 @@ refuse it. Replaying needs no torch.
 import warnings as _warnings
 
 from . import _native
-from ._recording import (Recording, ops_recorded, options_in_effect, record, record_error,
-                         recording, start, step, stop)
+from ._recording import (Recording, flush, ops_recorded, options_in_effect, record,
+                         record_error, recording, start, step, stop)
 from ._report import (BackwardNode, Frame, Op, ReplayError, Report, Tensor, Violation, replay)
 
 __all__ = [
     "BackwardNode", "Frame", "Op", "Recording", "ReplayError", "Report", "Tensor",
-    "TorchVersionWarning", "Violation", "ops_recorded", "options_in_effect", "record",
+    "TorchVersionWarning", "Violation", "flush", "ops_recorded", "options_in_effect", "record",
     "record_error", "recording", "replay", "start", "step", "stop",
 ]
 

@@ -182,6 +182,16 @@ def step() -> None:
         lib.torchrr_step()
 
 
+def flush() -> bool:
+    """Returns once what the recording recorded so far is in its trace file on disk, as the
+    writer thread does on its own every 0.5 s (with keep_last, in the spill file when there is
+    one). For a program about to take a risk: a process that is then killed outright leaves it.
+    Blocks only the caller. False when nothing records or the trace could not be written; never
+    imports torch."""
+    lib = _native.loaded()
+    return lib is not None and lib.torchrr_flush() == 0
+
+
 def recording() -> bool:
     """True while a recording started from this process records."""
     lib = _native.loaded()

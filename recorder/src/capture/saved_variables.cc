@@ -2,6 +2,7 @@
 
 #include "capture/checkpoint_inputs.h"
 #include "internals/torch_internals.h"
+#include "python/python_nodes.h"
 
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
@@ -17,11 +18,6 @@
 #include <c10/util/flat_hash_map.h>
 
 namespace torchrr::recorder {
-
-namespace {
-
-using VisitPyNodeFn = void (*)(torch::autograd::Node&, const SavedVariableVisitor&);
-using ReadSavedHookFn = void (*)(const torch::autograd::SavedVariable&, SavedHookFacts*);
 
 // libtorchrr_python_nodes.so reads THPFunction and Python objects, which needs Python's headers
 // and symbols; it sits beside this library and is loaded only in a process that has Python (where
@@ -40,8 +36,10 @@ void* PythonNodesSymbol(const char* name) {
   return handle != nullptr ? dlsym(handle, name) : nullptr;
 }
 
-VisitPyNodeFn PythonNodeVisitor() {
-  static auto visitor = reinterpret_cast<VisitPyNodeFn>(PythonNodesSymbol("torchrr_visit_py_node"));
+namespace {
+
+auto PythonNodeVisitor() {
+  static auto visitor = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_visit_py_node);
   return visitor;
 }
 
@@ -76,7 +74,7 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
   // A Python torch.autograd.Function: what ctx.save_for_backward was given, kept by its
   // THPFunction.
   if (IsPythonNode(*type)) {
-    if (VisitPyNodeFn visit_py_node = PythonNodeVisitor()) visit_py_node(node, visit);
+    if (auto visit_py_node = PythonNodeVisitor()) visit_py_node(node, visit);
     return format::SavedSetKind::kCustom;
   }
   // Checkpointing's inputs (2.12 on): what the checkpoint frame holds.
@@ -106,14 +104,12 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
 }
 
 void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out) {
-  using ReadFn = void (*)(torch::autograd::Node&, std::vector<at::Tensor>*);
-  static auto read = reinterpret_cast<ReadFn>(PythonNodesSymbol("torchrr_read_unchecked_tensors"));
+  static auto read = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_read_unchecked_tensors);
   if (read != nullptr && IsPythonNode(typeid(node))) read(node, &out);
 }
 
 std::shared_ptr<const SavedUses> ReadSavedUses(torch::autograd::Node& node) {
-  using ReadFn = uint64_t (*)(torch::autograd::Node&, std::vector<std::string>*);
-  static auto read = reinterpret_cast<ReadFn>(PythonNodesSymbol("torchrr_read_saved_uses"));
+  static auto read = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_read_saved_uses);
   if (read == nullptr || !IsPythonNode(typeid(node))) return nullptr;
   const uint64_t id = read(node, nullptr);
   if (id == 0) return nullptr;
@@ -152,7 +148,7 @@ std::shared_ptr<const SavedUses> ReadSavedUses(torch::autograd::Node& node) {
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
                              const torch::autograd::SavedVariable& saved, uint32_t saved_index) {
   static auto read =
-      reinterpret_cast<ReadSavedHookFn>(PythonNodesSymbol("torchrr_read_saved_hook"));
+      TORCHRR_PYTHON_NODES_FUNCTION(torchrr_read_saved_hook);
   SavedHookFacts facts;
   if (read == nullptr) return facts;
   // What CopySlices saved is its wrapped node's: outputs are that node's.
@@ -177,36 +173,31 @@ SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
 }
 
 void FollowCheckpointInputs(bool follow) {
-  using FollowFn = void (*)(int);
   // Without Python there is no checkpoint to follow: libtorchrr_python_nodes is not loaded.
   if (!PythonInterpreterRunning()) return;
   static auto set =
-      reinterpret_cast<FollowFn>(PythonNodesSymbol("torchrr_follow_checkpoint_inputs"));
+      TORCHRR_PYTHON_NODES_FUNCTION(torchrr_follow_checkpoint_inputs);
   if (set != nullptr) set(follow ? 1 : 0);
 }
 
 void FollowFunctionNodes(bool follow) {
-  using FollowFn = void (*)(int);
   if (!PythonInterpreterRunning()) return;
-  static auto set = reinterpret_cast<FollowFn>(PythonNodesSymbol("torchrr_follow_function_nodes"));
+  static auto set = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_follow_function_nodes);
   if (set != nullptr) set(follow ? 1 : 0);
 }
 
 compat::NodePtr TakeFunctionNode(int64_t sequence_nr) {
-  using PendingFn = int (*)();
-  using TakeFn = void (*)(int64_t, compat::NodePtr*);
   compat::NodePtr node;
   if (sequence_nr < 0 || !PythonInterpreterRunning()) return node;
   static auto pending =
-      reinterpret_cast<PendingFn>(PythonNodesSymbol("torchrr_function_ctx_pending"));
-  static auto take = reinterpret_cast<TakeFn>(PythonNodesSymbol("torchrr_take_function_node"));
+      TORCHRR_PYTHON_NODES_FUNCTION(torchrr_function_ctx_pending);
+  static auto take = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_take_function_node);
   if (pending != nullptr && take != nullptr && pending() != 0) take(sequence_nr, &node);
   return node;
 }
 
 void TakeUnpackedTensors(const void* node, std::vector<format::UnpackedTensor>& out) {
-  using TakeFn = void (*)(const void*, std::vector<format::UnpackedTensor>*);
-  static auto take = reinterpret_cast<TakeFn>(PythonNodesSymbol("torchrr_take_unpacked"));
+  static auto take = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_take_unpacked);
   if (take != nullptr) take(node, &out);
 }
 

@@ -1,12 +1,8 @@
 #include "cuda/cupti_tracer.h"
 
-#include <dlfcn.h>
-#include <link.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <iterator>
 #include <limits>
 #include <mutex>
 #include <utility>
@@ -18,49 +14,23 @@
 #include "cuda/cupti_layouts.h"
 #endif
 
+#include "cuda/cupti_values.h"
+
 namespace torchrr::recorder {
 namespace {
 
-// CUPTI's values, spelled here so that everything but the reading of records and the loader
-// builds without cupti.h; checked against it below when it is there.
-constexpr CuptiApi::Result kSuccess = 0;
-constexpr CuptiApi::Result kErrorMaxLimitReached = 12;
-constexpr CuptiApi::Result kErrorInvalidKind = 21;
-constexpr CuptiApi::Result kErrorInsufficientPrivileges = 35;
-constexpr int kKindMemcpy = 1;
-constexpr int kKindMemset = 2;
-constexpr int kKindKernel = 3;
-constexpr int kKindDriver = 4;
-constexpr int kKindRuntime = 5;
-constexpr int kKindConcurrentKernel = 10;
-constexpr int kKindMemcpy2 = 22;
-constexpr int kKindExternalCorrelation = 39;
-constexpr uint32_t kFlushForced = 1;  // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED.
-// CUPTI API version from which a refused buffer request is safe (CUDA 12.9), per libkineto.
-constexpr uint32_t kCanRefuseBuffersFromVersion = 27;
-
-#if TORCHRR_HAVE_CUPTI
-static_assert(sizeof(CUptiResult) == sizeof(CuptiApi::Result));
-static_assert(sizeof(CUpti_ActivityKind) == sizeof(int));
-static_assert(sizeof(CUpti_ExternalCorrelationKind) == sizeof(int));
-static_assert(sizeof(CUcontext) == sizeof(void*));
-static_assert(CUPTI_SUCCESS == kSuccess);
-static_assert(CUPTI_ERROR_MAX_LIMIT_REACHED == kErrorMaxLimitReached);
-static_assert(CUPTI_ERROR_INVALID_KIND == kErrorInvalidKind);
-static_assert(CUPTI_ERROR_INSUFFICIENT_PRIVILEGES == kErrorInsufficientPrivileges);
-static_assert(CUPTI_ACTIVITY_KIND_MEMCPY == kKindMemcpy);
-static_assert(CUPTI_ACTIVITY_KIND_MEMSET == kKindMemset);
-static_assert(CUPTI_ACTIVITY_KIND_KERNEL == kKindKernel);
-static_assert(CUPTI_ACTIVITY_KIND_DRIVER == kKindDriver);
-static_assert(CUPTI_ACTIVITY_KIND_RUNTIME == kKindRuntime);
-static_assert(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL == kKindConcurrentKernel);
-static_assert(CUPTI_ACTIVITY_KIND_MEMCPY2 == kKindMemcpy2);
-static_assert(CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION == kKindExternalCorrelation);
-static_assert(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED == kFlushForced);
-static_assert(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM2 == CudaActivityTracer::kExternalKind);
-static_assert(ACTIVITY_RECORD_ALIGNMENT == CudaActivityTracer::kBufferAlignment);
-
-#endif  // TORCHRR_HAVE_CUPTI
+using cupti::kCanRefuseBuffersFromVersion;
+using cupti::kErrorInsufficientPrivileges;
+using cupti::kErrorInvalidKind;
+using cupti::kErrorMaxLimitReached;
+using cupti::kFlushForced;
+using cupti::kKindConcurrentKernel;
+using cupti::kKindDriver;
+using cupti::kKindExternalCorrelation;
+using cupti::kKindMemcpy;
+using cupti::kKindMemset;
+using cupti::kKindRuntime;
+using cupti::kSuccess;
 
 // The kinds Start() enables, with the names its messages give them. EXTERNAL_CORRELATION last:
 // every kind it correlates is on before the first correlation record.
@@ -97,160 +67,7 @@ struct ThreadPushes {
 };
 thread_local ThreadPushes t_pushes;
 
-int8_t DeviceIndex(uint32_t device) {
-  return device <= static_cast<uint32_t>(std::numeric_limits<int8_t>::max())
-             ? static_cast<int8_t>(device)
-             : int8_t{-1};
-}
-
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Loading libcupti.
-
-#if TORCHRR_HAVE_CUPTI
-namespace {
-
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? std::string() : path.substr(0, slash);
-}
-
-// Directories of the libcudart and libcupti already loaded in the process.
-std::vector<std::string> LoadedCudaDirectories() {
-  std::vector<std::string> dirs;
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) -> int {
-        if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0;
-        try {
-          std::string path = info->dlpi_name;
-          std::string base = path.substr(path.rfind('/') + 1);
-          if (base.rfind("libcudart.so", 0) == 0 || base.rfind("libcupti.so", 0) == 0) {
-            static_cast<std::vector<std::string>*>(data)->push_back(Dirname(path));
-          }
-        } catch (...) {
-          return 1;  // Out of memory: stop walking; what was found is still tried.
-        }
-        return 0;
-      },
-      &dirs);
-  return dirs;
-}
-
-struct Loaded {
-  bool ok = false;
-  CuptiApi api;
-  std::string why_not;
-};
-
-template <typename F>
-bool Symbol(void* handle, const char* name, F* out, std::string* missing) {
-  *out = reinterpret_cast<F>(dlsym(handle, name));
-  if (*out == nullptr && missing->empty()) *missing = name;
-  return *out != nullptr;
-}
-
-// Fills `api` from an opened libcupti; returns "" or why it will not do.
-std::string Bind(void* handle, const std::string& path, CuptiApi* api) {
-  std::string missing;
-  Symbol(handle, "cuptiGetVersion", &api->GetVersion, &missing);
-  Symbol(handle, "cuptiGetResultString", &api->GetResultString, &missing);
-  Symbol(handle, "cuptiGetTimestamp", &api->GetTimestamp, &missing);
-  Symbol(handle, "cuptiActivityEnable", &api->ActivityEnable, &missing);
-  Symbol(handle, "cuptiActivityDisable", &api->ActivityDisable, &missing);
-  Symbol(handle, "cuptiActivityRegisterCallbacks", &api->ActivityRegisterCallbacks, &missing);
-  Symbol(handle, "cuptiActivityFlushAll", &api->ActivityFlushAll, &missing);
-  Symbol(handle, "cuptiActivityGetNextRecord", &api->ActivityGetNextRecord, &missing);
-  Symbol(handle, "cuptiActivityGetNumDroppedRecords", &api->ActivityGetNumDroppedRecords,
-         &missing);
-  Symbol(handle, "cuptiActivityPushExternalCorrelationId", &api->ActivityPushExternalCorrelationId,
-         &missing);
-  Symbol(handle, "cuptiActivityPopExternalCorrelationId", &api->ActivityPopExternalCorrelationId,
-         &missing);
-  if (!missing.empty()) return path + " lacks " + missing;
-  uint32_t version = 0;
-  CuptiApi::Result result = api->GetVersion(&version);
-  if (result != kSuccess) {
-    return path + ": cuptiGetVersion failed (error " + std::to_string(result) + ")";
-  }
-  if (version < kMinCuptiVersion) {
-    return path + " is CUPTI API version " + std::to_string(version) + ", older than the " +
-           std::to_string(CUPTI_API_VERSION) +
-           " of the cupti.h torchrr was built with (its records would be misread)";
-  }
-  return "";
-}
-
-Loaded Load() {
-  Loaded loaded;
-  const std::string soname = "libcupti.so." + std::to_string(CUDA_VERSION / 1000);
-  std::vector<std::string> candidates = {soname, "libcupti.so"};
-  for (const std::string& dir : LoadedCudaDirectories()) {
-    candidates.push_back(dir + "/" + soname);
-    candidates.push_back(dir + "/libcupti.so");
-  }
-  candidates.push_back("/usr/local/cuda/lib64/" + soname);
-  candidates.push_back("/usr/local/cuda/extras/CUPTI/lib64/" + soname);
-
-  std::string first_error;
-  for (const std::string& candidate : candidates) {
-    void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      if (first_error.empty()) {
-        const char* error = dlerror();
-        first_error = error ? error : candidate + ": cannot be loaded";
-      }
-      continue;
-    }
-    std::string path = candidate;
-    if (void* any = dlsym(handle, "cuptiGetVersion")) {
-      Dl_info info;
-      if (dladdr(any, &info) != 0 && info.dli_fname != nullptr) path = info.dli_fname;
-    }
-    CuptiApi api;
-    std::string why = Bind(handle, path, &api);
-    if (why.empty()) {
-      loaded.ok = true;
-      loaded.api = api;
-      return loaded;  // Never dlclose()d: see LoadCupti().
-    }
-    dlclose(handle);  // Nothing of it was used.
-    if (loaded.why_not.empty()) loaded.why_not = why;
-  }
-  if (loaded.why_not.empty()) loaded.why_not = "no libcupti could be loaded (" + first_error + ")";
-  return loaded;
-}
-
-}  // namespace
-
-bool LoadCupti(CuptiApi* api, std::string* why_not) {
-  static const Loaded loaded = [] {
-    try {
-      return Load();
-    } catch (const std::exception& e) {
-      Loaded failed;
-      failed.why_not = std::string("loading libcupti: ") + e.what();
-      return failed;
-    }
-  }();
-  if (loaded.ok) {
-    *api = loaded.api;
-  } else if (why_not != nullptr) {
-    *why_not = loaded.why_not;
-  }
-  return loaded.ok;
-}
-
-#else  // !TORCHRR_HAVE_CUPTI
-
-bool LoadCupti(CuptiApi*, std::string* why_not) {
-  if (why_not != nullptr) {
-    *why_not = "unavailable: torchrr was built without CUPTI's headers (cupti.h)";
-  }
-  return false;
-}
-
-#endif  // TORCHRR_HAVE_CUPTI
 
 // ---------------------------------------------------------------------------------------------
 // Starting and stopping.
@@ -532,173 +349,6 @@ void CudaActivityTracer::ReadBuffer(uint8_t* buffer, size_t valid_size, size_t d
   }
   if (Deliver(/*final=*/false)) delivered = true;
   if (delivered) sink_->OnDeliveryEnd();
-}
-
-#if TORCHRR_HAVE_CUPTI
-namespace {
-// The fields every kernel, copy and memset activity record has, in the trace's terms.
-template <typename Activity, typename ToTrace, typename Out>
-void FillCommon(const Activity& r, const ToTrace& to_trace, Out& out) {
-  out.device = DeviceIndex(r.deviceId);
-  out.stream = r.streamId;
-  out.correlation = r.correlationId;
-  out.start_ns = to_trace(r.start);
-  out.end_ns = to_trace(r.end);
-}
-}  // namespace
-#endif
-
-void CudaActivityTracer::ReadRecord(const void* record) {
-#if TORCHRR_HAVE_CUPTI
-  auto to_trace = [offset = clock_offset_ns_.load(std::memory_order_relaxed)](uint64_t ns) {
-    return ns == 0 ? int64_t{0} : static_cast<int64_t>(ns) + offset;  // 0: CUPTI could not time it.
-  };
-  switch (static_cast<const CUpti_Activity*>(record)->kind) {
-    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
-      const auto& r = *static_cast<const CUpti_ActivityExternalCorrelation*>(record);
-      if (r.externalKind == kExternalKind) Remember(r.correlationId, r.externalId, true);
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_RUNTIME:
-    case CUPTI_ACTIVITY_KIND_DRIVER: {
-      // The API call that issued this correlation id. Its external correlation record, when it
-      // was made inside an op, came just before it: without one, it was made outside any op.
-      const auto& r = *static_cast<const CUpti_ActivityAPI*>(record);
-      Remember(r.correlationId, 0, false);
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_KERNEL:
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
-      const auto& r = *static_cast<const KernelActivity*>(record);
-      Pending pending;
-      pending.is_kernel = true;
-      format::CudaKernelRecord& k = pending.kernel;
-      FillCommon(r, to_trace, k);
-      k.grid = {static_cast<uint32_t>(r.gridX), static_cast<uint32_t>(r.gridY),
-                static_cast<uint32_t>(r.gridZ)};
-      k.block = {static_cast<uint32_t>(r.blockX), static_cast<uint32_t>(r.blockY),
-                 static_cast<uint32_t>(r.blockZ)};
-      k.shared_memory = static_cast<uint32_t>(r.staticSharedMemory) +
-                        static_cast<uint32_t>(r.dynamicSharedMemory);
-      k.registers = r.registersPerThread;
-      pending.name = r.name != nullptr ? r.name : "";
-      pending_.push_back(std::move(pending));
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMCPY: {
-      const auto& r = *static_cast<const MemcpyActivity*>(record);
-      Pending pending;
-      format::CudaMemcpyRecord& c = pending.copy;
-      switch (r.copyKind) {
-        case CUPTI_ACTIVITY_MEMCPY_KIND_HTOD:
-        case CUPTI_ACTIVITY_MEMCPY_KIND_HTOA:  // CUDA arrays live on the device.
-          c.kind = format::CudaCopyKind::kHostToDevice;
-          break;
-        case CUPTI_ACTIVITY_MEMCPY_KIND_DTOH:
-        case CUPTI_ACTIVITY_MEMCPY_KIND_ATOH:
-          c.kind = format::CudaCopyKind::kDeviceToHost;
-          break;
-        case CUPTI_ACTIVITY_MEMCPY_KIND_DTOD:
-        case CUPTI_ACTIVITY_MEMCPY_KIND_ATOA:
-        case CUPTI_ACTIVITY_MEMCPY_KIND_ATOD:
-        case CUPTI_ACTIVITY_MEMCPY_KIND_DTOA:
-          c.kind = format::CudaCopyKind::kDeviceToDevice;
-          break;
-        case CUPTI_ACTIVITY_MEMCPY_KIND_PTOP:
-          c.kind = format::CudaCopyKind::kPeer;
-          break;
-        case CUPTI_ACTIVITY_MEMCPY_KIND_UNKNOWN:
-          c.kind = format::CudaCopyKind::kUnknown;
-          break;
-        default:  // HTOH and kinds newer than this code.
-          c.kind = format::CudaCopyKind::kOther;
-          break;
-      }
-      FillCommon(r, to_trace, c);
-      c.bytes = r.bytes;
-      pending_.push_back(std::move(pending));
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMCPY2: {  // Peer to peer, when CUPTI reports it apart.
-      const auto& r = *static_cast<const CUpti_ActivityMemcpyPtoP4*>(record);
-      Pending pending;
-      format::CudaMemcpyRecord& c = pending.copy;
-      c.kind = format::CudaCopyKind::kPeer;
-      FillCommon(r, to_trace, c);
-      c.bytes = r.bytes;
-      pending_.push_back(std::move(pending));
-      return;
-    }
-    case CUPTI_ACTIVITY_KIND_MEMSET: {
-      const auto& r = *static_cast<const CUpti_ActivityMemset4*>(record);
-      Pending pending;
-      format::CudaMemcpyRecord& c = pending.copy;
-      c.kind = format::CudaCopyKind::kMemset;
-      FillCommon(r, to_trace, c);
-      c.bytes = r.bytes;
-      c.memset_value = r.value;
-      pending_.push_back(std::move(pending));
-      return;
-    }
-    default:
-      return;  // Kinds enabled by someone else in the process.
-  }
-#else
-  (void)record;
-#endif
-}
-
-void CudaActivityTracer::Remember(uint32_t correlation, uint64_t op, bool overwrite) {
-  CorrelationSlot& slot = correlations_[correlation & (kCorrelationSlots - 1)];
-  if (!overwrite && slot.known && slot.correlation == correlation) return;
-  slot.op = op;
-  slot.correlation = correlation;
-  slot.known = 1;
-}
-
-bool CudaActivityTracer::Lookup(uint32_t correlation, uint64_t* op) const {
-  const CorrelationSlot& slot = correlations_[correlation & (kCorrelationSlots - 1)];
-  if (!slot.known || slot.correlation != correlation) return false;
-  *op = slot.op;
-  return true;
-}
-
-bool CudaActivityTracer::Deliver(bool final) {
-  bool delivered = false;
-  size_t excess = pending_.size() > kMaxPending ? pending_.size() - kMaxPending : 0;
-  std::deque<Pending> waiting;
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    Pending& pending = pending_[i];
-    uint32_t correlation = pending.is_kernel ? pending.kernel.correlation
-                                             : pending.copy.correlation;
-    uint64_t op = 0;
-    // Correlation 0: no API call launched it (device-side launches); none will come.
-    bool known = correlation == 0 || Lookup(correlation, &op);
-    if (known || final || i < excess || pending.age >= kMaxPendingBuffers) {
-      DeliverOne(pending, op);
-      delivered = true;
-      continue;
-    }
-    ++pending.age;
-    if (pending.name != nullptr) {  // CUPTI's string may not outlive its module: keep a copy.
-      pending.name_copy = pending.name;
-      pending.name = nullptr;
-    }
-    waiting.push_back(std::move(pending));
-  }
-  pending_.swap(waiting);
-  return delivered;
-}
-
-void CudaActivityTracer::DeliverOne(Pending& pending, uint64_t op) {
-  if (pending.is_kernel) {
-    pending.kernel.op = op;
-    sink_->OnKernel(pending.kernel, pending.name != nullptr ? std::string_view(pending.name)
-                                                            : std::string_view(pending.name_copy));
-  } else {
-    pending.copy.op = op;
-    sink_->OnMemcpy(pending.copy);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------

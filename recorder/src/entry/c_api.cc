@@ -90,6 +90,11 @@ int Refuse(const torchrr_options* given, const std::string& why) {
 
 }  // namespace
 
+extern "C" int torchrr_flush(void) {
+  auto session = torchrr::recorder::Session::Active();
+  return session && session->Flush() ? 0 : 1;
+}
+
 extern "C" void torchrr_step(void) {
   if (auto session = torchrr::recorder::Session::Active()) session->MarkStep();
 }

@@ -38,6 +38,8 @@ void Recorder::Step() {
   if (impl_->session) impl_->session->MarkStep();
 }
 
+bool Recorder::Flush() { return impl_->session && impl_->session->Flush(); }
+
 uint64_t Recorder::ops_recorded() const {
   return impl_->session ? impl_->session->ops_recorded() : 0;
 }

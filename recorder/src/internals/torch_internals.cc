@@ -5,20 +5,14 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "internals/private_access.h"
+
 namespace torchrr::recorder {
-namespace {
 
-// Explicit instantiation may name private members; the friend function it defines hands the
-// pointer to member out. One Tag type per member.
-template <typename Tag, auto Member>
-struct MemberAccess {
-  friend constexpr auto GetMember(Tag) { return Member; }
-};
-
+// torch's private members, through MemberAccess (private_access.h).
 struct VersionCounterTag { friend constexpr auto GetMember(VersionCounterTag); };
 template struct MemberAccess<VersionCounterTag, &c10::VariableVersion::version_counter_>;
 
-using torch::autograd::SavedVariable;
 struct SavedDataTag { friend constexpr auto GetMember(SavedDataTag); };
 struct SavedVersionTag { friend constexpr auto GetMember(SavedVersionTag); };
 struct OutputNrTag { friend constexpr auto GetMember(OutputNrTag); };
@@ -29,16 +23,18 @@ struct IsOutputTag { friend constexpr auto GetMember(IsOutputTag); };
 struct HooksTag { friend constexpr auto GetMember(HooksTag); };
 struct GradFnTag { friend constexpr auto GetMember(GradFnTag); };
 struct GradAccumulatorTag { friend constexpr auto GetMember(GradAccumulatorTag); };
-template struct MemberAccess<SavedDataTag, &SavedVariable::data_>;
-template struct MemberAccess<SavedVersionTag, &SavedVariable::saved_version_>;
-template struct MemberAccess<OutputNrTag, &SavedVariable::output_nr_>;
-template struct MemberAccess<DefaultConstructedTag, &SavedVariable::was_default_constructed_>;
-template struct MemberAccess<SavedOriginalTag, &SavedVariable::saved_original_>;
-template struct MemberAccess<IsLeafTag, &SavedVariable::is_leaf_>;
-template struct MemberAccess<IsOutputTag, &SavedVariable::is_output_>;
-template struct MemberAccess<HooksTag, &SavedVariable::hooks_>;
-template struct MemberAccess<GradFnTag, &SavedVariable::grad_fn_>;
-template struct MemberAccess<GradAccumulatorTag, &SavedVariable::grad_accumulator_>;
+template struct MemberAccess<SavedDataTag, &torch::autograd::SavedVariable::data_>;
+template struct MemberAccess<SavedVersionTag, &torch::autograd::SavedVariable::saved_version_>;
+template struct MemberAccess<OutputNrTag, &torch::autograd::SavedVariable::output_nr_>;
+template struct MemberAccess<DefaultConstructedTag,
+                             &torch::autograd::SavedVariable::was_default_constructed_>;
+template struct MemberAccess<SavedOriginalTag, &torch::autograd::SavedVariable::saved_original_>;
+template struct MemberAccess<IsLeafTag, &torch::autograd::SavedVariable::is_leaf_>;
+template struct MemberAccess<IsOutputTag, &torch::autograd::SavedVariable::is_output_>;
+template struct MemberAccess<HooksTag, &torch::autograd::SavedVariable::hooks_>;
+template struct MemberAccess<GradFnTag, &torch::autograd::SavedVariable::grad_fn_>;
+template struct MemberAccess<GradAccumulatorTag,
+                             &torch::autograd::SavedVariable::grad_accumulator_>;
 
 struct ContextSavedTag { friend constexpr auto GetMember(ContextSavedTag); };
 template struct MemberAccess<ContextSavedTag, &torch::autograd::AutogradContext::saved_variables_>;
@@ -47,6 +43,10 @@ struct StepCallbacksTag { friend constexpr auto GetMember(StepCallbacksTag); };
 struct FnTag { friend constexpr auto GetMember(FnTag); };
 template struct MemberAccess<StepCallbacksTag, &at::RecordFunction::step_callbacks_>;
 template struct MemberAccess<FnTag, &at::RecordFunction::fn_>;
+
+namespace {
+
+using torch::autograd::SavedVariable;
 
 // A stand-in for the T of CppNode<T>; never run.
 struct StandInFunction : torch::autograd::Function<StandInFunction> {};

@@ -65,6 +65,8 @@ class Session {
   void RecordError(format::ErrorKind kind, const std::string& type, const std::string& message);
   // A StepRecord marked by the program (Recorder::Step, torchrr.step()).
   void MarkStep();
+  // Recorder::Flush: the pending groups to the sink, then the sink's flush. Thread-safe.
+  bool Flush();
 
   uint64_t ops_recorded() const { return ops_recorded_.load(std::memory_order_relaxed); }
   uint64_t records_dropped() const { return sink_ ? sink_->dropped_records() : 0; }
@@ -149,7 +151,7 @@ class Session {
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
   SavedFingerprints fingerprints_;  // options_.verify_saved until a fingerprint fails.
-  std::unique_ptr<CudaSink> cuda_sink_;
+  std::unique_ptr<CudaActivityTracer::Sink> cuda_sink_;  // A CudaSink (session_cuda.cc).
   // Set before the callbacks are registered, reset after they are gone: read without a lock.
   std::unique_ptr<CudaActivityTracer> cuda_tracer_;
   std::atomic<int64_t> last_cuda_flush_ns_{0};

@@ -26,12 +26,6 @@
 
 namespace torchrr::recorder {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 namespace {
 
 // A chunk is written at least this often while records arrive, so a run killed without warning
@@ -41,16 +35,6 @@ constexpr auto kFlushInterval = std::chrono::milliseconds(500);
 // the training thread a futex wake-up and a context switch per op.
 constexpr size_t kWakeBytes = 1u << 20;
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
-
-// Source context: the lines before and after a frame's line that the trace carries.
-constexpr uint32_t kSourceContextLines = 3;
-// Bounds on what source costs: the files read (kept for the run: each frame's lines are cut from
-// them when first seen), the lines written, and the longest line written (a minified or generated
-// file's). A line past them is not written: the replay reads it from its own machine's file, when
-// that is the same file.
-constexpr size_t kMaxSourceBytesRead = 64u << 20;
-constexpr size_t kMaxSourceBytesWritten = 16u << 20;
-constexpr size_t kMaxSourceLineBytes = 16u << 10;
 
 // Blocks SIGXFSZ on the calling thread while it lives, so that a write past the file-size limit
 // (ulimit -f, RLIMIT_FSIZE) fails with EFBIG, and the sink fails with one warning, instead of the
@@ -165,6 +149,15 @@ TraceSink::TraceSink(const RecorderOptions& options, Pull pull, const format::Fi
 
 TraceSink::~TraceSink() { Close(); }
 
+bool TraceSink::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (closing_ || failed()) return false;
+  const uint64_t ticket = ++flushes_asked_;
+  has_work_.notify_one();
+  flushed_.wait(lock, [&] { return flushes_done_ >= ticket; });
+  return !failed() && !closing_;
+}
+
 TraceSink::PushResult TraceSink::Push(const EncodedRecords& records, bool may_wait) {
   if (failed()) return PushResult::kFailed;
   const size_t n_records = records.count();
@@ -225,29 +218,40 @@ void TraceSink::WriterLoop() {
       has_work_.wait_for(lock, kPollInterval,
                          [&] {
                            return queue_.size() >= wake_bytes_ || closing_ ||
-                                  dump_requested_.load();
+                                  flushes_asked_ != flushes_done_ || dump_requested_.load();
                          });
     }
     // A fatal signal's handler asks for the trace now: what is queued, then the end. Without the
     // producers' pending records: the signal may have stopped a producer holding them.
     const bool dumping = dump_requested_.load();
     if (pull_ && !dumping) pull_();  // Without mu_: it pushes.
+    uint64_t flush_asked;
+    bool flush_now;  // A Flush() waits for what was queued before it.
     {
       std::lock_guard<std::mutex> lock(mu_);
       batch.swap(queue_);
       closing = closing_;
+      flush_asked = flushes_asked_;
+      flush_now = flush_asked != flushes_done_;
     }
     has_room_.notify_all();
     if (!batch.empty() && !failed() && !finished_) WriteBatch(batch.view());
     batch.clear();
     auto now = std::chrono::steady_clock::now();
-    if (!failed() && !finished_ && now - last_flush >= kFlushInterval) {
+    if (!failed() && !finished_ && (flush_now || now - last_flush >= kFlushInterval)) {
       format::Status status = writer_->Flush();
       if (!status.ok()) Fail(status.message());
       if (spill_) {
         if (format::Status s = spill_->Flush(); !s.ok()) StopSpilling(s.message());
       }
       last_flush = now;
+    }
+    if (flush_now) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        flushes_done_ = flush_asked;
+      }
+      flushed_.notify_all();
     }
     if (dumping) break;
     if (closing) {
@@ -257,6 +261,11 @@ void TraceSink::WriterLoop() {
   }
   // The window if any, the index and the trailer, from this thread like every other write.
   Finish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    flushes_done_ = flushes_asked_;  // Nothing more will be flushed: no Flush() waits on.
+  }
+  flushed_.notify_all();
   dump_done_.store(true);  // The handler waits for this; a later signal has nothing to wait for.
 }
 
@@ -338,222 +347,6 @@ void TraceSink::Finish() {
   }
   // The window on disk is needed no more once the trace holds it; else it is what is left.
   EndSpill(/*remove=*/!failed());
-}
-
-void TraceSink::Spill(const format::Record& record) {
-  if (!spill_ || window_->changes() != spill_changes_) {
-    RotateSpill();
-    return;
-  }
-  format::Status status = window_->AppendFollowing(record, *spill_, &spill_carried_);
-  if (!status.ok()) StopSpilling(status.message());
-}
-
-void TraceSink::RotateSpill() {
-  char step[32];
-  std::snprintf(step, sizeof step, "%08llu.trr",
-                static_cast<unsigned long long>(window_->steps_seen() - 1));
-  const std::string path = spill_prefix_ + step;
-  if (path == spill_path_) EndSpill(/*remove=*/true);  // Renumbered by the first mark.
-  format::WriterOptions writer_options;
-  writer_options.zstd_level = options_.zstd_level;
-  auto opened = format::TraceWriter::Open(path, info_, writer_options);
-  if (!opened.ok()) {
-    StopSpilling(opened.status().message());
-    return;
-  }
-  std::unique_ptr<format::TraceWriter> next = std::move(opened.value());
-  std::set<format::ObjectId> carried;
-  format::Status status = window_->WriteTo(*next, &carried);
-  if (status.ok()) status = next->Flush();
-  if (!status.ok()) {
-    next.reset();
-    ::unlink(path.c_str());
-    StopSpilling(status.message());
-    return;
-  }
-  EndSpill(/*remove=*/true);
-  spill_ = std::move(next);
-  spill_path_ = path;
-  spill_carried_ = std::move(carried);
-  spill_changes_ = window_->changes();
-}
-
-void TraceSink::StopSpilling(const std::string& why) {
-  if (!spilling_) return;
-  spilling_ = false;
-  std::fprintf(stderr,
-               "torchrr: warning: --spill stopped: %s; the last steps are kept in memory only\n",
-               why.c_str());
-  EndSpill(/*remove=*/true);  // An older window than the run's would mislead after a kill.
-}
-
-void TraceSink::EndSpill(bool remove) {
-  if (!spill_) return;
-  // A file that does not close whole is kept all the same when it is to be kept (the trace at
-  // `path` failed): its flushed chunks are then the only copy of the window, and read as a trace
-  // cut short.
-  (void)spill_->Close();
-  spill_.reset();
-  if (remove) ::unlink(spill_path_.c_str());
-  spill_path_.clear();
-  spill_carried_.clear();
-}
-
-bool TraceSink::IsSpillFile(int fd) const {
-  if (spill_prefix_.empty()) return false;
-  char target[PATH_MAX];
-  const std::string link = "/proc/self/fd/" + std::to_string(fd);
-  const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
-  if (n <= 0) return false;
-  target[n] = '\0';
-  return std::string_view(target, n).starts_with(spill_prefix_);
-}
-
-namespace {
-
-// The sink whose window a fatal signal writes; one at a time (the process's recording).
-std::atomic<TraceSink*> g_window_sink{nullptr};
-constexpr int kWindowSignals[] = {SIGTERM, SIGINT, SIGABRT};
-struct sigaction g_previous_actions[3];
-// How long a fatal signal waits for the window to be written before the process goes on dying.
-constexpr int kDumpWaitMs = 10000;
-
-}  // namespace
-
-void TraceSink::OnFatalSignal(int signal) {
-  const int saved_errno = errno;
-  if (TraceSink* sink = g_window_sink.exchange(nullptr)) {
-    sink->dump_requested_.store(true);
-    const timespec tick{0, 10 * 1000 * 1000};
-    for (int waited = 0; waited < kDumpWaitMs && !sink->dump_done_.load(); waited += 10) {
-      nanosleep(&tick, nullptr);
-    }
-  }
-  // The action the program had (the default: end the process), as if torchrr were not there.
-  for (size_t i = 0; i < std::size(kWindowSignals); ++i) {
-    if (kWindowSignals[i] == signal) sigaction(signal, &g_previous_actions[i], nullptr);
-  }
-  errno = saved_errno;
-  raise(signal);
-}
-
-void TraceSink::InstallSignalHandlers() {
-  TraceSink* expected = nullptr;
-  if (!g_window_sink.compare_exchange_strong(expected, this)) return;  // Another sink has them.
-  handlers_installed_ = true;
-  for (size_t i = 0; i < std::size(kWindowSignals); ++i) {
-    struct sigaction current {};
-    if (sigaction(kWindowSignals[i], nullptr, &current) != 0) continue;
-    g_previous_actions[i] = current;
-    // Only where the signal would end the process with no handler of the program's (Python's
-    // SIGINT handler raises KeyboardInterrupt, and the trace is closed at exit as usual).
-    if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_DFL) {
-      struct sigaction action {};
-      action.sa_handler = &TraceSink::OnFatalSignal;
-      sigemptyset(&action.sa_mask);
-      sigaction(kWindowSignals[i], &action, nullptr);
-    }
-  }
-}
-
-void TraceSink::RestoreSignalHandlers() {
-  if (!handlers_installed_) return;
-  handlers_installed_ = false;
-  TraceSink* self = this;
-  g_window_sink.compare_exchange_strong(self, nullptr);
-  for (size_t i = 0; i < std::size(kWindowSignals); ++i) {
-    struct sigaction current {};
-    if (sigaction(kWindowSignals[i], nullptr, &current) == 0 &&
-        !(current.sa_flags & SA_SIGINFO) && current.sa_handler == &TraceSink::OnFatalSignal) {
-      sigaction(kWindowSignals[i], &g_previous_actions[i], nullptr);
-    }
-  }
-}
-
-bool TraceSink::WriteSource(format::InternId file, const std::string& path, uint32_t line) {
-  if (!options_.source || file == 0 || line == 0 || path.empty()) return true;
-  auto [it, first_seen] = sources_.try_emplace(path);
-  Source& source = it->second;
-  if (first_seen) {
-    if (path.front() == '<' || source_bytes_read_ >= kMaxSourceBytesRead) return true;
-    std::optional<std::string> bytes = format::ReadSourceFile(
-        path, std::min(format::kMaxSourceBytes, kMaxSourceBytesRead - source_bytes_read_));
-    if (!bytes) return true;  // "<stdin>", a file gone or unreadable: the trace has no code.
-    source_bytes_read_ += bytes->size();
-    source.readable = true;
-    source.file = file;
-    source.bytes = std::move(*bytes);
-    source.lines = format::SplitSourceLines(source.bytes);
-    source.written.assign(source.lines.size(), false);
-    format::SourceFile def;
-    def.file = file;
-    def.hash = format::SourceHash(source.bytes);
-    def.bytes = source.bytes.size();
-    def.lines = static_cast<uint32_t>(source.lines.size());
-    if (!Emit(format::Record(def))) return false;
-  }
-  if (!source.readable || line > source.lines.size()) return true;
-  // The lines around `line` not yet written, in runs of consecutive ones.
-  const uint32_t first = line > kSourceContextLines ? line - kSourceContextLines : 1;
-  const uint32_t last = std::min<uint32_t>(line + kSourceContextLines,
-                                           static_cast<uint32_t>(source.lines.size()));
-  format::SourceLines run;
-  run.file = source.file;
-  auto flush = [&] {
-    if (run.text.empty()) return true;
-    bool ok = Emit(format::Record(run));
-    run.text.clear();
-    return ok;
-  };
-  for (uint32_t n = first; n <= last; ++n) {
-    std::string_view text = source.lines[n - 1];
-    const bool take = !source.written[n - 1] && text.size() <= kMaxSourceLineBytes &&
-                      source_bytes_written_ + text.size() <= kMaxSourceBytesWritten;
-    if (!take) {
-      if (!flush()) return false;
-      continue;
-    }
-    if (run.text.empty()) run.first_line = n;
-    run.text.emplace_back(text);
-    source.written[n - 1] = true;
-    source_bytes_written_ += text.size();
-  }
-  return flush();
-}
-
-format::InternId TraceSink::InternSymbolString(const std::string& text, bool* ok) {
-  if (text.empty()) return 0;
-  auto it = symbol_strings_.find(text);
-  if (it != symbol_strings_.end()) return it->second;
-  format::StringDef def{NextStringId(), text};
-  if (!Emit(format::Record(def))) {
-    *ok = false;
-    return 0;
-  }
-  symbol_strings_.emplace(text, def.id);
-  return def.id;
-}
-
-bool TraceSink::Symbolize(const format::FrameDef& placeholder) {
-  bool ok = true;
-  std::vector<format::InternId>& ids = expanded_frames_[placeholder.id];
-  for (const SymbolizedFrame& symbols : SymbolizeNativeFrame(placeholder.pc)) {
-    format::FrameDef frame;
-    frame.id = NextFrameId();
-    frame.kind = format::FrameKind::kNative;
-    frame.pc = placeholder.pc;
-    frame.function = InternSymbolString(symbols.function, &ok);
-    frame.file = InternSymbolString(symbols.file, &ok);
-    frame.library = InternSymbolString(symbols.library, &ok);
-    frame.line = symbols.line;
-    frame.framework = symbols.framework;
-    if (!ok) return false;
-    if (!Emit(format::Record(frame))) return false;
-    if (!frame.framework && !WriteSource(frame.file, symbols.file, frame.line)) return false;
-    ids.push_back(frame.id);
-  }
-  return true;
 }
 
 bool TraceSink::Close() {

@@ -67,6 +67,10 @@ class TraceSink {
   // go over the bound instead.
   PushResult Push(const EncodedRecords& records, bool may_wait = true);
 
+  // Waits until the writer thread has written what is queued now and flushed the trace file
+  // (and the spill file). False when the sink failed or is closing. Thread-safe.
+  bool Flush();
+
   // Drains the queue and joins the writer thread, which closes the trace (index and trailer).
   // Idempotent. Returns false if the trace could not be written whole.
   bool Close();
@@ -143,6 +147,10 @@ class TraceSink {
   std::condition_variable has_room_;   // Producers wait on it (kWait).
   ByteBuffer queue_;                   // Guarded by mu_: AppendRecordBytes' bytes.
   bool closing_ = false;               // Guarded by mu_.
+  // Flush(): the flushes asked for and those done, counted. Guarded by mu_.
+  uint64_t flushes_asked_ = 0;
+  uint64_t flushes_done_ = 0;
+  std::condition_variable flushed_;    // Flush() waits on it.
   uint64_t dropped_records_ = 0;       // Guarded by mu_: not yet reported in the trace.
   uint64_t dropped_bytes_ = 0;         // Guarded by mu_.
   int64_t dropped_first_ns_ = 0;       // Guarded by mu_.

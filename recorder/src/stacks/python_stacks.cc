@@ -19,100 +19,18 @@
 #include <vector>
 
 #include "stacks/checked_fast_path.h"
-
-// No Python headers: every CPython function is declared here with an opaque PyObject and resolved
-// with dlsym(RTLD_DEFAULT) the first time a stack is captured. The functions used are all in the
-// stable ABI of CPython 3.9+ (PyFrame_GetCode, PyFrame_GetBack, PyThreadState_GetFrame), except
-// PyUnicode_AsUTF8 (exported by every CPython 3 build) and the finalization check, which is
-// optional (_Py_IsFinalizing until 3.12, Py_IsFinalizing from 3.13). PyUnicode_EncodeFSDefault and
-// PyBytes_AsStringAndSize, for paths that are not UTF-8, are optional too.
+#include "stacks/cpython_api.h"
 
 namespace torchrr::recorder {
 namespace {
 
-struct PyObject;  // Opaque: only pointers pass through this file.
-using PyFrameObject = PyObject;
-using PyCodeObject = PyObject;
-using PyThreadState = void;
-using PyGILStateState = int;  // PyGILState_STATE is an enum: an int in the C ABI.
-
-struct CPython {
-  int (*Py_IsInitialized)() = nullptr;
-  int (*IsFinalizing)() = nullptr;  // Optional.
-  PyThreadState* (*PyGILState_GetThisThreadState)() = nullptr;
-  PyGILStateState (*PyGILState_Ensure)() = nullptr;
-  void (*PyGILState_Release)(PyGILStateState) = nullptr;
-  PyFrameObject* (*PyThreadState_GetFrame)(PyThreadState*) = nullptr;  // New reference.
-  PyFrameObject* (*PyFrame_GetBack)(PyFrameObject*) = nullptr;         // New reference.
-  PyCodeObject* (*PyFrame_GetCode)(PyFrameObject*) = nullptr;          // New reference.
-  int (*PyFrame_GetLineNumber)(PyFrameObject*) = nullptr;
-  // Optional (3.11+ and 3.10+): with both, lines are looked up once per (code, instruction).
-  int (*PyFrame_GetLasti)(PyFrameObject*) = nullptr;
-  int (*PyCode_Addr2Line)(PyCodeObject*, int) = nullptr;
-  void (*Py_IncRef)(PyObject*) = nullptr;
-  void (*Py_DecRef)(PyObject*) = nullptr;
-  PyObject* (*PyObject_GetAttrString)(PyObject*, const char*) = nullptr;  // New reference.
-  const char* (*PyUnicode_AsUTF8)(PyObject*) = nullptr;
-  // Optional: a path whose bytes are not UTF-8 (a str with surrogate escapes) as those bytes.
-  PyObject* (*PyUnicode_EncodeFSDefault)(PyObject*) = nullptr;  // New reference.
-  int (*PyBytes_AsStringAndSize)(PyObject*, char**, ssize_t*) = nullptr;
-  void (*PyErr_Clear)() = nullptr;
-  const unsigned long* Py_Version = nullptr;  // Optional (3.11+): PY_VERSION_HEX of the runtime.
-  PyObject* (*PySys_GetObject)(const char*) = nullptr;  // Borrowed reference.
-  PyObject* (*PyImport_GetModuleDict)() = nullptr;      // Borrowed reference.
-  PyObject* (*PyDict_GetItemString)(PyObject*, const char*) = nullptr;  // Borrowed reference.
-  bool usable = false;  // Every required function was found.
-};
-
-template <typename F>
-bool Resolve(F*& f, const char* name) {
-  f = reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
-  return f != nullptr;
-}
-
-const CPython& Api() {
-  static const CPython api = [] {
-    CPython a;
-    bool ok = Resolve(a.Py_IsInitialized, "Py_IsInitialized");
-    // Without the interpreter's symbols (a C++ program) there is nothing more to look for.
-    if (!ok) return a;
-    if (!Resolve(a.IsFinalizing, "Py_IsFinalizing")) Resolve(a.IsFinalizing, "_Py_IsFinalizing");
-    Resolve(a.Py_Version, "Py_Version");
-    if (!Resolve(a.PyUnicode_EncodeFSDefault, "PyUnicode_EncodeFSDefault") ||
-        !Resolve(a.PyBytes_AsStringAndSize, "PyBytes_AsStringAndSize")) {
-      a.PyUnicode_EncodeFSDefault = nullptr;
-      a.PyBytes_AsStringAndSize = nullptr;
-    }
-    if (!Resolve(a.PyFrame_GetLasti, "PyFrame_GetLasti") ||
-        !Resolve(a.PyCode_Addr2Line, "PyCode_Addr2Line")) {
-      a.PyFrame_GetLasti = nullptr;
-      a.PyCode_Addr2Line = nullptr;
-    }
-    ok = Resolve(a.PyGILState_GetThisThreadState, "PyGILState_GetThisThreadState") &&
-         Resolve(a.PyGILState_Ensure, "PyGILState_Ensure") &&
-         Resolve(a.PyGILState_Release, "PyGILState_Release") &&
-         Resolve(a.PyThreadState_GetFrame, "PyThreadState_GetFrame") &&
-         Resolve(a.PyFrame_GetBack, "PyFrame_GetBack") &&
-         Resolve(a.PyFrame_GetCode, "PyFrame_GetCode") &&
-         Resolve(a.PyFrame_GetLineNumber, "PyFrame_GetLineNumber") &&
-         Resolve(a.Py_IncRef, "Py_IncRef") && Resolve(a.Py_DecRef, "Py_DecRef") &&
-         Resolve(a.PyObject_GetAttrString, "PyObject_GetAttrString") &&
-         Resolve(a.PyUnicode_AsUTF8, "PyUnicode_AsUTF8") &&
-         Resolve(a.PyErr_Clear, "PyErr_Clear") &&
-         Resolve(a.PySys_GetObject, "PySys_GetObject") &&
-         Resolve(a.PyImport_GetModuleDict, "PyImport_GetModuleDict") &&
-         Resolve(a.PyDict_GetItemString, "PyDict_GetItemString");
-    if (!ok) {
-      // An interpreter older than 3.9, or one built without these: say so once, record no frames.
-      std::fprintf(stderr, "torchrr: warning: this Python lacks PyFrame_GetCode and friends "
-                           "(CPython 3.9+ needed): no Python stacks\n");
-      return a;
-    }
-    a.usable = true;
-    return a;
-  }();
-  return api;
-}
+using cpython::Api;
+using cpython::CPython;
+using cpython::PyCodeObject;
+using cpython::PyFrameObject;
+using cpython::PyGILStateState;
+using cpython::PyObject;
+using cpython::PyThreadState;
 
 // Every code object seen, interned to a small id. Guarded by the GIL.
 struct CodeEntry {
@@ -471,91 +389,6 @@ LineCacheEntry& CacheSlot(LineCache& cache, const RawFrame& f) {
 }
 
 }  // namespace
-
-std::vector<PythonLineOrigin> GeneratedLineOrigins(std::string_view source) {
-  std::vector<PythonLineOrigin> origins;
-  std::optional<PythonLineOrigin> current;
-  int32_t number = 0;
-  while (!source.empty()) {
-    size_t end = source.find('\n');
-    std::string_view line = source.substr(0, end);
-    source = end == std::string_view::npos ? std::string_view() : source.substr(end + 1);
-    ++number;
-    size_t first = line.find_first_not_of(" \t\r");
-    if (first == std::string_view::npos) continue;
-    line.remove_prefix(first);
-    if (!line.starts_with('#')) {
-      if (current) {
-        origins.push_back(*current);
-        origins.back().line = number;
-      }
-      continue;
-    }
-    if (line.find("No stacktrace found") != std::string_view::npos) {
-      current.reset();
-      continue;
-    }
-    size_t at = line.find("File: ");
-    if (at == std::string_view::npos) continue;  // Another annotation: the origin holds.
-    // "path:68 in forward, code: ...": the code is cut off first (it may hold anything), then the
-    // last ":<digits> in " ends the path (which may hold ':' and " in " itself; a function name
-    // holds neither).
-    std::string_view rest = line.substr(at + 6);
-    rest = rest.substr(0, rest.find(", code: "));
-    for (size_t in = rest.rfind(" in "); in != std::string_view::npos && in > 0;
-         in = rest.rfind(" in ", in - 1)) {
-      size_t digits = in;
-      while (digits > 0 && rest[digits - 1] >= '0' && rest[digits - 1] <= '9') --digits;
-      if (digits == in || digits < 2 || rest[digits - 1] != ':') continue;
-      PythonLineOrigin origin;
-      origin.file = std::string(rest.substr(0, digits - 1));
-      int64_t value = 0;
-      for (size_t i = digits; i < in && value < INT32_MAX; ++i) value = value * 10 + (rest[i] - '0');
-      origin.origin_line = static_cast<int32_t>(std::min<int64_t>(value, INT32_MAX));
-      std::string_view function = rest.substr(in + 4);
-      origin.function = std::string(function.substr(0, function.find_last_not_of(" \r") + 1));
-      current = std::move(origin);
-      break;
-    }
-  }
-  return origins;
-}
-
-const PythonLineOrigin* OriginOfLine(const std::vector<PythonLineOrigin>& origins, int32_t line) {
-  auto it = std::lower_bound(origins.begin(), origins.end(), line,
-                             [](const PythonLineOrigin& o, int32_t l) { return o.line < l; });
-  return it != origins.end() && it->line == line ? &*it : nullptr;
-}
-
-std::vector<PythonLineOrigin> TracebackFrames(std::string_view stack_trace) {
-  std::vector<PythonLineOrigin> frames;
-  constexpr std::string_view kFile = "File \"";
-  constexpr std::string_view kLine = "\", line ";
-  constexpr std::string_view kIn = ", in ";
-  for (size_t at = stack_trace.find(kFile); at != std::string_view::npos;
-       at = stack_trace.find(kFile, at + 1)) {
-    size_t start = at + kFile.size();
-    size_t end_of_line = stack_trace.find('\n', start);
-    std::string_view line = stack_trace.substr(start, end_of_line - start);
-    size_t quote = line.rfind(kLine);  // A path may hold `", line ` only pathologically.
-    if (quote == std::string_view::npos) continue;
-    std::string_view rest = line.substr(quote + kLine.size());
-    size_t digits = 0;
-    int64_t value = 0;
-    while (digits < rest.size() && rest[digits] >= '0' && rest[digits] <= '9') {
-      if (value < INT32_MAX) value = value * 10 + (rest[digits] - '0');
-      ++digits;
-    }
-    if (digits == 0 || !rest.substr(digits).starts_with(kIn)) continue;
-    PythonLineOrigin frame;
-    frame.file = std::string(line.substr(0, quote));
-    frame.origin_line = static_cast<int32_t>(std::min<int64_t>(value, INT32_MAX));
-    std::string_view function = rest.substr(digits + kIn.size());
-    frame.function = std::string(function.substr(0, function.find_last_not_of(" \r") + 1));
-    frames.push_back(std::move(frame));
-  }
-  return frames;
-}
 
 const char* PythonStackWalkerFor(unsigned long py_version_hex, bool has_lasti, bool api_forced) {
   const bool is_311 = (py_version_hex >> 16) == 0x030b;
