@@ -97,7 +97,8 @@ void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& 
 // (`saved_tensors`, then `_tensors_no_vc_check`): the Python frames, innermost first, of the
 // user's line whose forward op the first backward graph node reading it differentiates (empty
 // where unknown), with the descriptions of the codes they name. Read from AOTAutograd's backward
-// graph (python_nodes.cc) once per region, the first time one of its applies ends recorded.
+// graph (python/compiled_regions.cc) once per region, the first time one of its applies ends
+// recorded.
 struct SavedUses {
   std::vector<std::vector<PythonFrame>> stacks;
   std::vector<PythonCode> codes;

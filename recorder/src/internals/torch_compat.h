@@ -11,7 +11,8 @@
 //   - non-reentrant torch.utils.checkpoint kept a checkpointed call's inputs through an autograd
 //     node (_NoopSaveInputsBackward, reached as frame.input_saver) and keeps them as standalone
 //     SavedVariables (frame.saved_args, made by _CheckpointFrame.save_inputs) from 2.12: a Python
-//     shape, followed in python_nodes.cc by testing for the attribute, with checkpoint_inputs.h.
+//     shape, followed in python/checkpoint_frames.cc by testing for the attribute, with
+//     checkpoint_inputs.h.
 // Each adapter tests for the shape it needs (a C++20 requires-expression, in a template so that
 // only the branch taken is compiled), not for a version number, so a release that keeps a shape
 // needs nothing here; a shape this file does not know stops the build with a message that names
@@ -82,8 +83,8 @@ NodePtr MakeNode(Args&&... args) {
 }
 
 // The Python object (a THPFunction) of a Python autograd.Function's node; `PyNode` is
-// torch::autograd::PyNode, a template parameter so that only python_nodes.cc, which has Python's
-// headers, instantiates it.
+// torch::autograd::PyNode, a template parameter so that only python/*.cc, which have Python's
+// headers, instantiate it.
 // Before 2.13 Node::pyobj() also exists, but is another object (the node's own Python wrapper,
 // unset for a PyNode): `obj` is tested first.
 template <typename PyNode>

@@ -98,7 +98,7 @@ class Session {
   // Start() with g_active_mu held: opens the trace and registers the callbacks (in a forked
   // child, takes over those the parent registered).
   static std::shared_ptr<Session> OpenLocked(const RecorderOptions& options, std::string* error);
-  // pthread_atfork's child handler: see session.cc.
+  // pthread_atfork's child handler: see active_session.cc.
   static void AfterForkInChild();
   // Stops with one warning and an ErrorRecord (kRecorder) that says why and in which op on `ts`'s
   // thread; for failures inside callbacks. The callback's lock must not be held.

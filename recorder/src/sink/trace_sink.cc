@@ -83,7 +83,8 @@ std::unique_ptr<TraceSink> TraceSink::Open(const RecorderOptions& options, Pull 
     *error = writer.status().message();
     return nullptr;
   }
-  std::unique_ptr<TraceSink> sink(new TraceSink(options, std::move(pull), info, std::move(writer.value())));
+  std::unique_ptr<TraceSink> sink(
+      new TraceSink(options, std::move(pull), info, std::move(writer.value())));
   struct stat file;
   if (::stat(options.path.c_str(), &file) == 0) {
     sink->file_device_ = file.st_dev;

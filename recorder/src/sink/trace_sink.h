@@ -110,8 +110,9 @@ class TraceSink {
   bool Emit(const format::Record& record);
   // The end of the trace: the window (if any), then the index and the trailer.
   void Finish();
-  // --spill: the window into a new file in the spill directory (the previous one removed), or the record
-  // that the window just took after it. A failure stops the spilling. Writer thread only.
+  // --spill: the window into a new file in the spill directory (the previous one removed), or
+  // the record that the window just took after it. A failure stops the spilling. Writer thread
+  // only.
   void Spill(const format::Record& record);
   void RotateSpill();
   void StopSpilling(const std::string& why);
