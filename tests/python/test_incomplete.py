@@ -1,7 +1,9 @@
 """A recording that stopped early says so: in `torchrr info`, before any verdict of `torchrr
 replay`, on each violation, in the JSON, and in replay's exit code (8). Never "nothing was
-modified" as if the run had been recorded whole. The stop is injected with TORCHRR_FAIL_AT_OP
-(RecorderOptions::fail_at_op), which fails the Nth op's end as an internal error would."""
+modified" as if the run had been recorded whole. The stop is injected with the hidden flag
+--fail-at-op (RecorderOptions::fail_at_op), which fails the Nth op's end as an internal error
+would. `torchrr record` clears every TORCHRR_* option variable it is not given, so the flag,
+not the variable, reaches the recorder."""
 import json
 import subprocess
 import sys
@@ -41,7 +43,7 @@ def _record(tmp_path, source, fail_at):
     script = tmp_path / "script.py"
     script.write_text(source)
     trace = tmp_path / "run.trr"
-    proc = record(trace, [sys.executable, script], env={"TORCHRR_FAIL_AT_OP": str(fail_at)})
+    proc = record(trace, [sys.executable, script], flags=["--fail-at-op", str(fail_at)])
     assert proc.returncode == 0, proc.stderr  # The program is not affected.
     assert proc.stdout.strip() == "done"
     assert proc.stderr.count("recording stopped") == 1, proc.stderr
