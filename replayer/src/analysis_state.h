@@ -66,6 +66,7 @@ struct TensorState {
   format::DType dtype = 0;
   format::Device device;
   bool is_leaf = true;
+  bool requires_grad = false;
 };
 
 // One in-place write on a version counter, by the innermost op that showed it (the outermost
@@ -80,6 +81,9 @@ struct Bump {
   uint32_t before = 0;
   uint32_t after = 0;
   format::ObjectId tensor = 0;  // The tensor written through (0 when the writer is unknown).
+  // The written storage's ContentLineage after the write (the outermost op's that showed it); 0
+  // for resets and unrecorded writes.
+  uint64_t content = 0;
   bool IsReset() const { return after < before; }
 };
 
@@ -124,6 +128,8 @@ struct SavedState {
   uint64_t hash_at_use = 0;
   int64_t save_ns = 0;
   int64_t use_ns = 0;
+  // The ContentLineage of its storage when its node was recorded; 0 when the storage is unknown.
+  uint64_t content_at_save = 0;
   // Ops that wrote to or aliased its bytes since the save (fingerprinted saved tensors only).
   uint32_t touch_head = UINT32_MAX;
   uint32_t touch_tail = UINT32_MAX;
@@ -180,6 +186,11 @@ struct Finding {
   // The saved tensor was used unchecked (IsUncheckedButKnown): its counter moved, PyTorch is
   // silent.
   bool unchecked = false;
+  // A write to a parameter (a leaf that requires grad) after the save, when the last write to the
+  // saved tensor brought back the lineage it had at the save: the parameter its values came from
+  // changed, though the lineage cannot show it (a DTensor's optimizer step writes the wrapper, not
+  // the shard the refill copies from).
+  format::ObjectId changed_source = 0;
   // Activation checkpointing: the node whose saved tensors backward was recomputing (slot in
   // AnalysisState::nodes) when it read this one; IdIndex::kAbsent otherwise.
   uint32_t recomputing = IdIndex::kAbsent;
@@ -214,6 +225,15 @@ struct Finding {
   std::optional<format::UnpackedTensor> unpacked;
 };
 
+// A write into a saved tensor that a counter reset hid and that wrote back what was saved (the
+// same lineage: FSDP2's all-gather refilling a parameter it freed after forward). Not a finding.
+struct RestoredUse {
+  uint32_t node = 0;            // Slot in AnalysisState::nodes.
+  uint32_t saved = 0;           // Slot in AnalysisState::saved.
+  format::ObjectId writer = 0;  // The last write before the use (innermost op).
+  uint64_t pass = 0;
+};
+
 struct AnalysisState {
   uint64_t seq = 0;  // The record being analyzed, from 1.
 
@@ -241,6 +261,12 @@ struct AnalysisState {
 
   // What the analysis found, in the order autograd met (or would have met) it.
   std::vector<Finding> findings;
+  // Writes to parameters (leaves that require grad), in record order: (seq, innermost op).
+  std::vector<std::pair<uint64_t, format::ObjectId>> parameter_writes;
+  // Restored saved tensors: how many uses, and the first kMaxRestoredListed.
+  static constexpr size_t kMaxRestoredListed = 32;
+  uint64_t restored_count = 0;
+  std::vector<RestoredUse> restored;
 
   // PyTorch's version-counter errors: those that came out of a recorded op (C++ exceptions), by
   // the innermost op, and the last other one (what Python saw).

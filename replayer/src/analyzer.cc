@@ -23,6 +23,7 @@
 
 #include "analysis_state.h"
 #include "backward_replay.h"
+#include "content_lineage.h"
 #include "report_builder.h"
 #include "silent_writes.h"
 #include "torchrr/replayer/replayer.h"
@@ -102,6 +103,7 @@ class Analyzer::Impl {
   void NoteThrew(const format::OpRecord& r);
 
   AnalysisState state_;
+  ContentLineage lineage_{state_};
   SilentWriteWatch silent_{state_};
   BackwardReplay backward_{state_, silent_};
   bool finished_ = false;
@@ -214,6 +216,7 @@ void Analyzer::Impl::On(const format::TensorInfo& r) {
   t.dtype = r.dtype;
   t.device = r.device;
   t.is_leaf = r.is_leaf;
+  t.requires_grad = r.requires_grad;
 }
 
 CounterState& Analyzer::Impl::GetCounter(ObjectId id) {
@@ -242,6 +245,7 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
     last_top_level_threw_ = r.threw;
   }
   uint64_t subtree_first = CloseOpSubtree(r);
+  lineage_.OnOp(r);
   TrackVersions(r);
   if (r.name != 0 && (r.name == detach_op_name_ || r.name == detach_inner_name_)) NoteDetach(r);
   if (r.name != 0 && r.name == detach_name_ && r.parent != 0) NoteCachedOutput(r);
@@ -342,16 +346,22 @@ void Analyzer::Impl::RecordBump(CounterState& counter, const format::OpRecord& r
   auto& bumps = counter.bumps;
   const bool nested_write = !bumps.empty() && bumps.back().op != 0 && !bumps.back().IsReset() &&
                             state_.IsDescendant(bumps.back().op, r.op);
-  // A nested op showed this write already: the innermost op keeps it.
-  if (nested_write && bumps.back().after >= after) return;
+  const uint64_t content = lineage_.Of(tensor.storage);
+  // A nested op showed this write already: the innermost op keeps it, the outermost op's lineage
+  // stands (what a later write of the same kind is compared with).
+  if (nested_write && bumps.back().after >= after) {
+    bumps.back().content = content;
+    return;
+  }
   if (nested_write && bumps.back().after > before) before = bumps.back().after;
   // Writes seen as gaps before this op ended were this op's.
   while (!bumps.empty() && bumps.back().op == 0 && bumps.back().before >= before &&
          bumps.back().after <= after) {
     bumps.pop_back();
   }
-  bumps.push_back({r.op, state_.seq, before, after, tensor_id});
+  bumps.push_back({r.op, state_.seq, before, after, tensor_id, content});
   ++state_.bump_count;
+  if (tensor.is_leaf && tensor.requires_grad) state_.parameter_writes.emplace_back(state_.seq, r.op);
   silent_.OnWrite(r.op, tensor, counter_id);
 }
 
@@ -389,6 +399,7 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
   for (const auto& saved : r.saved) {
     state_.saved.push_back(MakeSavedState(saved, r));
     state_.saved.back().save_seq = state_.seq;
+    state_.saved.back().content_at_save = lineage_.Of(saved.storage);
   }
   node.saved_count = static_cast<uint32_t>(state_.saved.size()) - node.saved_begin;
   if (r.saved_kind == format::SavedSetKind::kCustom && node.created_by != 0) {

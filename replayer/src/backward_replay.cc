@@ -479,6 +479,7 @@ void BackwardReplay::CheckRecomputed(uint32_t node_slot, const SavedState& s, co
   const CounterState* counter = state_.FindCounter(recomputed.saved.version_counter);
   if (counter != nullptr && counter->first_seq < seq) {
     recomputed.saved.saved_version = s.saved.saved_version;
+    recomputed.content_at_save = s.content_at_save;  // What forward saw, as for the version.
     f.has_baseline = true;
     f.baseline = s.saved.saved_version;
   }
@@ -564,9 +565,25 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
     last = &b;
   }
   if (current == s.saved.saved_version && reset == nullptr) return;
+  const ObjectId changed_source = PutBack(s, base, last) ? ParameterWrittenBetween(s.save_seq, seq)
+                                                        : 0;
+  if (current != s.saved.saved_version && reset == nullptr && PutBack(s, base, last) &&
+      changed_source == 0) {
+    // No op showed the counter going back before the use (FSDP2 refills a parameter just before
+    // its node runs), and PyTorch's check passed or never looked: the saved bytes are there.
+    NoteRestored(base, last->op);
+    return;
+  }
   Finding f = base;
+  f.changed_source = changed_source;
   f.writers = std::move(writers);
   if (current == s.saved.saved_version) {
+    // The last write put back what the save kept (ContentLineage): FSDP2 refilling a parameter it
+    // freed, under a preserved counter. Backward reads the saved bytes; PyTorch is right.
+    if (PutBack(s, base, last) && changed_source == 0) {
+      NoteRestored(base, last->op);
+      return;
+    }
     f.kind = ViolationKind::kSilent;
     f.reset = *reset;
     auto previous = state_.reset_previous_ops.find(reset->seq);
@@ -584,6 +601,24 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
                        f.use_grad_fn == s.grad_fn && last != nullptr && last->tensor != 0 &&
                        last->tensor != s.saved.tensor;
   state_.findings.push_back(std::move(f));
+}
+
+bool BackwardReplay::PutBack(const SavedState& s, const Finding& base, const Bump* last) const {
+  return last != nullptr && last->content != 0 && last->content == s.content_at_save &&
+         !base.exec_threw;
+}
+
+ObjectId BackwardReplay::ParameterWrittenBetween(uint64_t after_seq, uint64_t before_seq) const {
+  const auto& writes = state_.parameter_writes;
+  auto it = std::upper_bound(writes.begin(), writes.end(), std::make_pair(after_seq, ObjectId{0}),
+                             [](const auto& a, const auto& b) { return a.first < b.first; });
+  return it != writes.end() && it->first < before_seq ? it->second : 0;
+}
+
+void BackwardReplay::NoteRestored(const Finding& base, ObjectId writer) {
+  ++state_.restored_count;
+  if (state_.restored.size() >= AnalysisState::kMaxRestoredListed) return;
+  state_.restored.push_back({base.node, base.saved, writer, base.pass});
 }
 
 // --verify-saved: bytes that changed between the save and this use. A change that a finding

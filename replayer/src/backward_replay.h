@@ -97,6 +97,17 @@ class BackwardReplay {
                        const Pass& pass);
   void CheckDetached(const SavedState& s, const Finding& base, uint64_t seq);
   void CheckVersion(const SavedState& s, const Finding& base, uint64_t seq);
+  // Whether the last write since the save (`last`) left the saved tensor's storage with the
+  // lineage it had at the save (ContentLineage: FSDP2's refill of a parameter it freed), in an
+  // execution that did not throw (or one a pass that threw never ran): backward read, or would
+  // have read, the saved bytes.
+  bool PutBack(const SavedState& s, const Finding& base, const Bump* last) const;
+  // The first write to a parameter (a leaf that requires grad) strictly between two records; 0
+  // when none. A restoration is not taken on trust across one: a wrapper subclass's parameter
+  // (DTensor) is written as the wrapper, while the lineage follows the shard inside it.
+  format::ObjectId ParameterWrittenBetween(uint64_t after_seq, uint64_t before_seq) const;
+  // A use whose writes since the save put back the saved bytes: counted, and listed up to a bound.
+  void NoteRestored(const Finding& base, format::ObjectId writer);
   void CheckFingerprint(SavedState& s, const Finding& base, uint64_t seq, size_t findings_before);
   void AddCachedMutated(uint32_t node_slot, format::ObjectId exec_op, uint64_t pass);
   // What the node's unpack hooks returned unlike what it saved, in an execution that did not

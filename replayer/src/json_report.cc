@@ -77,6 +77,21 @@ json UnpackedJson(const std::optional<UnpackedRef>& unpacked) {
           {"saved_shape", unpacked->saved_shape}};
 }
 
+json TensorJson(const SavedTensorRef& t) {
+  return {{"id", t.id},
+          {"name", t.saved_name},
+          {"list_index", t.list_index == format::TensorUse::kNotInList ? json(nullptr)
+                                                                        : json(t.list_index)},
+          {"shape", t.shape},
+          {"dtype", t.dtype.empty() ? json(nullptr) : json(t.dtype)},
+          {"device", t.device.empty() ? json(nullptr) : json(t.device)},
+          {"storage", t.storage},
+          {"version_counter", t.version_counter},
+          {"is_output", t.is_output},
+          {"is_leaf", t.is_leaf},
+          {"output_nr", t.output_nr}};
+}
+
 json ViolationJson(const Violation& v) {
   json later = json::array();
   for (const OpRef& op : v.later_culprits) later.push_back(OpJson(op));
@@ -91,7 +106,6 @@ json ViolationJson(const Violation& v) {
     kernels.push_back({{"name", k.name}, {"device", k.device}, {"start_ns", k.start_ns},
                        {"end_ns", k.end_ns}});
   }
-  const SavedTensorRef& t = v.tensor;
   return {
       {"kind", ViolationKindName(v.kind)},
       {"culprit", OptionalOpJson(v.culprit)},
@@ -102,19 +116,7 @@ json ViolationJson(const Violation& v) {
       {"recomputed", v.recomputed},
       {"saved_version", v.saved_version},
       {"current_version", v.current_version},
-      {"tensor",
-       {{"id", t.id},
-        {"name", t.saved_name},
-        {"list_index", t.list_index == format::TensorUse::kNotInList ? json(nullptr)
-                                                                      : json(t.list_index)},
-        {"shape", t.shape},
-        {"dtype", t.dtype.empty() ? json(nullptr) : json(t.dtype)},
-        {"device", t.device.empty() ? json(nullptr) : json(t.device)},
-        {"storage", t.storage},
-        {"version_counter", t.version_counter},
-        {"is_output", t.is_output},
-        {"is_leaf", t.is_leaf},
-        {"output_nr", t.output_nr}}},
+      {"tensor", TensorJson(v.tensor)},
       {"pytorch_raised", v.pytorch_raised},
       {"pytorch_message", v.pytorch_message ? json(*v.pytorch_message) : json(nullptr)},
       {"pytorch_names", v.pytorch_names ? json(*v.pytorch_names) : json(nullptr)},
@@ -130,6 +132,7 @@ json ViolationJson(const Violation& v) {
       {"kernels", std::move(kernels)},
       {"recording_incomplete", v.recording_incomplete},
       {"counter_reset", CounterResetJson(v.counter_reset)},
+      {"changed_source", OptionalOpJson(v.changed_source)},
       {"freed_by_pass", v.freed_by_pass ? json(*v.freed_by_pass) : json(nullptr)},
       {"unpacked", UnpackedJson(v.unpacked)},
   };
@@ -143,6 +146,19 @@ json UnexplainedErrorsJson(const Report& report) {
                       {"message", e.message.empty() ? json(nullptr) : json(e.message)}});
   }
   return errors;
+}
+
+// Hidden writes that put back the saved bytes: {"count", "listed": [{"backward_node", "tensor",
+// "writer", "backward_pass"}]}, the first few of `count`.
+json RestoredWritesJson(const Report& report) {
+  json listed = json::array();
+  for (const RestoredWrite& w : report.restored) {
+    listed.push_back({{"backward_node", NodeJson(w.backward_node)},
+                      {"tensor", TensorJson(w.tensor)},
+                      {"writer", OpJson(w.writer)},
+                      {"backward_pass", w.backward_pass}});
+  }
+  return {{"count", report.restored_count}, {"listed", std::move(listed)}};
 }
 
 // The program's own error: {"type", "message", "op"} (op null when no recorded op raised it);
@@ -194,6 +210,7 @@ nlohmann::json ToJson(const Report& report) {
           {"recording", RecordingJson(report)},
           {"unexplained_errors", UnexplainedErrorsJson(report)},
           {"program_error", ProgramErrorJson(report)},
+          {"restored_writes", RestoredWritesJson(report)},
           {"warnings", report.warnings}};
 }
 

@@ -128,6 +128,7 @@ class ReportBuilder {
     AddWarnings(report);
     AddUnexplainedErrors(report);
     AddProgramError(report);
+    AddRestored(report);
     return report;
   }
 
@@ -163,6 +164,7 @@ class ReportBuilder {
   void AddWarnings(Report& report) const;
   void AddUnexplainedErrors(Report& report) const;
   void AddProgramError(Report& report) const;
+  void AddRestored(Report& report) const;
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
   void AddFreedBy(const Finding& f, Violation& v) const;
@@ -502,6 +504,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   if (f.has_hashes) v.fingerprint = Fingerprints{f.hash_at_save, f.hash_at_use};
   if (f.by_fingerprint) AddFingerprintEvidence(f, v);
   if (f.reset) AddCounterReset(f, v);
+  if (f.changed_source != 0) v.changed_source = UserOpRef(f.changed_source);
   if (f.kind == ViolationKind::kFreed) AddFreedBy(f, v);
   if (f.kind == ViolationKind::kUnpackHook || f.unpacked) AddUnpackHook(s, v);
   if (f.unpacked) {
@@ -579,6 +582,18 @@ void ReportBuilder::AddCounterReset(const Finding& f, Violation& v) const {
   reset.before = UserOpRef(f.reset_previous_op);
   reset.after = UserOpRef(f.reset->op);
   v.counter_reset = std::move(reset);
+}
+
+void ReportBuilder::AddRestored(Report& report) const {
+  report.restored_count = state_.restored_count;
+  for (const RestoredUse& use : state_.restored) {
+    const NodeState& node = state_.nodes[use.node];
+    RestoredWrite& w = report.restored.emplace_back();
+    w.backward_node = {node.id, state_.Str(node.name), node.sequence_nr, node.forward_thread};
+    w.tensor = MakeTensorRef(state_.saved[use.saved]);
+    w.writer = UserOpRef(use.writer);
+    w.backward_pass = use.pass;
+  }
 }
 
 SavedTensorRef ReportBuilder::MakeTensorRef(const SavedState& s) const {

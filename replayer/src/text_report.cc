@@ -103,6 +103,7 @@ class TextReport {
   void EmitRecordingStop(const RecordingStop& stop);
   void EmitWarning(const std::string& warning);
   void EmitViolation(const Violation& v);
+  void EmitChangedSource(const Violation& v);
   void EmitUnexplainedError(const UnexplainedError& error);
   void EmitProgramError(const ProgramError& error);
   void EmitSummary(const Report& report);
@@ -165,6 +166,7 @@ void TextReport::EmitViolation(const Violation& v) {
   } else {
     EmitUnrecordedWrite(v);
   }
+  EmitChangedSource(v);
   EmitVictim(v);
   EmitNeededBy(v);
   EmitVersions(v);
@@ -230,6 +232,13 @@ void TextReport::EmitSummary(const Report& report) {
                        std::to_string(report.node_executions) + " node executions in " +
                        std::to_string(report.backward_passes) + " backward pass" +
                        (report.backward_passes == 1 ? "" : "es");
+  if (report.restored_count != 0) {
+    // Writes that are not violations but that a reader of the trace may wonder about.
+    counts += "; " + std::to_string(report.restored_count) + " write" +
+              (report.restored_count == 1 ? "" : "s") +
+              " under a preserved version counter put back the saved values, as FSDP2's "
+              "all-gather does (--json: restored_writes)";
+  }
   if (report.window()) {
     counts += "; steps " + std::to_string(report.first_step) + " to " +
               std::to_string(report.last_step) + " of the run, the earlier ones not kept";
@@ -399,6 +408,20 @@ void TextReport::EmitCandidates(const Violation& v) {
   }
 }
 
+// Where the values the culprit wrote back came from, when a parameter they come from was written
+// after the save (an optimizer step between forward and backward under FSDP2):
+//   note: the values it wrote back come from a parameter written after the save, by aten::add_
+//         at train.py:69 in train
+//      |
+//   69 |     opt.step()
+//      |     ^^^^^^^^^^ wrote the parameter
+void TextReport::EmitChangedSource(const Violation& v) {
+  if (!v.changed_source) return;
+  Note() << "the values it wrote back come from a parameter written after the save, by "
+         << OpName(*v.changed_source) << " at " << Location(*v.changed_source) << "\n";
+  EmitSourceQuote(*v.changed_source, "wrote the parameter");
+}
+
 // The op that saved the tensor (the victim), its line quoted when readable here:
 //   note: saved here by aten::sigmoid at train.py:11 in forward
 //      |
@@ -552,6 +575,11 @@ void TextReport::EmitLaterCulprits(const Violation& v) {
 //   help: find what writes into this memory between the two points (a raw kernel, numpy, an ...
 void TextReport::EmitHelp(const Violation& v) {
   out_ << p_.Help("help") << ": ";
+  if (v.changed_source) {
+    out_ << "update the parameter after backward() (an optimizer step, a weight update): backward "
+            "uses the values written since the forward\n";
+    return;
+  }
   switch (v.kind) {
     case ViolationKind::kDetached:
       out_ << "use out-of-place .detach(), which returns a new tensor and leaves the saved one in "

@@ -5,6 +5,7 @@ tools/install_into_venv.sh; without it they skip with the reason.
 """
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,13 @@ def record(out, argv, *, env=None, timeout=120, cwd=None, flags=()):
     full_env.update(env or {})
     return subprocess.run([cli(), "record", "-o", str(out), *flags, "--", *map(str, argv)],
                           capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now (torchrun's --master-port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def marker_lines(path, marker):

@@ -2,13 +2,12 @@
 rank only is reported in that rank's trace; DDP's gradient buckets and their in-place all-reduce
 are legal; `torchrr replay run.rank*.trr` replays each and sums up per rank."""
 import json
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from conftest import cli, marker_line, needs_build, record, same_file
+from conftest import cli, free_port, marker_line, needs_build, record, same_file
 
 pytestmark = needs_build
 
@@ -52,12 +51,6 @@ PROGRAM = textwrap.dedent("""\
         optimizer.step()
     dist.destroy_process_group()
     """)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ddp_one_trace_per_rank_and_the_bug_in_its_rank(tmp_path):

@@ -402,6 +402,116 @@ TEST(CounterResetTest, AnOpThatStartedBeforeTheWriteEndedIsNoReset) {
   EXPECT_EQ(report.violations[0].current_version, 1u);
 }
 
+// FSDP2's unshard before forward and again before backward, in small: the sharded parameter is
+// copied into the unsharded one under a preserved counter, forward saves the unsharded one, and
+// backward's refill copies it in again. `write_shard_between`: an optimizer step writes the shard
+// between forward and the refill, which then brings other values.
+struct RefillProgram {
+  TraceBuilder b;
+  ObjectId shard = 0, unsharded = 0, refill = 0, step = 0;
+  Forwarded y, loss;
+
+  // `write_wrapper_between`: the step writes another parameter, as an optimizer step on a DTensor
+  // writes the DTensor and not the shard inside it that the refill reads.
+  explicit RefillProgram(bool write_shard_between, bool write_wrapper_between = false) {
+    shard = b.Leaf({8});
+    unsharded = b.Tensor({8});
+    auto x = b.Leaf({8});
+    auto wrapper = b.Leaf({8});
+    Unshard();
+    y = b.Forward("aten::mul", "MulBackward0", {x, unsharded}, {{"other", unsharded}}, b.At(10));
+    loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(11), {});
+    if (write_shard_between) step = b.Inplace("aten::add_", shard, {}, b.At(12), false);
+    if (write_wrapper_between) step = b.Inplace("aten::add_", wrapper, {}, b.At(12), false);
+    refill = Unshard();
+    b.Backward({loss.node, y.node});
+  }
+
+  // all-gather's copy out, then the next op on the parameter (where the reset shows).
+  ObjectId Unshard() {
+    ObjectId copy = b.Inplace("aten::copy_", unsharded, {shard}, b.At(5, "fsdp.py"), false);
+    b.SetVersion(unsharded, 0);
+    b.Op({.name = "aten::view", .inputs = {unsharded}, .outputs = {b.Alias(unsharded)},
+          .stack = b.At(6, "fsdp.py")});
+    return copy;
+  }
+};
+
+TEST(CounterResetTest, ARefillWithTheSavedValuesIsNoViolation) {
+  RefillProgram program(false);
+  Report report = Analyze(program.b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  EXPECT_EQ(report.restored_count, 1u);
+  ASSERT_EQ(report.restored.size(), 1u);
+  EXPECT_EQ(report.restored[0].writer.id, program.refill);
+  EXPECT_EQ(report.restored[0].backward_node.name, "MulBackward0");
+  EXPECT_EQ(report.restored[0].tensor.saved_name, "other");
+  nlohmann::json j = ToJson(report)["restored_writes"];
+  EXPECT_EQ(j["count"], 1);
+  EXPECT_EQ(j["listed"][0]["writer"]["op"], "aten::copy_");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("no saved tensor was modified"), std::string::npos) << text;
+  EXPECT_NE(text.find("1 write under a preserved version counter put back the saved values"),
+            std::string::npos)
+      << text;
+}
+
+TEST(CounterResetTest, ARefillFromAShardWrittenSinceTheSaveIsSilent) {
+  RefillProgram program(true);
+  Report report = Analyze(program.b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kSilent);
+  EXPECT_EQ(v.evidence, SilentEvidence::kCounterReset);
+  ASSERT_TRUE(v.culprit);
+  EXPECT_EQ(v.culprit->id, program.refill);
+  EXPECT_EQ(report.restored_count, 0u);
+}
+
+// The refill's lineage is the save's, but a parameter was written in between: the lineage cannot
+// tell whether that parameter is the shard's wrapper, so the write stays a violation, and the
+// parameter's write is where its values changed.
+TEST(CounterResetTest, ARefillAcrossAParameterWriteNamesThatWrite) {
+  RefillProgram program(false, true);
+  Report report = Analyze(program.b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  const Violation& v = report.violations[0];
+  ASSERT_TRUE(v.culprit);
+  EXPECT_EQ(v.culprit->id, program.refill);
+  ASSERT_TRUE(v.changed_source);
+  EXPECT_EQ(v.changed_source->id, program.step);
+  EXPECT_EQ(report.restored_count, 0u);
+  EXPECT_EQ(ToJson(report)["violations"][0]["changed_source"]["op"], "aten::add_");
+  std::string text = FormatText(report, false);
+  EXPECT_NE(text.find("the values it wrote back come from a parameter written after the save, by "
+                      "aten::add_ at train.py:12"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("help: update the parameter after backward()"), std::string::npos) << text;
+}
+
+// A copy from another tensor than the one the save's bytes came from is a write, however the
+// counter was kept.
+TEST(CounterResetTest, ARefillFromAnotherSourceIsSilent) {
+  TraceBuilder b;
+  auto shard = b.Leaf({8});
+  auto other = b.Leaf({8});
+  auto unsharded = b.Tensor({8});
+  auto x = b.Leaf({8});
+  b.Inplace("aten::copy_", unsharded, {shard}, b.At(5), false);
+  b.SetVersion(unsharded, 0);
+  auto y = b.Forward("aten::mul", "MulBackward0", {x, unsharded}, {{"other", unsharded}}, b.At(10));
+  ObjectId refill = b.Inplace("aten::copy_", unsharded, {other}, b.At(12), false);
+  b.SetVersion(unsharded, 0);
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out, unsharded}, {}, b.At(13), {});
+  b.Backward({loss.node, y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
+  EXPECT_EQ(report.violations[0].evidence, SilentEvidence::kCounterReset);
+  ASSERT_TRUE(report.violations[0].culprit);
+  EXPECT_EQ(report.violations[0].culprit->id, refill);
+}
+
 // Two threads, each running backward over a graph of its own while the other does forward work:
 // one pass each, however their records interleave.
 TEST(PassRuleTest, ConcurrentPassesOnTwoThreadsStayApart) {

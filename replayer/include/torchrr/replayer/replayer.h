@@ -205,6 +205,11 @@ struct Violation {
   std::vector<SilentCandidate> candidates;
   std::vector<KernelRef> kernels;
   std::optional<CounterReset> counter_reset;  // kCounterReset: the evidence.
+  // The culprit wrote back bytes made the way the saved ones were (FSDP2's all-gather before
+  // backward), but a parameter was written after the save: the write to the parameter its values
+  // come from (an optimizer step between forward and backward). The trace follows a DTensor
+  // parameter's writes on the DTensor, not on the shard the refill copies from.
+  std::optional<OpRef> changed_source;
   std::optional<uint64_t> freed_by_pass;      // kFreed: the earlier pass, when recorded.
   // kUnpackHook, and kSilent with evidence kUnpackHook: what the hook returned, when the recorder
   // saw it differ from the saved tensor.
@@ -245,6 +250,19 @@ struct RecordedSource {
   std::map<uint32_t, std::string> text;  // Line number (1-based) -> the line.
 };
 
+// A write into a saved tensor that no violation is made of: a counter reset hid it, and it put
+// back what the node saved. FSDP2 frees each unsharded parameter after forward and all-gathers it
+// again before backward, into the same tensor under a preserved version counter; the trace shows
+// that the bytes came from the same ops over the same sharded parameters, unwritten since the
+// save (the evidence: a storage's lineage, replayer/src/content_lineage.h). An optimizer step
+// between forward and backward writes those shards, and the refill is then a violation.
+struct RestoredWrite {
+  NodeRef backward_node;
+  SavedTensorRef tensor;
+  OpRef writer;                 // The last write before the use, as culprits are named.
+  uint64_t backward_pass = 0;
+};
+
 // What the analysis found, and how much it looked at.
 struct Report {
   // Every violation. When PyTorch raised, the first one is the one it stopped at; the rest follow
@@ -264,6 +282,10 @@ struct Report {
   std::vector<UnexplainedError> unexplained_errors;
   // The program's own error, when nothing above explains it; KeyboardInterrupt is not one.
   std::optional<ProgramError> program_error;
+  // Uses of saved tensors whose hidden writes put back the saved bytes: how many, and the first
+  // few (RestoredWrite).
+  uint64_t restored_count = 0;
+  std::vector<RestoredWrite> restored;
   // The recording misses part of the run: it stopped early or lost records. Its verdicts cover
   // only what was recorded, and "nothing found" is not a clean bill of health.
   bool incomplete() const { return recording_stopped.has_value() || data_loss_records != 0; }

@@ -1,0 +1,177 @@
+#include "content_lineage.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <string_view>
+
+namespace torchrr::replayer {
+namespace {
+
+using format::ObjectId;
+
+// Tags that keep the digests of different rules apart.
+constexpr uint64_t kLeafTag = 0x6c656166;     // "leaf"
+constexpr uint64_t kWriteTag = 0x7772697465;  // "write"
+constexpr uint64_t kMadeTag = 0x6d616465;     // "made"
+
+uint64_t Digest(const std::vector<uint64_t>& words) {
+  return XXH3_64bits(words.data(), words.size() * sizeof(uint64_t)) | 1;  // Never 0.
+}
+
+// Ops whose written arguments end up holding only what the op read (their earlier bytes do not
+// matter). Copies into part of a tensor (index_copy_, masked_fill_) are not among them.
+bool Overwrites(std::string_view name) {
+  static constexpr std::array<std::string_view, 11> kOverwriting = {
+      "aten::copy_",           "aten::_foreach_copy_",  "aten::_copy_from",
+      "aten::_copy_from_and_resize", "aten::fill_",     "aten::zero_",
+      "aten::_foreach_zero_",  "aten::split_with_sizes_copy", "aten::split_copy",
+      "fsdp::split_with_sizes_copy", "fsdp::all_gather_copy_in"};
+  return std::find(kOverwriting.begin(), kOverwriting.end(), name) != kOverwriting.end();
+}
+
+// Ops whose bytes are not a function of their arguments: every call makes bytes of its own.
+// (An uninitialized buffer, `empty`, is not among them: what fills it decides, and a collective's
+// receive buffer is filled by no op.)
+bool MakesFreshBytes(std::string_view name) {
+  for (std::string_view word : {"rand", "bernoulli", "normal", "uniform", "dropout", "multinomial",
+                                "exponential", "geometric", "cauchy", "random"}) {
+    if (name.find(word) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+void AddValue(const AnalysisState& state, const format::Value& v, std::vector<uint64_t>& words) {
+  words.push_back((uint64_t{v.position} << 8) | static_cast<uint8_t>(v.kind));
+  words.push_back(static_cast<uint64_t>(v.i));
+  words.push_back(std::bit_cast<uint64_t>(v.d));
+  words.push_back(std::bit_cast<uint64_t>(v.d_imag));
+  const std::string& text = state.Str(v.s);
+  words.push_back(XXH3_64bits(text.data(), text.size()));
+  words.push_back(v.ints.size());
+  for (int64_t i : v.ints) words.push_back(static_cast<uint64_t>(i));
+  words.push_back(v.doubles.size());
+  for (double d : v.doubles) words.push_back(std::bit_cast<uint64_t>(d));
+}
+
+// A collective (c10d::allreduce_, c10d::_allgather_base_): what it writes is what every rank
+// contributed, and the other ranks' bytes are not in this trace. Taken to be a function of this
+// rank's contribution, which the buffer's lineage already holds, the write leaves it as it is; the
+// backend's own copies into the buffer (gloo's, on its thread) are ops of their own.
+bool IsCollective(std::string_view name) { return name.starts_with("c10d::"); }
+
+bool Contains(const std::vector<ObjectId>& ids, ObjectId id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+uint64_t ContentLineage::Of(ObjectId storage) const {
+  if (storage == 0) return 0;
+  auto it = lineage_.find(storage);
+  if (it != lineage_.end()) return it->second;
+  const std::array<uint64_t, 2> words = {kLeafTag, storage};
+  return XXH3_64bits(words.data(), sizeof(words)) | 1;
+}
+
+ContentLineage::WriteExtent ContentLineage::NoteExtent(const TensorState& tensor) {
+  const size_t item = DTypeSize(tensor.dtype);
+  const auto [first, last] = state_.layouts.ByteRange(tensor.layout, tensor.storage_offset, item);
+  if (item == 0 || last == UINT64_MAX || last <= first) return WriteExtent::kPart;
+  uint64_t& seen = extent_[tensor.storage];
+  seen = std::max(seen, last);
+  uint64_t numel = 1;
+  for (int64_t size : state_.layouts.Shape(tensor.layout)) numel *= static_cast<uint64_t>(size);
+  // Dense (no gaps between its elements), from the storage's first byte to the last one seen.
+  const bool whole = first == 0 && last == seen && numel * item == last;
+  return whole ? WriteExtent::kWhole : WriteExtent::kPart;
+}
+
+void ContentLineage::OnOp(const format::OpRecord& r) {
+  if (r.inputs.empty() && r.outputs.empty()) return;
+  read_storages_.clear();
+  written_storages_.clear();
+  auto storage_of = [&](const format::TensorUse& use) -> ObjectId {
+    const TensorState* tensor = state_.FindTensor(use.tensor);
+    return tensor == nullptr ? 0 : tensor->storage;
+  };
+  // A storage written through a tensor over all of its bytes (as far as the trace has seen them)
+  // loses what it held; written through part of it, the rest stays.
+  auto note = [&](const format::TensorUse& use, bool input) {
+    const TensorState* tensor = state_.FindTensor(use.tensor);
+    if (tensor == nullptr || tensor->storage == 0) return;
+    const ObjectId storage = tensor->storage;
+    const WriteExtent extent = NoteExtent(*tensor);
+    if (use.version_after <= use.version_before) {
+      if (input) read_storages_.push_back(storage);
+      return;
+    }
+    auto it = std::find(written_storages_.begin(), written_storages_.end(), storage);
+    if (it == written_storages_.end()) {
+      written_storages_.push_back(storage);
+      written_whole_.push_back(extent == WriteExtent::kWhole);
+    } else if (extent == WriteExtent::kWhole) {
+      written_whole_[it - written_storages_.begin()] = true;
+    }
+  };
+  written_whole_.clear();
+  for (const auto& use : r.inputs) note(use, true);
+  for (const auto& use : r.outputs) {
+    // A storage first seen as an output is new, though its id may be a freed storage's (SPEC.md,
+    // Ids): nothing the old one held carries over.
+    const ObjectId storage = storage_of(use);
+    if (storage != 0 && !Contains(read_storages_, storage) &&
+        !Contains(written_storages_, storage)) {
+      extent_.erase(storage);
+      lineage_.erase(storage);
+    }
+    note(use, false);
+  }
+  const std::string& name = state_.Str(r.name);
+  if (IsCollective(name)) return;
+  const bool fresh = MakesFreshBytes(name);
+  // The op: what it is, its other arguments, and what it read.
+  scratch_.clear();
+  // By text: a trace may intern one name under several ids.
+  scratch_.push_back(XXH3_64bits(name.data(), name.size()));
+  const std::string& overload = state_.Str(r.overload);
+  scratch_.push_back(XXH3_64bits(overload.data(), overload.size()));
+  if (fresh) scratch_.push_back(r.op);
+  for (const auto& value : r.values) AddValue(state_, value, scratch_);
+  for (ObjectId storage : read_storages_) {
+    // An argument that is also written was read before the write: its lineage goes in below.
+    if (!Contains(written_storages_, storage)) scratch_.push_back(Of(storage));
+  }
+  const size_t op_words = scratch_.size();
+
+  if (!written_storages_.empty()) {
+    const bool overwrites = Overwrites(name);
+    // Every written storage's new lineage starts from the old ones, read before any is replaced.
+    old_.clear();
+    for (ObjectId storage : written_storages_) old_.push_back(Of(storage));
+    for (size_t i = 0; i < written_storages_.size(); ++i) {
+      scratch_.resize(op_words);
+      scratch_.push_back(kWriteTag);
+      scratch_.push_back(i);
+      if (!overwrites || !written_whole_[i]) {
+        for (uint64_t lineage : old_) scratch_.push_back(lineage);
+      }
+      lineage_[written_storages_[i]] = Digest(scratch_);
+    }
+  }
+  for (size_t k = 0; k < r.outputs.size(); ++k) {
+    ObjectId storage = storage_of(r.outputs[k]);
+    if (storage == 0 || Contains(written_storages_, storage) ||
+        Contains(read_storages_, storage)) {
+      continue;
+    }
+    scratch_.resize(op_words);
+    scratch_.push_back(kMadeTag);
+    scratch_.push_back(k);
+    lineage_[storage] = Digest(scratch_);
+  }
+}
+
+}  // namespace torchrr::replayer

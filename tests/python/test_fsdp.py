@@ -1,0 +1,166 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard) under torchrun, 2 gloo ranks on the CPU, recorded.
+
+FSDP2 frees each unsharded parameter after forward and all-gathers it again before backward into
+the same tensor under a preserved version counter: the saved weight's counter moved, the bytes
+backward reads are the ones forward saved, and PyTorch is right to stay silent. Clean training
+(resharding after forward or not, activation checkpointing, a frozen base with adapters, gradient
+accumulation) must give no violation on any rank; a bug planted on one rank is reported in that
+rank's trace only; an optimizer step between forward and backward, which the refill then brings
+into the saved weight, is reported with the step's line."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import cli, free_port, marker_line, needs_build, record, same_file
+
+pytestmark = needs_build
+
+PROGRAM = textwrap.dedent("""\
+    import sys
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.checkpoint import checkpoint
+
+
+    class Block(torch.nn.Module):
+        def __init__(self, lora=False):
+            super().__init__()
+            self.base = torch.nn.Linear(16, 16)
+            self.lora_a = torch.nn.Linear(16, 4, bias=False) if lora else None
+            self.lora_b = torch.nn.Linear(4, 16, bias=False) if lora else None
+            self.checkpointed = False
+            self.bug = False
+            if lora:
+                self.base.requires_grad_(False)
+
+        def body(self, x):
+            h = self.base(x)  # WEIGHT_SAVED
+            if self.lora_a is not None:
+                h = h + self.lora_b(self.lora_a(x))
+            a = torch.sigmoid(h)  # VICTIM
+            if self.bug:
+                a.mul_(2)  # CULPRIT
+            return a
+
+        def forward(self, x):
+            if self.checkpointed:
+                return checkpoint(self.body, x, use_reentrant=False)
+            return self.body(x)
+
+
+    class Net(torch.nn.Module):
+        def __init__(self, lora=False):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(lora), Block(lora)])
+            self.head = torch.nn.Linear(16, 1)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)  # HEAD
+
+
+    def build(reshard=True, lora=False, checkpointed=False):
+        torch.manual_seed(0)
+        net = Net(lora)
+        for block in net.blocks:
+            block.checkpointed = checkpointed
+            fully_shard(block, reshard_after_forward=reshard)
+        fully_shard(net, reshard_after_forward=reshard)
+        params = [p for p in net.parameters() if p.requires_grad]
+        return net, torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+    def train(net, opt, steps=3, accumulate=1, bug_step=None, early_step=None):
+        x = torch.randn(4, 16)
+        for step in range(steps):
+            for micro in range(accumulate):
+                if accumulate > 1:
+                    net.set_requires_gradient_sync(micro == accumulate - 1)
+                net.blocks[1].bug = step == bug_step
+                out = net(x)
+                if step == early_step:
+                    opt.step()  # EARLY_STEP
+                out.sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)  # Kept as zeros: an early step still moves (momentum).
+
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    mode = sys.argv[1]
+    if mode == "clean":
+        for kwargs, accumulate in [({}, 1), ({"reshard": False}, 1), ({"checkpointed": True}, 1),
+                                   ({"lora": True}, 1), ({}, 2)]:
+            train(*build(**kwargs), accumulate=accumulate)
+    elif mode == "bug":
+        train(*build(), bug_step=1 if rank == 1 else None)
+    elif mode == "early_step":
+        train(*build(), early_step=1 if rank == 1 else None)
+    dist.destroy_process_group()
+    """)
+
+
+def _record(tmp_path, mode):
+    """Records the program under torchrun in `mode`; returns (script, {rank: replay JSON}, codes)."""
+    script = tmp_path / "fsdp.py"
+    script.write_text(PROGRAM)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = record(tmp_path / "run.trr",
+                  [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), script,
+                   mode], timeout=240, cwd=tmp_path)
+    traces = sorted(p.name for p in tmp_path.glob("run.rank*.trr"))
+    assert traces == ["run.rank0.trr", "run.rank1.trr"], (traces, proc.stderr[-2000:])
+    documents, codes = {}, {}
+    for rank in (0, 1):
+        replay = subprocess.run([cli(), "replay", "--json", f"run.rank{rank}.trr"],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        documents[rank] = json.loads(replay.stdout)
+        codes[rank] = replay.returncode
+    return script, documents, codes
+
+
+def test_fsdp2_clean_training_has_no_violation_on_any_rank(tmp_path):
+    _, documents, codes = _record(tmp_path, "clean")
+    for rank, document in documents.items():
+        assert document["violations"] == [], (rank, document["violations"][:1])
+        assert codes[rank] == 0, (rank, document["unexplained_errors"], document["warnings"])
+        # The refills were seen and judged, not missed: each backward's all-gather put back a
+        # saved weight.
+        restored = document["restored_writes"]
+        assert restored["count"] >= 20, (rank, restored["count"])
+        writer = restored["listed"][0]["writer"]
+        assert writer["op"] == "fsdp::split_with_sizes_copy", writer
+
+
+def test_fsdp2_bug_on_one_rank_is_reported_there_only(tmp_path):
+    script, documents, codes = _record(tmp_path, "bug")
+    # Rank 0 has no bug: its backward fails only because rank 1 left the collective.
+    assert documents[0]["violations"] == []
+    assert codes[1] == 1
+    first = documents[1]["violations"][0]
+    assert first["kind"] == "version" and first["pytorch_raised"]
+    assert same_file(first["culprit"]["user_frame"]["file"], script)
+    assert first["culprit"]["user_frame"]["line"] == marker_line(script, "CULPRIT")
+    assert first["victim"]["user_frame"]["line"] == marker_line(script, "VICTIM")
+    assert len(documents[1]["violations"]) == 1, documents[1]["violations"][1:]
+
+
+def test_fsdp2_optimizer_step_before_backward_is_reported_with_its_line(tmp_path):
+    script, documents, codes = _record(tmp_path, "early_step")
+    assert codes[1] == 1, documents[1]["warnings"]
+    violations = documents[1]["violations"]
+    assert violations, "the step between forward and backward went unreported"
+    for v in violations:
+        assert v["pytorch_raised"] is False
+        assert v["culprit"]["op"] == "fsdp::split_with_sizes_copy", v["culprit"]
+        source = v["changed_source"]
+        assert source is not None and same_file(source["user_frame"]["file"], script)
+        assert source["user_frame"]["line"] == marker_line(script, "EARLY_STEP")
+    assert {v["victim"]["user_frame"]["line"] for v in violations} <= {
+        marker_line(script, "WEIGHT_SAVED"), marker_line(script, "HEAD")}
