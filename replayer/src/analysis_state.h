@@ -57,6 +57,7 @@ struct OpInfo {
 
 struct TensorState {
   format::ObjectId storage = 0;
+  uint64_t storage_nbytes = 0;   // As last recorded: 0 for a storage resized to nothing.
   uint64_t storage_address = 0;  // Format 1.1, --verify-saved traces only.
   format::ObjectId counter = 0;
   format::ObjectId grad_fn = 0;

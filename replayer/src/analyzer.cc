@@ -207,6 +207,7 @@ void Analyzer::Impl::On(const format::TensorInfo& r) {
   recent_tensors_[recent_tensors_next_++ % kRecentTensors] = r.tensor;
   TensorState& t = state_.tensors[slot];
   t.storage = r.storage;
+  t.storage_nbytes = r.storage_nbytes;
   t.storage_address = r.storage_address;
   t.counter = r.version_counter;
   t.grad_fn = r.grad_fn;

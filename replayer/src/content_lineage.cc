@@ -70,75 +70,95 @@ bool Contains(const std::vector<ObjectId>& ids, ObjectId id) {
 
 uint64_t ContentLineage::Of(ObjectId storage) const {
   if (storage == 0) return 0;
-  auto it = lineage_.find(storage);
-  if (it != lineage_.end()) return it->second;
+  const uint32_t slot = slots_.Find(storage, IdKind::kStorage);
+  if (slot != IdIndex::kAbsent) return lineage_[slot];
   const std::array<uint64_t, 2> words = {kLeafTag, storage};
   return XXH3_64bits(words.data(), sizeof(words)) | 1;
 }
 
-ContentLineage::WriteExtent ContentLineage::NoteExtent(const TensorState& tensor) {
+void ContentLineage::Set(ObjectId storage, uint64_t lineage) {
+  uint32_t slot = slots_.Find(storage, IdKind::kStorage);
+  if (slot == IdIndex::kAbsent) {
+    slot = static_cast<uint32_t>(lineage_.size());
+    lineage_.push_back(lineage);
+    slots_.Set(storage, IdKind::kStorage, slot);
+    return;
+  }
+  lineage_[slot] = lineage;
+}
+
+// Dense (no gaps between its elements) over the storage's every byte, as the storage's size was
+// last recorded; a storage recorded with no bytes (FSDP2 resizes a freed parameter's to 0) is
+// taken as written in part.
+bool ContentLineage::CoversItsStorage(const TensorState& tensor) const {
   const size_t item = DTypeSize(tensor.dtype);
+  if (item == 0 || tensor.storage_nbytes == 0) return false;
   const auto [first, last] = state_.layouts.ByteRange(tensor.layout, tensor.storage_offset, item);
-  if (item == 0 || last == UINT64_MAX || last <= first) return WriteExtent::kPart;
-  uint64_t& seen = extent_[tensor.storage];
-  seen = std::max(seen, last);
-  uint64_t numel = 1;
-  for (int64_t size : state_.layouts.Shape(tensor.layout)) numel *= static_cast<uint64_t>(size);
-  // Dense (no gaps between its elements), from the storage's first byte to the last one seen.
-  const bool whole = first == 0 && last == seen && numel * item == last;
-  return whole ? WriteExtent::kWhole : WriteExtent::kPart;
+  return first == 0 && last >= tensor.storage_nbytes &&
+         state_.layouts.Numel(tensor.layout) * item == last;
+}
+
+const ContentLineage::NameTraits& ContentLineage::TraitsOf(format::InternId id) {
+  if (id >= traits_.size()) traits_.resize(id + 1);
+  NameTraits& traits = traits_[id];
+  if (traits.hash == 0) {
+    const std::string& text = state_.Str(id);
+    traits.hash = XXH3_64bits(text.data(), text.size()) | 1;
+    traits.fresh = MakesFreshBytes(text);
+    traits.collective = IsCollective(text);
+    traits.overwrites = Overwrites(text);
+  }
+  return traits;
 }
 
 void ContentLineage::OnOp(const format::OpRecord& r) {
   if (r.inputs.empty() && r.outputs.empty()) return;
   read_storages_.clear();
   written_storages_.clear();
-  auto storage_of = [&](const format::TensorUse& use) -> ObjectId {
-    const TensorState* tensor = state_.FindTensor(use.tensor);
-    return tensor == nullptr ? 0 : tensor->storage;
-  };
-  // A storage written through a tensor over all of its bytes (as far as the trace has seen them)
-  // loses what it held; written through part of it, the rest stays.
-  auto note = [&](const format::TensorUse& use, bool input) {
-    const TensorState* tensor = state_.FindTensor(use.tensor);
-    if (tensor == nullptr || tensor->storage == 0) return;
-    const ObjectId storage = tensor->storage;
-    const WriteExtent extent = NoteExtent(*tensor);
+  written_whole_.clear();
+  made_.clear();
+  // A storage written through a tensor over all of its bytes loses what it held; written through
+  // part of it, the rest stays.
+  auto note = [&](const format::TensorUse& use, const TensorState& tensor, bool input) {
+    const ObjectId storage = tensor.storage;
     if (use.version_after <= use.version_before) {
       if (input) read_storages_.push_back(storage);
       return;
     }
+    const bool whole = CoversItsStorage(tensor);
     auto it = std::find(written_storages_.begin(), written_storages_.end(), storage);
     if (it == written_storages_.end()) {
       written_storages_.push_back(storage);
-      written_whole_.push_back(extent == WriteExtent::kWhole);
-    } else if (extent == WriteExtent::kWhole) {
+      written_whole_.push_back(whole);
+    } else if (whole) {
       written_whole_[it - written_storages_.begin()] = true;
     }
   };
-  written_whole_.clear();
-  for (const auto& use : r.inputs) note(use, true);
-  for (const auto& use : r.outputs) {
+  for (const auto& use : r.inputs) {
+    const TensorState* tensor = state_.FindTensor(use.tensor);
+    if (tensor != nullptr && tensor->storage != 0) note(use, *tensor, true);
+  }
+  for (size_t k = 0; k < r.outputs.size(); ++k) {
+    const TensorState* tensor = state_.FindTensor(r.outputs[k].tensor);
+    if (tensor == nullptr || tensor->storage == 0) continue;
     // A storage first seen as an output is new, though its id may be a freed storage's (SPEC.md,
     // Ids): nothing the old one held carries over.
-    const ObjectId storage = storage_of(use);
-    if (storage != 0 && !Contains(read_storages_, storage) &&
-        !Contains(written_storages_, storage)) {
-      extent_.erase(storage);
-      lineage_.erase(storage);
+    if (!Contains(read_storages_, tensor->storage) &&
+        !Contains(written_storages_, tensor->storage)) {
+      made_.emplace_back(k, tensor->storage);
     }
-    note(use, false);
+    note(r.outputs[k], *tensor, false);
   }
-  const std::string& name = state_.Str(r.name);
-  if (IsCollective(name)) return;
-  const bool fresh = MakesFreshBytes(name);
-  // The op: what it is, its other arguments, and what it read.
+  // Views and other ops that write nothing and make no storage leave every lineage as it was.
+  if (written_storages_.empty() && made_.empty()) return;
+  const NameTraits name = TraitsOf(r.name);  // A copy: TraitsOf may grow traits_.
+  if (name.collective) return;
+  // The op: what it is (by text: a trace may intern one name under several ids), its other
+  // arguments, and what it read.
   scratch_.clear();
-  // By text: a trace may intern one name under several ids.
-  scratch_.push_back(XXH3_64bits(name.data(), name.size()));
-  const std::string& overload = state_.Str(r.overload);
-  scratch_.push_back(XXH3_64bits(overload.data(), overload.size()));
-  if (fresh) scratch_.push_back(r.op);
+  scratch_.push_back(name.hash);
+  scratch_.push_back(TraitsOf(r.overload).hash);
+  if (name.fresh) scratch_.push_back(r.op);
   for (const auto& value : r.values) AddValue(state_, value, scratch_);
   for (ObjectId storage : read_storages_) {
     // An argument that is also written was read before the write: its lineage goes in below.
@@ -146,31 +166,24 @@ void ContentLineage::OnOp(const format::OpRecord& r) {
   }
   const size_t op_words = scratch_.size();
 
-  if (!written_storages_.empty()) {
-    const bool overwrites = Overwrites(name);
-    // Every written storage's new lineage starts from the old ones, read before any is replaced.
-    old_.clear();
-    for (ObjectId storage : written_storages_) old_.push_back(Of(storage));
-    for (size_t i = 0; i < written_storages_.size(); ++i) {
-      scratch_.resize(op_words);
-      scratch_.push_back(kWriteTag);
-      scratch_.push_back(i);
-      if (!overwrites || !written_whole_[i]) {
-        for (uint64_t lineage : old_) scratch_.push_back(lineage);
-      }
-      lineage_[written_storages_[i]] = Digest(scratch_);
+  // Every written storage's new lineage starts from the old ones, read before any is replaced.
+  old_.clear();
+  for (ObjectId storage : written_storages_) old_.push_back(Of(storage));
+  for (size_t i = 0; i < written_storages_.size(); ++i) {
+    scratch_.resize(op_words);
+    scratch_.push_back(kWriteTag);
+    scratch_.push_back(i);
+    if (!name.overwrites || !written_whole_[i]) {
+      for (uint64_t lineage : old_) scratch_.push_back(lineage);
     }
+    Set(written_storages_[i], Digest(scratch_));
   }
-  for (size_t k = 0; k < r.outputs.size(); ++k) {
-    ObjectId storage = storage_of(r.outputs[k]);
-    if (storage == 0 || Contains(written_storages_, storage) ||
-        Contains(read_storages_, storage)) {
-      continue;
-    }
+  for (const auto& [k, storage] : made_) {
+    if (Contains(written_storages_, storage)) continue;
     scratch_.resize(op_words);
     scratch_.push_back(kMadeTag);
     scratch_.push_back(k);
-    lineage_[storage] = Digest(scratch_);
+    Set(storage, Digest(scratch_));
   }
 }
 

@@ -34,10 +34,11 @@
 #define TORCHRR_REPLAYER_SRC_CONTENT_LINEAGE_H_
 
 #include <cstdint>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "analysis_state.h"
+#include "id_index.h"
 #include "torchrr/format/records.h"
 
 namespace torchrr::replayer {
@@ -53,19 +54,29 @@ class ContentLineage {
   uint64_t Of(format::ObjectId storage) const;
 
  private:
-  enum class WriteExtent : uint8_t { kPart, kWhole };
-  // Notes how far into its storage `tensor` reaches, and says whether it covers all of the
-  // storage's bytes seen so far, densely.
-  WriteExtent NoteExtent(const TensorState& tensor);
+  // What the lineage needs to know of an op's name, worked out once per interned string.
+  struct NameTraits {
+    uint64_t hash = 0;  // Of the text; 0: not worked out yet.
+    bool fresh = false;
+    bool collective = false;
+    bool overwrites = false;
+  };
+  const NameTraits& TraitsOf(format::InternId id);
+  // Whether a write through `tensor` covers all of its storage's bytes.
+  bool CoversItsStorage(const TensorState& tensor) const;
 
   const AnalysisState& state_;
-  std::unordered_map<format::ObjectId, uint64_t> extent_;   // By storage: the bytes seen, [0, n).
-  std::unordered_map<format::ObjectId, uint64_t> lineage_;  // By storage, once written or made.
+  void Set(format::ObjectId storage, uint64_t lineage);
+
+  IdIndex slots_;                                           // Storage ids to lineage_ slots.
+  std::vector<uint64_t> lineage_;                           // Of storages once written or made.
   std::vector<uint64_t> scratch_;                           // The digest's words.
   std::vector<format::ObjectId> read_storages_;             // Scratch: storages read.
   std::vector<format::ObjectId> written_storages_;          // Scratch: storages written.
   std::vector<bool> written_whole_;                         // Scratch: each written whole.
   std::vector<uint64_t> old_;                               // Scratch: their lineages before.
+  std::vector<std::pair<size_t, format::ObjectId>> made_;   // Scratch: (output, new storage).
+  std::vector<NameTraits> traits_;                          // By InternId.
 };
 
 }  // namespace torchrr::replayer

@@ -35,6 +35,17 @@ class LayoutPool {
     return it->second;
   }
 
+  // The number of elements of the layout's shape; 0 for kNone or an unknown id.
+  uint64_t Numel(uint32_t id) const {
+    if (id >= entries_.size()) return 0;
+    const Entry& e = entries_[id];
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < e.ndim; ++d) {
+      numel *= static_cast<uint64_t>(std::max<int64_t>(data_[e.offset + d], 0));
+    }
+    return numel;
+  }
+
   // The layout's shape; empty for kNone or an unknown id.
   std::vector<int64_t> Shape(uint32_t id) const {
     if (id >= entries_.size()) return {};
