@@ -23,11 +23,16 @@ else
   what="the PEFT LoRA step (tiny Llama, transformers + peft)"
 fi
 page=$DEMO_DIR/report.html
-echo "== Recording $what with the planted bug '$BUG'; PyTorch raises in backward:"
+echo "== Recording $what with the planted bug '$BUG'; PyTorch raises in backward, and"
+echo "   torchrr names the lines as the program ends:"
 echo "   \$ torchrr record -o $trace -- ${cmd[*]}"
-"$TORCHRR" record -o "$trace" -- "${cmd[@]}" 2>&1 | grep -iE "error|loss" | cut -c1-200 | head -4
+# The program's losses and its error (its traceback left out), then torchrr's verdict whole.
+"$TORCHRR" record -o "$trace" -- "${cmd[@]}" 2>&1 |
+  awk '/^torchrr: [0-9]+ violations? in /{verdict = 1}
+       verdict {print; next}
+       tolower($0) ~ /error|loss/ && shown++ < 4 {print substr($0, 1, 200)}'
 echo
-echo "== Replaying it: which op, on which line, changed which saved tensor:"
+echo "== The whole replay: which op, on which line, changed which saved tensor, and how:"
 echo "   \$ torchrr replay $trace"
 "$TORCHRR" replay "$trace"
 rc=$?

@@ -37,6 +37,11 @@ int ReportRead(const std::string& path, const format::ReadSummary& summary) {
   return ExitCodeFor(code);
 }
 
+bool Analysable(format::StatusCode code) {
+  return code == format::StatusCode::kOk || code == format::StatusCode::kTruncated ||
+         code == format::StatusCode::kCorrupt;
+}
+
 replayer::Report FinishAnalysis(replayer::Analyzer& analyzer, const format::ReadSummary& summary) {
   if (summary.has_info) analyzer.SetRecordingTorch(summary.info.torch_version);
   return analyzer.Finish();

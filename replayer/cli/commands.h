@@ -40,6 +40,10 @@ int ReportRead(const std::string& path, const format::ReadSummary& summary);
 // messages as that torch does. Call once, after the read.
 replayer::Report FinishAnalysis(replayer::Analyzer& analyzer, const format::ReadSummary& summary);
 
+// Whether the records a read ended with `code` gave are worth analysing: all of them, or those
+// before the damage (truncated, corrupt).
+bool Analysable(format::StatusCode code);
+
 }  // namespace torchrr::cli
 
 #endif  // TORCHRR_REPLAYER_CLI_COMMANDS_H_

@@ -13,6 +13,8 @@
 //
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +48,7 @@ struct RecordArgs {
   bool no_stacks = false;
   bool force_python = false;
   bool force_native = false;
+  bool quiet = false;  // No verdict after the program ends.
   std::vector<std::string> command;
 };
 
@@ -97,6 +100,48 @@ int MakeSpillDir(const std::string& dir, std::string* absolute) {
   }
   *absolute = path.lexically_normal().string();
   return 0;
+}
+
+// The traces a run wrote to `output`: the file itself, or under torchrun one per rank
+// (run.trr: run.rank0.trr, run.rank1.trr, ...), named as the user named the output.
+std::vector<fs::path> WrittenTraces(const fs::path& output) {
+  std::error_code ec;
+  if (fs::is_regular_file(output, ec)) return {output};
+  std::vector<fs::path> ranks;
+  const fs::path dir = output.has_parent_path() ? output.parent_path() : fs::path(".");
+  const std::string prefix = output.stem().string() + ".rank";
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".trr")) continue;
+    const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - 4);
+    if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (entry.is_regular_file(ec)) {
+      ranks.push_back(output.has_parent_path() ? dir / name : fs::path(name));
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
+// A clean run's trace larger than this is not replayed after the program ends (a whole long run
+// takes a while to analyse): `torchrr replay` says the rest. A failed run's always is.
+constexpr uintmax_t kVerdictMaxBytes = uintmax_t{64} << 20;
+
+// After the program ended: the short verdict of each trace it wrote that holds a violation, on
+// stderr below the program's own output (replayer::FormatShortVerdict); nothing for a clean one.
+void PrintVerdicts(const std::string& output, int status) {
+  for (const fs::path& trace : WrittenTraces(output)) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(trace, ec);
+    if (ec || (status == 0 && size > kVerdictMaxBytes)) continue;
+    replayer::Analyzer analyzer;
+    format::ReadSummary summary =
+        format::ReadTraceFile(trace.string(), [&](const format::Record& r) { analyzer.Add(r); });
+    if (!Analysable(summary.status.code())) continue;
+    const std::string verdict =
+        replayer::FormatShortVerdict(FinishAnalysis(analyzer, summary), trace.string());
+    std::fputs(verdict.c_str(), stderr);
+  }
 }
 
 int RunRecord(const RecordArgs& args) {
@@ -164,6 +209,7 @@ int RunRecord(const RecordArgs& args) {
   if (!python && fs::exists(output)) {
     std::fprintf(stderr, "torchrr: trace written to %s\n", output.c_str());
   }
+  if (!args.quiet) PrintVerdicts(args.output, status);
   return status;
 }
 
@@ -230,6 +276,9 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                   "one per rank, FILE.rankN.trr)");
   cmd->add_flag("--no-stacks", args->no_stacks, "Do not capture stacks (faster, no lines)");
   AddOptionFlags(*cmd, args);
+  cmd->add_flag("--quiet", args->quiet,
+                "Print no verdict after the program ends (by default, a trace with a violation "
+                "gets its culprit and victim lines and the fix)");
   cmd->add_flag("--python", args->force_python, "The command is a Python program");
   cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");
   cmd->add_option("command", args->command, "The program and its arguments, after --")

@@ -33,12 +33,6 @@ const char* StatusName(format::StatusCode code) {
   return "unknown";
 }
 
-// Statuses after which the records read are still worth analysing.
-bool Analysable(format::StatusCode code) {
-  return code == format::StatusCode::kOk || code == format::StatusCode::kTruncated ||
-         code == format::StatusCode::kCorrupt;
-}
-
 }  // namespace
 
 namespace {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "source_files.h"
+#include "text_words.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
 
@@ -33,66 +34,11 @@ class Painter {
   bool color_;
 };
 
-// "aten::add_.Tensor"; "an unrecorded op" when the op has no name.
-std::string OpName(const OpRef& op) {
-  std::string name = op.name.empty() ? "an unrecorded op" : Printable(op.name);
-  if (!op.overload.empty()) name += "." + Printable(op.overload);
-  return name;
-}
-
-// "train.py:12 in forward"; "<no user frame recorded>" without a user frame.
-std::string Location(const OpRef& op) {
-  if (!op.user_frame) return "<no user frame recorded>";
-  const UserFrame& f = *op.user_frame;
-  std::string s = f.file.empty() ? "<unknown file>" : Printable(f.file);
-  if (f.line != 0) s += ":" + std::to_string(f.line);
-  if (!f.function.empty()) s += " in " + Printable(f.function);
-  return s;
-}
-
 // "[4, 8]"
 std::string Shape(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-// What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
-// "aten::foo (wrote through aten::add_) wrote into its memory through another tensor, ...",
-// "aten::detach_ detached it in
-// place", "backward pass #0 ran SigmoidBackward0 and freed what it saved", "unpack hook
-// `<lambda>` returned the tensor backward failed on".
-std::string CulpritLabel(const Violation& v) {
-  if (v.culprit->hook) {
-    return "unpack hook `" + Printable(v.culprit->user_frame->function) + "` returned " +
-           (v.kind == ViolationKind::kSilent ? "another tensor than was saved"
-                                             : "the tensor backward failed on");
-  }
-  if (v.kind == ViolationKind::kFreed) {
-    return "backward pass #" + (v.freed_by_pass ? std::to_string(*v.freed_by_pass) : "?") +
-           " ran " + Printable(v.backward_node.name) + " and freed what it saved";
-  }
-  std::string label = OpName(*v.culprit);
-  if (!v.culprit->detail.empty()) {
-    label += " (wrote through " + Printable(v.culprit->detail) + ")";
-  }
-  if (v.kind == ViolationKind::kDetached) {
-    label += " detached it from its graph in place";
-  } else if (v.kind != ViolationKind::kSilent) {
-    label += " changed the version " + std::to_string(v.saved_version) + " -> " +
-             std::to_string(v.current_version);
-  } else if (v.evidence == SilentEvidence::kCounterReset && v.counter_reset) {
-    label += " wrote into it, and its version counter was then set back to " +
-             std::to_string(v.counter_reset->to);
-  } else if (v.evidence == SilentEvidence::kFingerprint) {
-    label += " wrote into its memory through another tensor over it";
-  } else if (v.evidence == SilentEvidence::kUncheckedSave) {
-    label += " changed it (version " + std::to_string(v.saved_version) + " -> " +
-             std::to_string(v.current_version) + "), unchecked by PyTorch";
-  } else {
-    label += " wrote into its memory through another tensor, which no counter of its follows";
-  }
-  return label;
 }
 
 // Writes one report. Not thread-safe; one per FormatText call.
@@ -574,69 +520,7 @@ void TextReport::EmitLaterCulprits(const Violation& v) {
 //   help: write through the tensor itself, not .data or another tensor over its memory ...
 //   help: find what writes into this memory between the two points (a raw kernel, numpy, an ...
 void TextReport::EmitHelp(const Violation& v) {
-  out_ << p_.Help("help") << ": ";
-  if (v.changed_source) {
-    out_ << "update the parameter after backward() (an optimizer step, a weight update): backward "
-            "uses the values written since the forward\n";
-    return;
-  }
-  switch (v.kind) {
-    case ViolationKind::kDetached:
-      out_ << "use out-of-place .detach(), which returns a new tensor and leaves the saved one in "
-              "its graph\n";
-      return;
-    case ViolationKind::kFreed:
-      out_ << "pass retain_graph=True to the earlier backward() to run backward through this "
-              "graph again, or run forward again to build a new graph\n";
-      return;
-    case ViolationKind::kUnpackHook:
-      out_ << "make the unpack hook return a tensor of the saved one's shape, dtype and device "
-              "(PyTorch checks none of them)\n";
-      return;
-    case ViolationKind::kCachedMutated:
-      out_ << ".clone() the op's output before modifying it in place, or let the policy "
-              "recompute that op (CheckpointPolicy.PREFER_RECOMPUTE)\n";
-      return;
-    default: break;
-  }
-  bool silent = v.kind == ViolationKind::kSilent;
-  if (silent && v.evidence == SilentEvidence::kUnpackHook) {
-    out_ << "make the unpack hook return a tensor of the saved one's dtype and shape (cast back "
-            "what the pack hook converted)\n";
-    return;
-  }
-  if (silent && v.evidence == SilentEvidence::kCounterReset) {
-    out_ << "do not hide an in-place write to a saved tensor by setting its version back; "
-            ".clone() it before writing into it\n";
-    return;
-  }
-  if (silent && v.evidence == SilentEvidence::kFingerprint) {
-    out_ << "find what writes into this memory between the two points (a raw kernel, numpy, an "
-            "extension on data_ptr); write into a .clone() instead\n";
-    return;
-  }
-  if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
-    out_ << "make the in-place op out of place, or .clone() the tensor before modifying it; "
-            "PyTorch will not raise for it\n";
-    return;
-  }
-  if (silent && v.backward_node.name == "CompiledFunctionBackward") {
-    out_ << "do not modify what the compiled call took or returned before backward: make the "
-            "in-place op out of place, or .clone() the tensor before modifying it\n";
-    return;
-  }
-  if (silent) {
-    out_ << "write through the tensor itself, not .data or another tensor over its memory (DLPack, "
-            "numpy()), so autograd sees it; or .clone() the tensor before writing into it\n";
-    return;
-  }
-  std::string name = v.culprit ? OpName(*v.culprit) : "the in-place op";
-  std::string out_of_place = name;
-  if (size_t dot = out_of_place.find('.'); dot != std::string::npos) out_of_place.resize(dot);
-  if (out_of_place.ends_with('_')) out_of_place.pop_back();
-  out_ << "make " << name << " out of place";
-  if (out_of_place != name) out_ << " (" << out_of_place << ")";
-  out_ << ", or .clone() the tensor before modifying it\n";
+  out_ << p_.Help("help") << ": " << FixHint(v) << "\n";
 }
 
 }  // namespace

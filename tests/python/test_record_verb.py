@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import torchrr
-from conftest import needs_build, record
+from conftest import marker_line, needs_build, record
 
 pytestmark = needs_build
 
@@ -134,3 +134,43 @@ def test_torchrun_two_cpu_ranks_write_one_trace_each(tmp_path):
     assert v.backward_node.name == "SigmoidBackward0" and v.pytorch_raised
     assert v.culprit.user_frame.line == 6
     print(f"torchrun: {elapsed:.1f} s")
+
+
+BUGGY = textwrap.dedent("""\
+    import torch
+    x = torch.randn(4, requires_grad=True)
+    y = torch.sigmoid(x)  # VICTIM
+    y.mul_(2)  # CULPRIT
+    y.sum().backward()
+    """)
+
+
+def test_the_verdict_follows_the_programs_error(tmp_path):
+    # The user sees culprit and victim lines where the program died, without a replay command.
+    script = tmp_path / "buggy.py"
+    script.write_text(BUGGY)
+    proc = record(tmp_path / "run.trr", [sys.executable, script], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    error = proc.stderr.index("RuntimeError: one of the variables needed")
+    verdict = proc.stderr.index("torchrr: 1 violation in ")
+    assert error < verdict, proc.stderr  # After the program's own output.
+    shown = proc.stderr[verdict:]
+    assert f"  culprit: {script}:{marker_line(script, 'CULPRIT')} in <module>\n" in shown, shown
+    assert "        4 | y.mul_(2)  # CULPRIT\n" in shown, shown
+    assert f"  victim:  {script}:{marker_line(script, 'VICTIM')} in <module>\n" in shown, shown
+    assert "  help: make aten::mul_.Tensor out of place (aten::mul)" in shown, shown
+    trace = str(tmp_path / "run.trr")
+    assert f"torchrr replay {trace}; as a page: torchrr report {trace} -o" in shown, shown
+
+
+def test_no_verdict_when_quiet_or_clean(tmp_path):
+    script = tmp_path / "buggy.py"
+    script.write_text(BUGGY)
+    quiet = record(tmp_path / "quiet.trr", [sys.executable, script], flags=["--quiet"])
+    assert quiet.returncode == 1 and "RuntimeError" in quiet.stderr
+    assert "violation" not in quiet.stderr, quiet.stderr
+    clean = tmp_path / "clean.py"
+    clean.write_text("import torch\nx = torch.ones(3, requires_grad=True)\n"
+                     "torch.sigmoid(x).sum().backward()\n")
+    proc = record(tmp_path / "clean.trr", [sys.executable, clean])
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr

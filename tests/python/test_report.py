@@ -140,6 +140,12 @@ def made_demo(tmp_path_factory):
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"The report: {directory / 'report.html'}" in proc.stdout, proc.stdout[-3000:]
+    # The record step names the lines itself, before any replay command.
+    recorded = proc.stdout.split("== The whole replay")[0]
+    script = REPO / "samples" / "python" / "peft_lora.py"
+    assert re.search(r"^torchrr: \d+ violations? in ", recorded, re.M), recorded[-3000:]
+    bug_line = marker_line(script, r"BUG\(inplace_activation\)")
+    assert f"  culprit: {script}:{bug_line} " in recorded, recorded[-3000:]
     return directory
 
 

@@ -346,6 +346,10 @@ Report Analyze(const std::vector<format::Record>& records);
 // said so once.
 // Ends with a summary line; says "no saved tensor was modified" when there is nothing to report.
 std::string FormatText(const Report& report, bool color);
+// The verdict `torchrr record` prints after the program ends: each distinct culprit and victim
+// line (at most three) with the code the trace carries, the fix, and the commands that show the
+// rest for `trace`; "" when the report has no violation.
+std::string FormatShortVerdict(const Report& report, const std::string& trace);
 
 // The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).
 inline constexpr int kSchemaVersion = 1;

@@ -1,0 +1,109 @@
+#include "text_words.h"
+
+#include "torchrr/replayer/printable.h"
+
+namespace torchrr::replayer {
+
+std::string OpName(const OpRef& op) {
+  std::string name = op.name.empty() ? "an unrecorded op" : Printable(op.name);
+  if (!op.overload.empty()) name += "." + Printable(op.overload);
+  return name;
+}
+
+std::string Location(const OpRef& op) {
+  if (!op.user_frame) return "<no user frame recorded>";
+  const UserFrame& f = *op.user_frame;
+  std::string s = f.file.empty() ? "<unknown file>" : Printable(f.file);
+  if (f.line != 0) s += ":" + std::to_string(f.line);
+  if (!f.function.empty()) s += " in " + Printable(f.function);
+  return s;
+}
+
+std::string CulpritLabel(const Violation& v) {
+  if (v.culprit->hook) {
+    return "unpack hook `" + Printable(v.culprit->user_frame->function) + "` returned " +
+           (v.kind == ViolationKind::kSilent ? "another tensor than was saved"
+                                             : "the tensor backward failed on");
+  }
+  if (v.kind == ViolationKind::kFreed) {
+    return "backward pass #" + (v.freed_by_pass ? std::to_string(*v.freed_by_pass) : "?") +
+           " ran " + Printable(v.backward_node.name) + " and freed what it saved";
+  }
+  std::string label = OpName(*v.culprit);
+  if (!v.culprit->detail.empty()) {
+    label += " (wrote through " + Printable(v.culprit->detail) + ")";
+  }
+  if (v.kind == ViolationKind::kDetached) {
+    label += " detached it from its graph in place";
+  } else if (v.kind != ViolationKind::kSilent) {
+    label += " changed the version " + std::to_string(v.saved_version) + " -> " +
+             std::to_string(v.current_version);
+  } else if (v.evidence == SilentEvidence::kCounterReset && v.counter_reset) {
+    label += " wrote into it, and its version counter was then set back to " +
+             std::to_string(v.counter_reset->to);
+  } else if (v.evidence == SilentEvidence::kFingerprint) {
+    label += " wrote into its memory through another tensor over it";
+  } else if (v.evidence == SilentEvidence::kUncheckedSave) {
+    label += " changed it (version " + std::to_string(v.saved_version) + " -> " +
+             std::to_string(v.current_version) + "), unchecked by PyTorch";
+  } else {
+    label += " wrote into its memory through another tensor, which no counter of its follows";
+  }
+  return label;
+}
+
+std::string FixHint(const Violation& v) {
+  if (v.changed_source) {
+    return "update the parameter after backward() (an optimizer step, a weight update): backward "
+           "uses the values written since the forward";
+  }
+  switch (v.kind) {
+    case ViolationKind::kDetached:
+      return "use out-of-place .detach(), which returns a new tensor and leaves the saved one in "
+             "its graph";
+    case ViolationKind::kFreed:
+      return "pass retain_graph=True to the earlier backward() to run backward through this "
+             "graph again, or run forward again to build a new graph";
+    case ViolationKind::kUnpackHook:
+      return "make the unpack hook return a tensor of the saved one's shape, dtype and device "
+             "(PyTorch checks none of them)";
+    case ViolationKind::kCachedMutated:
+      return ".clone() the op's output before modifying it in place, or let the policy "
+             "recompute that op (CheckpointPolicy.PREFER_RECOMPUTE)";
+    default: break;
+  }
+  const bool silent = v.kind == ViolationKind::kSilent;
+  if (silent && v.evidence == SilentEvidence::kUnpackHook) {
+    return "make the unpack hook return a tensor of the saved one's dtype and shape (cast back "
+           "what the pack hook converted)";
+  }
+  if (silent && v.evidence == SilentEvidence::kCounterReset) {
+    return "do not hide an in-place write to a saved tensor by setting its version back; "
+           ".clone() it before writing into it";
+  }
+  if (silent && v.evidence == SilentEvidence::kFingerprint) {
+    return "find what writes into this memory between the two points (a raw kernel, numpy, an "
+           "extension on data_ptr); write into a .clone() instead";
+  }
+  if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
+    return "make the in-place op out of place, or .clone() the tensor before modifying it; "
+           "PyTorch will not raise for it";
+  }
+  if (silent && v.backward_node.name == "CompiledFunctionBackward") {
+    return "do not modify what the compiled call took or returned before backward: make the "
+           "in-place op out of place, or .clone() the tensor before modifying it";
+  }
+  if (silent) {
+    return "write through the tensor itself, not .data or another tensor over its memory "
+           "(DLPack, numpy()), so autograd sees it; or .clone() the tensor before writing into it";
+  }
+  const std::string name = v.culprit ? OpName(*v.culprit) : "the in-place op";
+  std::string out_of_place = name;
+  if (size_t dot = out_of_place.find('.'); dot != std::string::npos) out_of_place.resize(dot);
+  if (out_of_place.ends_with('_')) out_of_place.pop_back();
+  std::string hint = "make " + name + " out of place";
+  if (out_of_place != name) hint += " (" + out_of_place + ")";
+  return hint + ", or .clone() the tensor before modifying it";
+}
+
+}  // namespace torchrr::replayer

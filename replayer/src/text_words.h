@@ -1,0 +1,32 @@
+// The words the text outputs share: how an op and its place are named, what a culprit did, and
+// the one-line fix for a violation. text_report.cc writes the whole report with them,
+// short_verdict.cc the few lines `torchrr record` prints after the program ends. Every string from
+// the trace goes through Printable.
+#ifndef TORCHRR_REPLAYER_SRC_TEXT_WORDS_H_
+#define TORCHRR_REPLAYER_SRC_TEXT_WORDS_H_
+
+#include <string>
+
+#include "torchrr/replayer/replayer.h"
+
+namespace torchrr::replayer {
+
+// "aten::add_.Tensor"; "an unrecorded op" when the op has no name.
+std::string OpName(const OpRef& op);
+
+// "train.py:12 in forward"; "<no user frame recorded>" without a user frame.
+std::string Location(const OpRef& op);
+
+// What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
+// "aten::foo (wrote through aten::add_) wrote into its memory through another tensor, ...",
+// "aten::detach_ detached it in place", "backward pass #0 ran SigmoidBackward0 and freed what it
+// saved", "unpack hook `<lambda>` returned the tensor backward failed on". `v.culprit` is set.
+std::string CulpritLabel(const Violation& v);
+
+// The fix, by kind, in one line without its "help: ": "make aten::mul_ out of place (aten::mul),
+// or .clone() the tensor before modifying it", "use out-of-place .detach(), ...".
+std::string FixHint(const Violation& v);
+
+}  // namespace torchrr::replayer
+
+#endif  // TORCHRR_REPLAYER_SRC_TEXT_WORDS_H_
