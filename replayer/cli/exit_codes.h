@@ -23,6 +23,9 @@ inline constexpr int kExitIncomplete = 8;  // replay: the recording misses part 
 // record: the program's torch is not the one the recorder was built against (the program is not
 // run).
 inline constexpr int kExitTorchMismatch = 9;
+// replay: the trace holds no op, so it can say nothing of the run (a --steps range the run never
+// reached, a recording that ended before the program's first op).
+inline constexpr int kExitEmpty = 10;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -44,6 +47,7 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
      "replay: the recording is incomplete (the recorder stopped early or lost records)"},
     {kExitTorchMismatch,
      "record: the program's torch is not the one torchrr was built against, or unsupported"},
+    {kExitEmpty, "replay: the trace holds no op, so it says nothing of the run"},
     {kExitNotRun, "record: the program could not be run"},
 };
 
@@ -83,13 +87,15 @@ constexpr int ExitCodeFor(format::StatusCode code) {
 }
 
 // replay's exit code, the least clean of what it found: a damaged trace's code (`read_code`, from
-// ExitCodeFor) first, then an incomplete recording's, then violations; 0 only for a whole trace
-// of a whole recording with none. Violations found in a damaged or incomplete recording are
-// reported all the same; the code says the verdict covers only part of the run.
-constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations) {
+// ExitCodeFor) first, then an incomplete recording's, then violations, then a trace with no op
+// (`empty`); 0 only for a whole trace of a whole recording with ops and no violation. Violations
+// found in a damaged or incomplete recording are reported all the same; the code says the verdict
+// covers only part of the run.
+constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations, bool empty) {
   if (read_code != 0) return read_code;
   if (incomplete) return kExitIncomplete;
-  return violations ? kExitViolations : kExitOk;
+  if (violations) return kExitViolations;
+  return empty ? kExitEmpty : kExitOk;
 }
 
 }  // namespace torchrr::cli

@@ -75,7 +75,8 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
              (n != 0 ? std::to_string(n) + " violation" + (n == 1 ? "" : "s")
               : !report.unexplained_errors.empty() || report.program_error
                   ? "an error torchrr does not explain"
-                  : "no violation") +
+              : report.ops == 0 ? "no op recorded"
+                                : "no violation") +
              (code != format::StatusCode::kOk ? ", trace " + std::string(StatusName(code))
               : report.incomplete()             ? ", recording incomplete"
               : report.window()                 ? ", steps " + std::to_string(report.first_step) +
@@ -85,16 +86,18 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   const bool found = !report.violations.empty() || !report.unexplained_errors.empty() ||
                      report.program_error.has_value();
   // A window with nothing in it is no clean bill for the steps it did not keep.
-  return ReplayExitCode(read_code, report.incomplete() || (report.window() && !found), found);
+  return ReplayExitCode(read_code, report.incomplete() || (report.window() && !found), found,
+                        report.ops == 0);
 }
 
 // How unclean a replay exit code is: a damaged or unread trace, then an incomplete recording,
-// then violations.
+// then a trace with no op, then violations.
 int Severity(int exit_code) {
   if (exit_code == kExitOk) return 0;
   if (exit_code == kExitViolations) return 1;
-  if (exit_code == kExitIncomplete) return 2;
-  return 3;
+  if (exit_code == kExitEmpty) return 2;
+  if (exit_code == kExitIncomplete) return 3;
+  return 4;
 }
 
 }  // namespace

@@ -187,6 +187,7 @@ json RecordingJson(const Report& report) {
              {"window", report.window()}};
   }
   return {{"complete", !report.incomplete()},
+          {"empty", report.ops == 0},
           {"stopped", std::move(stopped)},
           {"records_lost", report.records_lost},
           {"steps", std::move(steps)}};

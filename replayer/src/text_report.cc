@@ -196,6 +196,10 @@ void TextReport::EmitSummary(const Report& report) {
   } else if (report.program_error) {
     out_ << "no saved tensor was modified, but the program raised an error that torchrr does not "
             "explain (" << counts << ")\n";
+  } else if (report.violations.empty() && report.ops == 0 && !report.incomplete()) {
+    // Nothing was recorded: no verdict, however clean the trace reads.
+    out_ << "no op was recorded: this trace says nothing of the run (a --steps range it never "
+            "reached, or a recording that ended before its first op) (" << counts << ")\n";
   } else if (report.violations.empty() && report.window() && !report.incomplete()) {
     out_ << "no saved tensor was modified in the kept steps, but the steps before them were not "
             "kept (" << counts << ")\n";

@@ -3,17 +3,20 @@ replay`, on each violation, in the JSON, and in replay's exit code (8). Never "n
 modified" as if the run had been recorded whole. The stop is injected with the hidden flag
 --fail-at-op (RecorderOptions::fail_at_op), which fails the Nth op's end as an internal error
 would. `torchrr record` clears every TORCHRR_* option variable it is not given, so the flag,
-not the variable, reaches the recorder."""
+not the variable, reaches the recorder. A trace that holds no op (a --steps range the run never
+reached) is no verdict either: replay exits 10 and says so first."""
 import json
 import subprocess
 import sys
 import textwrap
 
+import torchrr
 from conftest import cli, needs_build, record
 
 pytestmark = needs_build
 
 EXIT_INCOMPLETE = 8
+EXIT_EMPTY = 10
 
 LEGAL = textwrap.dedent("""\
     import torch
@@ -75,6 +78,42 @@ def test_stopped_recording_is_never_a_clean_verdict(tmp_path):
     assert info_json["recording"]["complete"] is False
 
 
+def test_python_replay_reports_an_incomplete_recording(tmp_path):
+    report = torchrr.replay(_record(tmp_path, LEGAL, fail_at=6))
+    assert report.exit_code == EXIT_INCOMPLETE
+    assert report.recording["complete"] is False and report.violations == []
+
+
+# The run dies at step 5 of 20; the recording keeps steps 10 and 11, which it never reaches.
+DIES_BEFORE_THE_STEPS = textwrap.dedent("""\
+    import torch
+    import torchrr
+    w = torch.ones(8, requires_grad=True)
+    for step in range(20):
+        torchrr.step()
+        y = torch.sigmoid(w * 2)
+        if step == 5:
+            y.mul_(2)
+        y.sum().backward()
+    """)
+
+
+def test_a_trace_with_no_op_is_never_a_clean_verdict(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(DIES_BEFORE_THE_STEPS)
+    trace = tmp_path / "run.trr"
+    proc = record(trace, [sys.executable, script], flags=["--steps", "10:11"])
+    assert proc.returncode == 1 and "RuntimeError" in proc.stderr, proc.stderr
+    text = _replay(trace)
+    assert text.returncode == EXIT_EMPTY, text.stdout + text.stderr
+    assert text.stdout.splitlines()[0].startswith("no op was recorded: this trace says nothing of "
+                                                  "the run"), text.stdout
+    doc = json.loads(_replay(trace, "--json").stdout)
+    assert doc["recording"]["empty"] is True and doc["ops"] == 0
+    report = torchrr.replay(trace)
+    assert report.exit_code == EXIT_EMPTY and report.recording["empty"] is True
+
+
 def test_violations_before_the_stop_are_reported_and_marked(tmp_path):
     trace = _record(tmp_path, BUG_THEN_STOP, fail_at=12)
     doc = json.loads(_replay(trace, "--json").stdout)
@@ -95,7 +134,7 @@ def test_a_whole_recording_is_complete(tmp_path):
     assert text.returncode == 0
     assert "incomplete" not in text.stdout
     assert json.loads(_replay(trace, "--json").stdout)["recording"] == {
-        "complete": True, "stopped": None, "records_lost": 0, "steps": None}
+        "complete": True, "empty": False, "stopped": None, "records_lost": 0, "steps": None}
 
 
 FAILING_BACKWARD = textwrap.dedent("""\

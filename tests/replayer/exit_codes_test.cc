@@ -24,12 +24,17 @@ TEST(ExitCodes, EveryReadStatus) {
 }
 
 TEST(ExitCodes, ReplayReportsTheLeastCleanOfWhatItFound) {
-  EXPECT_EQ(ReplayExitCode(0, false, false), 0);
-  EXPECT_EQ(ReplayExitCode(0, false, true), kExitViolations);
-  EXPECT_EQ(ReplayExitCode(0, true, false), kExitIncomplete);
-  EXPECT_EQ(ReplayExitCode(0, true, true), kExitIncomplete);
-  EXPECT_EQ(ReplayExitCode(4, false, true), 4);
-  EXPECT_EQ(ReplayExitCode(5, true, true), 5);
+  EXPECT_EQ(ReplayExitCode(0, false, false, false), 0);
+  EXPECT_EQ(ReplayExitCode(0, false, true, false), kExitViolations);
+  EXPECT_EQ(ReplayExitCode(0, true, false, false), kExitIncomplete);
+  EXPECT_EQ(ReplayExitCode(0, true, true, false), kExitIncomplete);
+  EXPECT_EQ(ReplayExitCode(4, false, true, false), 4);
+  EXPECT_EQ(ReplayExitCode(5, true, true, false), 5);
+  // A trace with no op is never a clean verdict, and never hides what else was found.
+  EXPECT_EQ(ReplayExitCode(0, false, false, true), kExitEmpty);
+  EXPECT_EQ(ReplayExitCode(0, false, true, true), kExitViolations);
+  EXPECT_EQ(ReplayExitCode(0, true, false, true), kExitIncomplete);
+  EXPECT_EQ(ReplayExitCode(4, false, false, true), 4);
 }
 
 // The README's table, as kExitCodeMeanings gives it.

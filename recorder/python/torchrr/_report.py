@@ -203,6 +203,15 @@ class Report:
     warnings: list = field(default_factory=list)
     trace: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
+    # `torchrr replay`'s exit code for this report: 0 clean, 1 violations or an unexplained error,
+    # 4 truncated, 5 corrupt, 8 an incomplete recording, 10 a trace with no op (README).
+    exit_code: int = 0
+
+    @property
+    def recording(self) -> dict:
+        """Whether the recording covers the run: ``{"complete", "empty", "stopped",
+        "records_lost", "steps"}`` (replayer/SCHEMA.md)."""
+        return dict(self.raw.get("recording") or {})
 
     @property
     def program_error(self) -> Optional[dict]:
@@ -224,7 +233,8 @@ def replay(path: str | os.PathLike) -> Report:
     """Replays the trace at ``path`` with ``torchrr replay --json`` and returns its Report.
 
     A truncated or corrupt trace still gives a Report when anything could be analysed (its
-    ``trace["status"]`` says so). Raises FileNotFoundError when ``path`` does not exist and
+    ``trace["status"]`` says so), as do an incomplete recording and a trace with no op:
+    ``report.exit_code`` and ``report.recording`` tell which. Raises FileNotFoundError when ``path`` does not exist and
     ReplayError when the trace cannot be replayed (not a trace, unreadable, newer format).
     Never imports torch.
     """
@@ -239,9 +249,12 @@ def replay(path: str | os.PathLike) -> Report:
             document = json.loads(proc.stdout)
         except json.JSONDecodeError:
             document = None
-    if proc.returncode in (0, 1, 4, 5) and isinstance(document, dict) and \
+    # Every exit code the CLI writes a report for (README, exit codes).
+    if proc.returncode in (0, 1, 4, 5, 8, 10) and isinstance(document, dict) and \
             "violations" in document:
-        return Report.from_json(document)
+        report = Report.from_json(document)
+        report.exit_code = proc.returncode
+        return report
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     message = lines[-1] if lines else f"no report (exit {proc.returncode})"
     raise ReplayError(path, proc.returncode, message)
