@@ -67,6 +67,8 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
                         {"torch", summary.has_info ? summary.info.torch_version : std::string()},
                         {"message", summary.status.message()},
                         {"warnings", summary.warnings}};
+  } else if (options.short_verdict) {
+    out << replayer::FormatShortVerdict(report, path);
   } else {
     out << replayer::FormatText(report, color);
   }
@@ -142,6 +144,10 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
       ->required();
   replay->add_flag("--json", options->json,
                    "Print one JSON document (schema: replayer/SCHEMA.md) instead of text");
+  replay->add_flag("--short", options->short_verdict,
+                   "Print only each distinct culprit and victim line with the fix, as `record` "
+                   "does after the program (nothing when there is no violation)")
+      ->excludes("--json");
   const std::map<std::string, ColorMode> colors{
       {"auto", ColorMode::kAuto}, {"always", ColorMode::kAlways}, {"never", ColorMode::kNever}};
   replay->add_option("--color", options->color, "Colour the text report: auto, always, never")

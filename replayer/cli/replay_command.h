@@ -19,6 +19,7 @@ enum class ColorMode { kAuto, kAlways, kNever };
 struct ReplayOptions {
   std::vector<std::string> paths;  // One trace, or several (one per rank).
   bool json = false;
+  bool short_verdict = false;  // The few lines `record` prints (FormatShortVerdict) instead.
   ColorMode color = ColorMode::kAuto;
 };
 

@@ -565,12 +565,14 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
     last = &b;
   }
   if (current == s.saved.saved_version && reset == nullptr) return;
-  const ObjectId changed_source = PutBack(s, base, last) ? ParameterWrittenBetween(s.save_seq, seq)
-                                                        : 0;
-  if (current != s.saved.saved_version && reset == nullptr && PutBack(s, base, last) &&
-      changed_source == 0) {
-    // No op showed the counter going back before the use (FSDP2 refills a parameter just before
-    // its node runs), and PyTorch's check passed or never looked: the saved bytes are there.
+  // The last write put back what the save kept (ContentLineage): FSDP2 refilling a parameter it
+  // freed, under a preserved counter, whether or not an op showed the counter going back before
+  // the use (the refill comes just before the node runs). PyTorch's check passed or never looked,
+  // and backward reads the saved bytes; unless a parameter was written in between, which the
+  // lineage may not follow.
+  const bool put_back = PutBack(s, base, last);
+  const ObjectId changed_source = put_back ? ParameterWrittenBetween(s.save_seq, seq) : 0;
+  if (put_back && changed_source == 0) {
     NoteRestored(base, last->op);
     return;
   }
@@ -578,12 +580,6 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
   f.changed_source = changed_source;
   f.writers = std::move(writers);
   if (current == s.saved.saved_version) {
-    // The last write put back what the save kept (ContentLineage): FSDP2 refilling a parameter it
-    // freed, under a preserved counter. Backward reads the saved bytes; PyTorch is right.
-    if (PutBack(s, base, last) && changed_source == 0) {
-      NoteRestored(base, last->op);
-      return;
-    }
     f.kind = ViolationKind::kSilent;
     f.reset = *reset;
     auto previous = state_.reset_previous_ops.find(reset->seq);

@@ -58,6 +58,24 @@ def test_record_context_manager_records_the_exception(tmp_path):
 
 
 @needs_build
+def test_the_exception_leaving_record_carries_the_verdict(tmp_path):
+    # Its traceback, printed where the program dies or in a notebook cell, ends with the lines.
+    with pytest.raises(RuntimeError, match=PYTORCH_INPLACE) as info:
+        with torchrr.record(tmp_path / "noted.trr"):
+            sigmoid_bug()
+    notes = getattr(info.value, "__notes__", [])
+    assert len(notes) == 1, notes
+    assert notes[0].startswith("torchrr: 1 violation in "), notes[0]
+    assert f"  culprit: {THIS}:{line_of('CULPRIT')} in sigmoid_bug\n" in notes[0], notes[0]
+    assert f"  victim:  {THIS}:{line_of('VICTIM')} in sigmoid_bug\n" in notes[0], notes[0]
+    # An exception the trace does not explain gets no note.
+    with pytest.raises(ValueError) as clean:
+        with torchrr.record(tmp_path / "clean.trr"):
+            raise ValueError("not about saved tensors")
+    assert not getattr(clean.value, "__notes__", [])
+
+
+@needs_build
 def test_second_recording_names_the_same_code_again(tmp_path):
     # Code objects are interned for the process; each trace must still describe them.
     for name in ("first.trr", "second.trr"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import Optional
 
 from . import _native
@@ -238,6 +239,8 @@ class Recording:
 
     Takes the same options as start(). An exception leaving the block is recorded into the
     trace (kind 1, its type name and message) before the trace is closed; it is never swallowed.
+    When the trace explains it (a violation), the verdict, each culprit and victim line with the
+    fix (``torchrr replay --short``), is added to it as a note, so its traceback ends with it.
     ``.recording`` tells whether the recorder started (it prints a warning when it did not).
     """
 
@@ -256,4 +259,19 @@ class Recording:
                 record_error(exc)
             stop()
             self.recording = False
+            if isinstance(exc, Exception):
+                _add_verdict_note(exc, self.path)
         return False
+
+
+def _add_verdict_note(exc: BaseException, path: str) -> None:
+    """Adds `torchrr replay --short`'s verdict of the trace at `path` to `exc` as a note, when it
+    has one. Whatever goes wrong here, the user's exception is left as it was."""
+    try:
+        proc = subprocess.run([_native.cli_path(), "replay", "--short", path],
+                              capture_output=True, text=True, timeout=300)
+        verdict = proc.stdout.rstrip("\n")
+        if verdict and hasattr(exc, "add_note"):  # Python 3.11+.
+            exc.add_note(verdict)
+    except Exception:  # noqa: BLE001 - never replace the exception the block raised.
+        pass
