@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -102,9 +101,10 @@ int MakeSpillDir(const std::string& dir, std::string* absolute) {
   return 0;
 }
 
-// The traces a run wrote to `output`: the file itself, or under torchrun one per rank
-// (run.trr: run.rank0.trr, run.rank1.trr, ...), named as the user named the output.
-std::vector<fs::path> WrittenTraces(const fs::path& output) {
+// The traces a run that started at `started` wrote to `output`: the file itself, or under
+// torchrun one per rank (run.trr: run.rank0.trr, run.rank1.trr, ...), named as the user named the
+// output; an earlier run's rank traces beside them are not this run's.
+std::vector<fs::path> WrittenTraces(const fs::path& output, fs::file_time_type started) {
   std::error_code ec;
   if (fs::is_regular_file(output, ec)) return {output};
   std::vector<fs::path> ranks;
@@ -115,7 +115,7 @@ std::vector<fs::path> WrittenTraces(const fs::path& output) {
     if (!name.starts_with(prefix) || !name.ends_with(".trr")) continue;
     const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - 4);
     if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (entry.is_regular_file(ec)) {
+    if (entry.is_regular_file(ec) && entry.last_write_time(ec) >= started && !ec) {
       ranks.push_back(output.has_parent_path() ? dir / name : fs::path(name));
     }
   }
@@ -129,8 +129,8 @@ constexpr uintmax_t kVerdictMaxBytes = uintmax_t{64} << 20;
 
 // After the program ended: the short verdict of each trace it wrote that holds a violation, on
 // stderr below the program's own output (replayer::FormatShortVerdict); nothing for a clean one.
-void PrintVerdicts(const std::string& output, int status) {
-  for (const fs::path& trace : WrittenTraces(output)) {
+void PrintVerdicts(const std::string& output, fs::file_time_type started, int status) {
+  for (const fs::path& trace : WrittenTraces(output, started)) {
     std::error_code ec;
     const uintmax_t size = fs::file_size(trace, ec);
     if (ec || (status == 0 && size > kVerdictMaxBytes)) continue;
@@ -192,6 +192,7 @@ int RunRecord(const RecordArgs& args) {
     }
   }
 
+  const fs::file_time_type started = fs::file_time_type::clock::now();
   const int status = RunProgram(args.command, [&] {
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
     SetOptionVariables(resolved);
@@ -209,7 +210,7 @@ int RunRecord(const RecordArgs& args) {
   if (!python && fs::exists(output)) {
     std::fprintf(stderr, "torchrr: trace written to %s\n", output.c_str());
   }
-  if (!args.quiet) PrintVerdicts(args.output, status);
+  if (!args.quiet) PrintVerdicts(args.output, started, status);
   return status;
 }
 
