@@ -43,13 +43,13 @@ bool MakesFreshBytes(std::string_view name) {
   return false;
 }
 
-void AddValue(const AnalysisState& state, const format::Value& v, std::vector<uint64_t>& words) {
+// `text_hash`: the hash of v.s's text (ContentLineage::TraitsOf).
+void AddValue(const format::Value& v, uint64_t text_hash, std::vector<uint64_t>& words) {
   words.push_back((uint64_t{v.position} << 8) | static_cast<uint8_t>(v.kind));
   words.push_back(static_cast<uint64_t>(v.i));
   words.push_back(std::bit_cast<uint64_t>(v.d));
   words.push_back(std::bit_cast<uint64_t>(v.d_imag));
-  const std::string& text = state.Str(v.s);
-  words.push_back(XXH3_64bits(text.data(), text.size()));
+  words.push_back(text_hash);
   words.push_back(v.ints.size());
   for (int64_t i : v.ints) words.push_back(static_cast<uint64_t>(i));
   words.push_back(v.doubles.size());
@@ -159,7 +159,7 @@ void ContentLineage::OnOp(const format::OpRecord& r) {
   scratch_.push_back(name.hash);
   scratch_.push_back(TraitsOf(r.overload).hash);
   if (name.fresh) scratch_.push_back(r.op);
-  for (const auto& value : r.values) AddValue(state_, value, scratch_);
+  for (const auto& value : r.values) AddValue(value, TraitsOf(value.s).hash, scratch_);
   for (ObjectId storage : read_storages_) {
     // An argument that is also written was read before the write: its lineage goes in below.
     if (!Contains(written_storages_, storage)) scratch_.push_back(Of(storage));

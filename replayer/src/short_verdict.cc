@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "source_files.h"
 #include "text_words.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
@@ -29,20 +30,16 @@ PlaceKey KeyOf(const Violation& v) {
   return {culprit_file, culprit_line, victim_file, victim_line, static_cast<int>(v.kind)};
 }
 
-// "       12 | y.mul_(2)" (indentation dropped) from the source the trace carries; "" when it has
-// none.
-std::string CodeLine(const Report& report, const std::optional<OpRef>& op) {
+// "       12 | y.mul_(2)" (indentation dropped), the line the full report would quote (SourceCache);
+// "" when there is none.
+std::string CodeLine(SourceCache& sources, const std::optional<OpRef>& op) {
   if (!op || !op->user_frame) return "";
-  auto file = report.sources.find(op->user_frame->file);
-  if (file == report.sources.end()) return "";
-  auto line = file->second.text.find(op->user_frame->line);
-  if (line == file->second.text.end()) return "";
-  const std::string& code = line->second;
-  const size_t start = code.find_first_not_of(" \t");
-  if (start == std::string::npos) return "";
+  const std::string* line = sources.Line(op->user_frame->file, op->user_frame->line);
+  const std::string code = line == nullptr ? "" : Unindented(*line);
+  if (code.empty()) return "";
   std::string number = std::to_string(op->user_frame->line);
   return "    " + std::string(number.size() < 5 ? 5 - number.size() : 0, ' ') + number + " | " +
-         Printable(code.substr(start)) + "\n";
+         code + "\n";
 }
 
 }  // namespace
@@ -59,6 +56,7 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
   }
   const std::string shown = Printable(trace);
   const size_t n = report.violations.size();
+  SourceCache sources(&report.sources);
   std::ostringstream out;
   out << "torchrr: " << n << " violation" << (n == 1 ? "" : "s") << " in " << shown;
   if (report.violations.front().pytorch_raised) out << "; the first is the error PyTorch raised";
@@ -68,16 +66,16 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
     const auto& [v, count] = places[order[i]];
     if (v->culprit) {
       out << "  culprit: " << Location(*v->culprit) << "\n"
-          << CodeLine(report, v->culprit) << "           " << CulpritLabel(*v) << "\n";
+          << CodeLine(sources, v->culprit) << "           " << CulpritLabel(*v) << "\n";
     } else {
       out << "  culprit: not recorded (the write happened outside any recorded op)\n";
     }
     if (v->changed_source) {
       out << "  values from: " << Location(*v->changed_source) << "\n"
-          << CodeLine(report, v->changed_source);
+          << CodeLine(sources, v->changed_source);
     }
     if (v->victim) {
-      out << "  victim:  " << Location(*v->victim) << "\n" << CodeLine(report, v->victim);
+      out << "  victim:  " << Location(*v->victim) << "\n" << CodeLine(sources, v->victim);
     }
     out << "  help: " << FixHint(*v) << "\n";
     if (count > 1) out << "  (" << count << " times)\n";

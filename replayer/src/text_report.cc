@@ -229,8 +229,7 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   if (line == nullptr) return false;
   std::string number = std::to_string(op.user_frame->line);
   std::string pad(number.size(), ' ');
-  size_t indent = line->find_first_not_of(" \t");
-  std::string code = indent == std::string::npos ? "" : Printable(line->substr(indent));
+  const std::string code = Unindented(*line);
   out_ << pad << " " << p_.Gutter("|") << "\n";
   out_ << p_.Gutter(number + " |") << "     " << code << "\n";
   out_ << pad << " " << p_.Gutter("|") << "     "

@@ -19,6 +19,11 @@ std::string Location(const OpRef& op) {
   return s;
 }
 
+std::string Unindented(const std::string& line) {
+  const size_t indent = line.find_first_not_of(" \t");
+  return indent == std::string::npos ? "" : Printable(line.substr(indent));
+}
+
 std::string CulpritLabel(const Violation& v) {
   if (v.culprit->hook) {
     return "unpack hook `" + Printable(v.culprit->user_frame->function) + "` returned " +

@@ -17,6 +17,9 @@ std::string OpName(const OpRef& op);
 // "train.py:12 in forward"; "<no user frame recorded>" without a user frame.
 std::string Location(const OpRef& op);
 
+// A quoted source line without its indentation, printable; "" for a blank line.
+std::string Unindented(const std::string& line);
+
 // What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
 // "aten::foo (wrote through aten::add_) wrote into its memory through another tensor, ...",
 // "aten::detach_ detached it in place", "backward pass #0 ran SigmoidBackward0 and freed what it
