@@ -162,7 +162,7 @@ def main():
         sigmoid = [k for k in kernels if "aten::sigmoid" in ancestors(k["op"])]
         attributed = [k for k in kernels if k["op"] != 0]
         check("CUPTI kernels recorded with grid, block and times",
-              all(k["end_ns"] >= k["start_ns"] > 0 and k["grid"]["x"] > 0 for k in kernels),
+              all(k["end_ns"] >= k["start_ns"] > 0 and k["grid"][0] > 0 for k in kernels),
               json.dumps(kernels[:2]))
         check("the sigmoid's kernel is attributed to aten::sigmoid", bool(sigmoid),
               [(strings.get(k["name"]), ancestors(k["op"])[:2]) for k in kernels[:8]])

@@ -183,17 +183,22 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
   }
   // Outside mu_: hashing saved bytes (on CUDA, a kernel and a wait) blocks no other thread.
   if (frame && !ts.fingerprints.empty()) {
-    fingerprints_.Take(ts, cuda_tracer_.get(), frame->before);
+    fingerprints_.Take(ts, cuda_tracer(), frame->before);
   }
   // Last: CUDA work launched from here on is this op's.
-  if (frame && cuda_tracer_) cuda_tracer_->PushOp(frame->op.op);
+  if (frame && cuda_wanted_) {
+    MaybeStartCudaTracer(InputsOf(fn));
+    if (CudaActivityTracer* cuda = cuda_tracer()) cuda->PushOp(frame->op.op);
+  }
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (!frame) return nullptr;
   return OpHandle::Make(ts, std::move(frame));
 }
 
 bool Session::EndOnThread(OpFrame& frame, ThreadState& ts) {
-  if (cuda_tracer_ && !frame.deferred) cuda_tracer_->PopOp();  // A deferred wrapper pushed none.
+  if (CudaActivityTracer* cuda = cuda_tracer(); cuda && !frame.deferred) {
+    cuda->PopOp();  // A deferred wrapper pushed none; one begun before CUPTI started, neither.
+  }
   const format::OpRecord& op = frame.op;
   if (!ts.op_stack.empty() && ts.op_stack.back() == op.op) {
     ts.op_stack.pop_back();
@@ -301,11 +306,11 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   ops_recorded_.fetch_add(1, std::memory_order_relaxed);
   // Outside mu_ (hashing bytes blocks no other thread); after the NodeRecords they name.
   if (!ts.fingerprints.empty()) {
-    fingerprints_.Take(ts, cuda_tracer_.get(), group);
+    fingerprints_.Take(ts, cuda_tracer(), group);
     std::lock_guard<std::mutex> lock(mu_);
     if (!group.empty()) PushGroupLocked(group);
   }
-  if (cuda_tracer_) MaybeFlushCuda();
+  if (cuda_tracer()) MaybeFlushCuda();
 }
 
 void Session::OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts) {

@@ -71,8 +71,9 @@ std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std
   session->interner_.emplace(*session->sink_);
   session->graph_.emplace(*session->interner_, session->ids_, session->fingerprints_);
 
-  session->StartCudaTracer();
-  session->last_cuda_flush_ns_.store(NowNs(), std::memory_order_relaxed);
+  session->cuda_wanted_ =
+      session->options_.cuda_kernels && c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) &&
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0;
   session->recording_.store(true, std::memory_order_release);
   g_active = session;
   g_active_raw.store(session.get(), std::memory_order_release);
@@ -104,13 +105,13 @@ void Session::Stop() {
     return;
   }
   std::call_once(stop_once_, [this] {
-    recording_.store(false, std::memory_order_release);
+    const bool was_recording = recording_.exchange(false, std::memory_order_acq_rel);
     if (callback_handle_ != 0) at::removeCallback(callback_handle_);
     FollowCheckpointInputs(false);  // Takes no lock, not the GIL.
     FollowFunctionNodes(false);
     // Callbacks that were already running finish before the tables and the sink go away.
     while (in_flight_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
-    if (cuda_tracer_) {
+    if (CudaActivityTracer* cuda_tracer = this->cuda_tracer()) {
       // Kernels still running have no end time yet: wait for them, unless this is the terminate
       // handler (a failed device could hang it).
       if (std::uncaught_exceptions() == 0) {
@@ -120,8 +121,12 @@ void Session::Stop() {
         } catch (const std::exception&) {
         }
       }
-      cuda_tracer_->Stop();  // Delivers the rest through cuda_sink_, which pushes to sink_.
-      cuda_tracer_.reset();
+      // The kernels of a run shorter than a flush period all arrive here: they belong to the
+      // trace unless recording had already stopped for a failure.
+      draining_cuda_.store(was_recording, std::memory_order_release);
+      cuda_tracer->Stop();  // Delivers the rest through cuda_sink_, which pushes to sink_.
+      cuda_tracer_.store(nullptr, std::memory_order_release);
+      cuda_tracer_owner_.reset();
     }
     if (sink_) {
       {

@@ -139,8 +139,12 @@ class Session {
 
   // CUDA work from CUPTI: interned and pushed as groups of their own.
   class CudaSink;
+  // CUPTI starts at the first op that touches a CUDA device: a run on the CPU of a machine with a
+  // GPU never loads it, and pays nothing for it.
+  void MaybeStartCudaTracer(c10::ArrayRef<const c10::IValue> inputs);
   void StartCudaTracer();
   void MaybeFlushCuda();
+  CudaActivityTracer* cuda_tracer() const { return cuda_tracer_.load(std::memory_order_acquire); }
 
   const RecorderOptions options_;
   const pid_t pid_;  // The recording process's; another is a forked child.
@@ -152,8 +156,13 @@ class Session {
   std::atomic<bool> recording_{false};
   SavedFingerprints fingerprints_;  // options_.verify_saved until a fingerprint fails.
   std::unique_ptr<CudaActivityTracer::Sink> cuda_sink_;  // A CudaSink (session_cuda.cc).
-  // Set before the callbacks are registered, reset after they are gone: read without a lock.
-  std::unique_ptr<CudaActivityTracer> cuda_tracer_;
+  std::atomic<bool> draining_cuda_{false};  // Stop() takes CUPTI's last delivery.
+  // cuda_tracer_ is set once, from inside an op (counted in in_flight_), and reset by Stop() after
+  // the callbacks are gone: read without a lock.
+  bool cuda_wanted_ = false;  // Set before the callbacks are registered.
+  std::once_flag cuda_start_once_;
+  std::unique_ptr<CudaActivityTracer> cuda_tracer_owner_;
+  std::atomic<CudaActivityTracer*> cuda_tracer_{nullptr};
   std::atomic<int64_t> last_cuda_flush_ns_{0};
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> ops_recorded_{0};

@@ -33,7 +33,8 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
     group_.Add(format::DataLossRecord{records, 0, now, now, std::string(reason)});
   }
   void OnDeliveryEnd() override {
-    if (!group_.empty() && session_->recording()) {
+    if (!group_.empty() &&
+        (session_->recording() || session_->draining_cuda_.load(std::memory_order_acquire))) {
       std::lock_guard<std::mutex> lock(session_->mu_);
       session_->PushGroupLocked(group_);
     }
@@ -45,20 +46,47 @@ class Session::CudaSink : public CudaActivityTracer::Sink {
   EncodedRecords group_;  // CUPTI delivery only.
 };
 
-void Session::StartCudaTracer() {
-  if (!options_.cuda_kernels || !c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) ||
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() <= 0) {
-    return;  // No CUDA device: nothing to trace, and nothing to warn about.
+namespace {
+
+bool TouchesCuda(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor().is_cuda();
+  if (value.isDevice()) return value.toDevice().is_cuda();
+  if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorVector()) {
+      if (t.is_cuda()) return true;
+    }
   }
+  return false;
+}
+
+}  // namespace
+
+void Session::MaybeStartCudaTracer(c10::ArrayRef<const c10::IValue> inputs) {
+  if (cuda_tracer() != nullptr) return;
+  bool cuda = false;
+  for (const c10::IValue& input : inputs) {
+    if (TouchesCuda(input)) {
+      cuda = true;
+      break;
+    }
+  }
+  // A .cuda() or a factory with device="cuda" names the device; its kernels come after this.
+  if (cuda && recording()) std::call_once(cuda_start_once_, [this] { StartCudaTracer(); });
+}
+
+void Session::StartCudaTracer() {
   CuptiApi api;
   std::string why_not;
   cuda_sink_ = std::make_unique<CudaSink>(this);
   if (LoadCupti(&api, &why_not)) {
-    cuda_tracer_ = CudaActivityTracer::Start(api, cuda_sink_.get(), &NowNs, &why_not);
+    cuda_tracer_owner_ = CudaActivityTracer::Start(api, cuda_sink_.get(), &NowNs, &why_not);
   }
-  if (!cuda_tracer_) {
+  if (!cuda_tracer_owner_) {
     std::fprintf(stderr, "torchrr: warning: CUDA kernels not recorded: %s\n", why_not.c_str());
+    return;
   }
+  last_cuda_flush_ns_.store(NowNs(), std::memory_order_relaxed);
+  cuda_tracer_.store(cuda_tracer_owner_.get(), std::memory_order_release);
 }
 
 // CUPTI hands over full buffers on its own; a flush about once a second keeps a crashed run's
@@ -68,7 +96,7 @@ void Session::MaybeFlushCuda() {
   int64_t last = last_cuda_flush_ns_.load(std::memory_order_relaxed);
   if (now - last < 1'000'000'000) return;
   if (!last_cuda_flush_ns_.compare_exchange_strong(last, now)) return;
-  cuda_tracer_->Flush();
+  if (CudaActivityTracer* cuda = cuda_tracer()) cuda->Flush();
 }
 
 }  // namespace torchrr::recorder
