@@ -1,5 +1,7 @@
 #include "byte_sinks.h"
 
+#include "container.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -38,7 +40,29 @@ Status NotARegularFile(const std::string& path, mode_t mode) {
 // a reader came); O_NONBLOCK makes a FIFO put there after that stat fail (ENXIO) instead of
 // blocking, and fstat after open refuses whatever it opened that is not a regular file. A file
 // system without flock (EINVAL, ENOLCK, EOPNOTSUPP) writes unlocked.
-StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create) {
+// Unless `replace_any_file`, a file that is neither empty nor a trace (its first bytes are not the
+// file magic) is refused with kInvalidArgument: it is the program's, not an old trace.
+// Whether the regular file at `path` (`st` its fstat through the writer's descriptor) starts as
+// a trace: read through a descriptor of its own (the writer's is write-only), the same file.
+Status CheckIsTrace(const std::string& path, const struct stat& st) {
+  uint8_t head[sizeof(kFileMagic)] = {};
+  ssize_t n = -1;
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd >= 0) {
+    struct stat again;
+    if (::fstat(fd, &again) == 0 && again.st_dev == st.st_dev && again.st_ino == st.st_ino) {
+      n = ::pread(fd, head, sizeof(head), 0);
+    }
+    ::close(fd);
+  }
+  const bool trace = n >= 0 && static_cast<size_t>(n) == sizeof(head) &&
+                     std::memcmp(head, kFileMagic, sizeof(head)) == 0;
+  if (trace) return Status::Ok();
+  return Status(StatusCode::kInvalidArgument,
+                path + " " + std::string(TraceWriter::kNotReplacedSuffix));
+}
+
+StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create, bool replace_any_file) {
   if (path.empty()) return Status(StatusCode::kInvalidArgument, "no trace path given (empty)");
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -60,6 +84,12 @@ StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create) {
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return NotARegularFile(path, st.st_mode);
+  }
+  if (!replace_any_file && st.st_size > 0) {
+    if (Status trace = CheckIsTrace(path, st); !trace.ok()) {
+      ::close(fd);
+      return trace;
+    }
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
     ::close(fd);
@@ -109,7 +139,7 @@ Status FileSink::TakeDescriptorBack() {
   const std::string lost = path_ + ": the program closed the trace's descriptor (" +
                            std::to_string(fd_) + "); nothing more is written: ";
   fd_ = -1;
-  StatusOr<int> fd = OpenLockedRegularFile(path_, /*create=*/false);
+  StatusOr<int> fd = OpenLockedRegularFile(path_, /*create=*/false, /*replace_any_file=*/true);
   if (!fd.ok()) return Status(StatusCode::kIoError, lost + fd.status().message());
   struct stat st;
   if (::fstat(fd.value(), &st) != 0 || st.st_dev != device_ || st.st_ino != inode_) {
@@ -125,8 +155,9 @@ Status FileSink::TakeDescriptorBack() {
   return Status::Ok();
 }
 
-StatusOr<std::unique_ptr<FileSink>> FileSink::Open(const std::string& path) {
-  StatusOr<int> fd = OpenLockedRegularFile(path, /*create=*/true);
+StatusOr<std::unique_ptr<FileSink>> FileSink::Open(const std::string& path,
+                                                   bool replace_any_file) {
+  StatusOr<int> fd = OpenLockedRegularFile(path, /*create=*/true, replace_any_file);
   if (!fd.ok()) return fd.status();
   // Truncated only under the lock: a second recording to the path never empties the first's.
   if (::ftruncate(fd.value(), 0) != 0) {
@@ -137,8 +168,8 @@ StatusOr<std::unique_ptr<FileSink>> FileSink::Open(const std::string& path) {
   return std::unique_ptr<FileSink>(new FileSink(fd.value(), path));
 }
 
-Status FileSink::CheckPath(const std::string& path) {
-  if (path.empty()) return OpenLockedRegularFile(path, false).status();
+Status FileSink::CheckPath(const std::string& path, bool replace_any_file) {
+  if (path.empty()) return OpenLockedRegularFile(path, false, replace_any_file).status();
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) return Status(StatusCode::kIoError, path + ": " + std::strerror(errno));
@@ -151,7 +182,7 @@ Status FileSink::CheckPath(const std::string& path) {
     }
     return Status::Ok();
   }
-  StatusOr<int> fd = OpenLockedRegularFile(path, /*create=*/false);
+  StatusOr<int> fd = OpenLockedRegularFile(path, /*create=*/false, replace_any_file);
   if (!fd.ok()) return fd.status();
   ::close(fd.value());
   return Status::Ok();

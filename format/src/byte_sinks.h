@@ -26,9 +26,9 @@ class FileSink : public ByteSink {
   // Creates or truncates `path`, a regular file, and holds an exclusive flock on it until Close,
   // so that a second writer of the same path fails instead of truncating this one's file.
   // Errors as TraceWriter::Open says.
-  static StatusOr<std::unique_ptr<FileSink>> Open(const std::string& path);
+  static StatusOr<std::unique_ptr<FileSink>> Open(const std::string& path, bool replace_any_file);
   // TraceWriter::CheckPath.
-  static Status CheckPath(const std::string& path);
+  static Status CheckPath(const std::string& path, bool replace_any_file);
   ~FileSink() override;
 
   Status Write(const void* data, size_t size) override;

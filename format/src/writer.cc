@@ -183,12 +183,14 @@ TraceWriter::~TraceWriter() {
 StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path,
                                                          const FileInfo& info,
                                                          const WriterOptions& options) {
-  StatusOr<std::unique_ptr<FileSink>> sink = FileSink::Open(path);
+  StatusOr<std::unique_ptr<FileSink>> sink = FileSink::Open(path, options.replace_any_file);
   if (!sink.ok()) return sink.status();
   return Create(std::move(sink.value()), info, options);
 }
 
-Status TraceWriter::CheckPath(const std::string& path) { return FileSink::CheckPath(path); }
+Status TraceWriter::CheckPath(const std::string& path, bool replace_any_file) {
+  return FileSink::CheckPath(path, replace_any_file);
+}
 
 StatusOr<std::unique_ptr<TraceWriter>> TraceWriter::Create(std::unique_ptr<ByteSink> sink,
                                                            const FileInfo& info,

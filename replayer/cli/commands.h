@@ -4,6 +4,8 @@
 #define TORCHRR_REPLAYER_CLI_COMMANDS_H_
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -30,6 +32,29 @@ using format::JsonText;
 // A verb that reads `trace` twice and writes `output` must not truncate the trace before its
 // second read: returns kExitUsage after one error line when both name the same file, else 0.
 int RefuseOverwrite(const std::string& trace, const std::string& output);
+
+// Refuses, with one line, a trace output that TraceWriter::Open would refuse (empty, a FIFO, a
+// directory, a device, a link, an existing file that is not a trace unless `replace_any_file`:
+// kExitUsage, the message naming --force where that is the reason) or cannot open now (another
+// recording holds it, its directory takes no new file: kExitOther). Returns 0 when it can.
+int CheckTraceOutput(const std::string& output, bool replace_any_file);
+
+// Opens `output` for a verb that writes a file made from a trace (report's page, export's JSON)
+// as the recorder opens a trace: never through a link (O_NOFOLLOW), never a FIFO, device or
+// directory (a stat first, O_NONBLOCK, an fstat after), and never over an existing file that does
+// not start with `own_prefix`, what the verb itself writes, unless `force`. Returns the
+// descriptor (blocking, O_CLOEXEC), or -1 after one error line with *exit_code set: kExitUsage
+// for a refusal, kExitOther when the open failed.
+int OpenOutputFile(const std::string& output, std::string_view own_prefix, bool force,
+                   int* exit_code);
+// OpenOutputFile's refusals alone, before a verb does its work: 0, or -1 after the error line.
+// Creates and opens nothing.
+int CheckOutputFile(const std::string& output, std::string_view own_prefix, bool force,
+                    int* exit_code);
+
+// --source-root DIR (repeatable): where a report may read this machine's source files for code
+// the trace does not carry (replayer::SetLocalSourceRoots); without it, the working directory.
+void AddSourceRootOption(CLI::App& command, std::vector<std::string>* roots);
 
 // Prints what the read found on stderr, one line each ("torchrr: warning: run.trr: truncated
 // after chunk 3"; "torchrr: error: ..." when nothing could be read) and returns the exit code.

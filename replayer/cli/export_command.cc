@@ -1,7 +1,8 @@
 // `torchrr export --chrome-trace FILE -o OUT.json`: the trace as a Chrome Trace Event file for
 // Perfetto's UI and chrome://tracing (chrome_trace.h says what becomes what).
 #include <cstdio>
-#include <fstream>
+#include <ext/stdio_filebuf.h>
+#include <ostream>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,7 @@ struct ExportOptions {
   std::string path;
   std::string output;
   bool chrome_trace = false;
+  bool force = false;
 };
 
 int RunExport(const ExportOptions& options) {
@@ -25,6 +27,10 @@ int RunExport(const ExportOptions& options) {
     return kExitUsage;
   }
   if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  int refused = 0;
+  if (CheckOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused) != 0) {
+    return refused;
+  }
   // Pass 1: the analysis and what the events need to know ahead (chrome_trace.h).
   replayer::Analyzer analyzer;
   replayer::ChromeTracePlan plan;
@@ -36,16 +42,16 @@ int RunExport(const ExportOptions& options) {
   if (NothingToWrite(rc)) return rc;
   replayer::Report report = FinishAnalysis(analyzer, summary);
 
-  std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    std::fprintf(stderr, "torchrr: error: %s: cannot write\n",
-                 replayer::Printable(options.output).c_str());
-    return kExitOther;
-  }
+  const int fd =
+      OpenOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused);
+  if (fd < 0) return refused;
+  __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
+  std::ostream out(&file);
   replayer::ChromeTraceWriter writer(out, plan, report, summary.info);
   (void)format::ReadTraceFile(options.path, [&](const format::Record& r) { writer.Add(r); });
   writer.Finish();
-  if (!out) {
+  out.flush();
+  if (!out || file.close() == nullptr) {
     std::fprintf(stderr, "torchrr: error: %s: write failed\n",
                  replayer::Printable(options.output).c_str());
     return kExitOther;
@@ -66,6 +72,8 @@ void RegisterExportCommand(CLI::App& app, int* exit_code) {
                  "backward nodes, CUDA kernels, violations")
       ->required();
   command->add_option("-o,--output", options->output, "Output file (.json)")->required();
+  command->add_flag("--force", options->force,
+                    "Replace the output even when it is a file this verb did not write");
   command->callback([options, exit_code] { *exit_code = RunExport(*options); });
 }
 

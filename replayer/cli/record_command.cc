@@ -72,16 +72,6 @@ void PrependEnv(const char* name, const std::string& value, char separator) {
   setenv(name, joined.c_str(), 1);
 }
 
-// Refuses, with one line, an output the recorder could never write (empty, a FIFO, a directory,
-// a device: kExitUsage) or cannot write now (another recording holds it, its directory takes no
-// new file: 7), before the program runs. The recorder checks again when it opens the file.
-int CheckOutput(const std::string& output) {
-  format::Status usable = format::TraceWriter::CheckPath(output);
-  if (usable.ok()) return 0;
-  std::fprintf(stderr, "torchrr: error: %s\n", usable.message().c_str());
-  return usable.code() == format::StatusCode::kInvalidArgument ? kExitUsage : kExitOther;
-}
-
 // --spill DIR: made if missing, and named absolutely in *absolute. Refuses, with one line, a DIR
 // that is something else (kExitUsage) or cannot be made (7).
 int MakeSpillDir(const std::string& dir, std::string* absolute) {
@@ -101,26 +91,45 @@ int MakeSpillDir(const std::string& dir, std::string* absolute) {
   return 0;
 }
 
-// The traces a run that started at `started` wrote to `output`: the file itself, or under
-// torchrun one per rank (run.trr: run.rank0.trr, run.rank1.trr, ...), named as the user named the
-// output; an earlier run's rank traces beside them are not this run's.
+// Whether `middle` (of STEM.middle.trr) names a trace a run writes beside STEM.trr: rankN (one per
+// rank under torchrun), execN (the image an exec started), execN.rankM.
+bool IsSiblingTrace(std::string_view middle) {
+  auto numbered = [](std::string_view part, std::string_view word) {
+    return part.size() > word.size() && part.starts_with(word) &&
+           part.find_first_not_of("0123456789", word.size()) == std::string_view::npos;
+  };
+  const size_t dot = middle.find('.');
+  if (dot == std::string_view::npos) return numbered(middle, "rank") || numbered(middle, "exec");
+  return numbered(middle.substr(0, dot), "exec") && numbered(middle.substr(dot + 1), "rank");
+}
+
+// The traces a run that started at `started` wrote for `output`: the file itself, one per rank
+// under torchrun (run.trr: run.rank0.trr, run.rank1.trr, ...), and one per exec'd image
+// (run.exec1.trr), named as the user named the output; earlier runs' beside them are not this
+// run's.
 std::vector<fs::path> WrittenTraces(const fs::path& output, fs::file_time_type started) {
   std::error_code ec;
-  if (fs::is_regular_file(output, ec)) return {output};
-  std::vector<fs::path> ranks;
+  std::vector<fs::path> traces;
+  if (fs::is_regular_file(output, ec)) traces.push_back(output);
+  std::vector<fs::path> siblings;
   const fs::path dir = output.has_parent_path() ? output.parent_path() : fs::path(".");
-  const std::string prefix = output.stem().string() + ".rank";
+  const std::string prefix = output.stem().string() + ".";
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix) || !name.ends_with(".trr")) continue;
-    const std::string rank = name.substr(prefix.size(), name.size() - prefix.size() - 4);
-    if (rank.empty() || rank.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (name.size() <= prefix.size() + 4 || !name.starts_with(prefix) || !name.ends_with(".trr")) {
+      continue;
+    }
+    if (!IsSiblingTrace(std::string_view(name).substr(prefix.size(),
+                                                      name.size() - prefix.size() - 4))) {
+      continue;
+    }
     if (entry.is_regular_file(ec) && entry.last_write_time(ec) >= started && !ec) {
-      ranks.push_back(output.has_parent_path() ? dir / name : fs::path(name));
+      siblings.push_back(output.has_parent_path() ? dir / name : fs::path(name));
     }
   }
-  std::sort(ranks.begin(), ranks.end());
-  return ranks;
+  std::sort(siblings.begin(), siblings.end());
+  traces.insert(traces.end(), siblings.begin(), siblings.end());
+  return traces;
 }
 
 // A clean run's trace larger than this is not replayed after the program ends (a whole long run
@@ -155,7 +164,9 @@ int RunRecord(const RecordArgs& args) {
   fs::path site_dir = dirs.package / "_sitecustomize";
   fs::path output = fs::absolute(args.output, ec);
 
-  if (int refused = CheckOutput(output.string())) return refused;
+  const bool replace = args.options.contains(FindRecordingOption("replace_output"));
+  // Before the program runs; the recorder checks again when it opens the file.
+  if (int refused = CheckTraceOutput(output.string(), replace)) return refused;
   RecordArgs resolved = args;
   if (auto spill = resolved.options.find(FindRecordingOption("spill"));
       spill != resolved.options.end()) {
@@ -195,6 +206,9 @@ int RunRecord(const RecordArgs& args) {
   const fs::file_time_type started = fs::file_time_type::clock::now();
   const int status = RunProgram(args.command, [&] {
     setenv("TORCHRR_OUTPUT", output.c_str(), 1);
+    // Left by a recorded program this one may run under: the first image of this run is FILE.
+    unsetenv("TORCHRR_EXEC_BASE");
+    unsetenv("TORCHRR_EXEC_COUNT");
     SetOptionVariables(resolved);
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');

@@ -21,6 +21,7 @@ struct RedactOptions {
   std::vector<std::string> maps;  // OLD=NEW
   bool drop_values = false;
   bool drop_source = false;
+  bool force = false;
 };
 
 int Fail(int code, const std::string& message) {
@@ -40,6 +41,7 @@ int RunRedact(const RedactOptions& options) {
     redaction.maps.emplace_back(map.substr(0, eq), map.substr(eq + 1));
   }
   if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  if (int rc = CheckTraceOutput(options.output, options.force); rc != 0) return rc;
   // Pass 1: the names to redact, and whether the trace can be read at all.
   format::ReadSummary summary =
       format::ReadTraceFile(options.path, [&](const format::Record& r) { redaction.FindNames(r); });
@@ -51,7 +53,9 @@ int RunRedact(const RedactOptions& options) {
 
   format::FileInfo info = summary.info;
   redaction.ApplyTo(info);
-  auto writer = format::TraceWriter::Open(options.output, info);
+  format::WriterOptions writer_options;
+  writer_options.replace_any_file = options.force;
+  auto writer = format::TraceWriter::Open(options.output, info, writer_options);
   if (!writer.ok()) {
     return Fail(7, replayer::Printable(writer.status().message()));
   }
@@ -100,6 +104,8 @@ void RegisterRedactCommand(CLI::App& app, int* exit_code) {
   command->add_flag("--drop-source", options->drop_source,
                     "Drop the source code the trace carries (the replay then quotes code only "
                     "where the files are at hand)");
+  command->add_flag("--force", options->force,
+                    "Replace the output even when it is an existing file that is not a trace");
   command->callback([options, exit_code] { *exit_code = RunRedact(*options); });
 }
 

@@ -108,6 +108,7 @@ int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_termi
   const bool color = options.color == ColorMode::kAlways ||
                      (options.color == ColorMode::kAuto && out_is_terminal);
   const bool several = options.paths.size() > 1;
+  replayer::SetLocalSourceRoots(options.source_roots);
   int exit_code = 0;
   nlohmann::json traces = nlohmann::json::array();
   std::vector<std::string> verdicts;
@@ -152,6 +153,7 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
       {"auto", ColorMode::kAuto}, {"always", ColorMode::kAlways}, {"never", ColorMode::kNever}};
   replay->add_option("--color", options->color, "Colour the text report: auto, always, never")
       ->transform(CLI::CheckedTransformer(colors, CLI::ignore_case));
+  AddSourceRootOption(*replay, &options->source_roots);
   replay->callback([options, exit_code] {
     *exit_code = RunReplay(*options, std::cout, isatty(STDOUT_FILENO) != 0);
   });

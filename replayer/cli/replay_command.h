@@ -21,6 +21,7 @@ struct ReplayOptions {
   bool json = false;
   bool short_verdict = false;  // The few lines `record` prints (FormatShortVerdict) instead.
   ColorMode color = ColorMode::kAuto;
+  std::vector<std::string> source_roots;  // replayer::SetLocalSourceRoots; empty: the cwd.
 };
 
 // Reads each trace of options.paths (streaming: records are analysed as they are read, not kept),

@@ -1,9 +1,15 @@
 // `torchrr report FILE -o report.html`: the replay's verdicts as one self-contained HTML page
 // (html_report.h) with the step's timeline and the autograd graph around each violation.
 #include <cstdio>
-#include <fstream>
+#include <ext/stdio_filebuf.h>
+#include <ostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "torchrr/replayer/autograd_graph.h"
 #include "commands.h"
@@ -20,10 +26,31 @@ namespace {
 struct ReportOptions {
   std::string path;
   std::string output;
+  bool force = false;
+  std::vector<std::string> source_roots;
 };
+
+// Graphs a page draws at most (each is a run of dot, up to its time limit).
+constexpr size_t kMaxGraphs = 20;
+
+// What makes two violations one site for the graphs: their kind, backward node, culprit and victim
+// lines.
+std::string SiteOf(const replayer::Violation& v) {
+  auto line = [](const std::optional<replayer::OpRef>& op) {
+    return op && op->user_frame ? op->user_frame->file + ":" + std::to_string(op->user_frame->line)
+                                : std::string();
+  };
+  return fmt::format("{}\n{}\n{}\n{}", static_cast<int>(v.kind), v.backward_node.name,
+                     line(v.culprit), line(v.victim));
+}
 
 int RunReport(const ReportOptions& options) {
   if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  replayer::SetLocalSourceRoots(options.source_roots);
+  int refused = 0;
+  if (CheckOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused) != 0) {
+    return refused;
+  }
   // Pass 1: the analysis, which says what the drawings mark.
   replayer::Analyzer analyzer;
   format::ReadSummary summary =
@@ -47,22 +74,44 @@ int RunReport(const ReportOptions& options) {
   parts.summary = &summary;
   parts.report = &report;
   parts.timeline_svg = timeline.Svg();
-  for (const replayer::Violation& v : report.violations) {
-    if (!parts.graph_problem.empty()) break;
+  // One graph per distinct site (the same node, culprit and victim lines): a loop repeats its
+  // violation each step, and each drawing is a run of dot. At most kMaxGraphs of them.
+  std::map<std::string, size_t> drawn;  // Site -> the violation whose graph stands for it.
+  for (size_t i = 0; i < report.violations.size(); ++i) {
+    const replayer::Violation& v = report.violations[i];
+    parts.graph_svgs.emplace_back();
+    parts.graph_notes.emplace_back();
+    if (!parts.graph_problem.empty()) continue;
+    const std::string site = SiteOf(v);
+    if (auto same = drawn.find(site); same != drawn.end()) {
+      parts.graph_notes[i] =
+          fmt::format("the same site as violation {}: its graph is drawn there", same->second + 1);
+      continue;
+    }
+    if (drawn.size() >= kMaxGraphs) {
+      parts.graph_notes[i] =
+          fmt::format("a page draws the graphs of its first {} distinct sites", kMaxGraphs);
+      continue;
+    }
     format::StatusOr<std::string> svg = replayer::DotToSvg(graph.Dot(v, tables));
     if (!svg.ok()) {
       parts.graph_problem = svg.status().message();
       std::fprintf(stderr, "torchrr: warning: no autograd graphs in the report: %s\n",
                    parts.graph_problem.c_str());
-      break;
+      continue;
     }
-    parts.graph_svgs.push_back(*svg);
+    parts.graph_svgs.back() = std::move(*svg);
+    drawn.emplace(site, i);
   }
 
-  std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
-  out << replayer::HtmlReport(parts);
-  out.close();
-  if (!out) {
+  const std::string page = replayer::HtmlReport(parts);
+  const int fd = OpenOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused);
+  if (fd < 0) return refused;
+  __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
+  std::ostream out(&file);
+  out << page;
+  out.flush();
+  if (!out || file.close() == nullptr) {
     std::fprintf(stderr, "torchrr: error: %s: cannot write\n",
                  replayer::Printable(options.output).c_str());
     return kExitOther;
@@ -80,6 +129,9 @@ void RegisterReportCommand(CLI::App& app, int* exit_code) {
       "timeline and the autograd graph around each violation (drawn by Graphviz's dot)");
   command->add_option("FILE", options->path, "Trace file (.trr)")->required();
   command->add_option("-o,--output", options->output, "The page (.html)")->required();
+  command->add_flag("--force", options->force,
+                    "Replace the output even when it is a file this verb did not write");
+  AddSourceRootOption(*command, &options->source_roots);
   command->callback([options, exit_code] { *exit_code = RunReport(*options); });
 }
 

@@ -28,7 +28,12 @@ enum class SourceOrigin : uint8_t {
   kTrace,     // Recorded; this machine has no readable file at that path, or the same one.
   kTraceDiffers,  // Recorded; this machine's file at that path is another (another hash).
   kLocal,     // Not recorded (an older trace, --no-source): this machine's file.
+  kNotLocalSource,  // Not recorded, and this machine's file is no source file under the roots.
 };
+
+// Whether the reports may read this machine's file at `path` for code the trace does not carry
+// (SetLocalSourceRoots): a source file by its extension, under a root after realpath.
+bool IsLocalSource(const std::string& path);
 
 // Not thread-safe; one per report.
 class SourceCache {
@@ -44,10 +49,12 @@ class SourceCache {
  private:
   struct LocalFile {
     bool read = false;
+    bool refused = false;  // Not recorded, and not a local source (IsLocalSource).
     std::optional<uint64_t> hash;       // Of the bytes read; unset: not readable here.
     std::vector<std::string> lines;
   };
-  LocalFile& Local(const std::string& path);
+  // `recorded`: whether the trace carries the file (then it is read to compare, wherever it is).
+  LocalFile& Local(const std::string& path, bool recorded);
 
   const std::map<std::string, RecordedSource>* recorded_;
   std::map<std::string, LocalFile> files_;

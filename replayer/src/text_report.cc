@@ -78,6 +78,7 @@ class TextReport {
   Painter p_;
   SourceCache sources_;
   std::set<std::string> said_differs_;  // Files said to differ here from the recorded ones.
+  std::set<std::string> said_not_read_;  // Files not read here (IsLocalSource), said once.
   std::ostringstream out_;
 };
 
@@ -226,7 +227,15 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   if (!op.user_frame) return false;
   SourceOrigin origin;
   const std::string* line = sources_.Line(op.user_frame->file, op.user_frame->line, &origin);
-  if (line == nullptr) return false;
+  if (line == nullptr) {
+    if (origin == SourceOrigin::kNotLocalSource &&
+        said_not_read_.insert(op.user_frame->file).second) {
+      Fact() << Printable(op.user_frame->file)
+             << " is not quoted: the trace carries none of its code, and this machine's files are "
+                "read only for source files under the working directory (or --source-root DIR)\n";
+    }
+    return false;
+  }
   std::string number = std::to_string(op.user_frame->line);
   std::string pad(number.size(), ' ');
   const std::string code = Unindented(*line);

@@ -204,3 +204,69 @@ def test_a_program_that_closes_its_descriptors_keeps_its_files_and_the_trace(tmp
     assert len(report["violations"]) == 2, [v.get("culprit", {}).get("op") for v in
                                             report["violations"]]
     assert "Bad file descriptor" not in proc.stderr
+
+
+SCRIPT = "import torch\nprint('the script ran')\n"
+
+
+def test_an_existing_file_that_is_not_a_trace_is_kept_unless_forced(tmp_path):
+    # `record -o train.py -- python train.py`: the script is refused as an output, not replaced.
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    _assert_refused_before_running(record(script, PROGRAM, timeout=30), "--force replaces it")
+    assert script.read_text() == SCRIPT
+    proc = _python_api(f"import torchrr; print(torchrr.start({str(script)!r}))")
+    assert proc.stdout.strip() == "False", proc.stdout + proc.stderr
+    assert "not a torchrr trace" in proc.stderr
+    assert script.read_text() == SCRIPT
+    # An empty file and an older trace are replaced; anything with --force.
+    empty = tmp_path / "empty.trr"
+    empty.touch()
+    assert record(empty, PROGRAM, timeout=60, flags=["--quiet"]).returncode == 0
+    assert record(empty, PROGRAM, timeout=60, flags=["--quiet"]).returncode == 0
+    proc = record(script, PROGRAM, timeout=60, flags=["--quiet", "--force"])
+    assert proc.returncode == 0, proc.stderr
+    assert script.read_bytes().startswith(b"TORCHRR\0")
+
+
+def _verb(args, timeout=60):
+    return subprocess.run([cli(), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_report_export_and_redact_write_only_their_own_files(tmp_path):
+    trace = tmp_path / "run.trr"
+    assert record(trace, PROGRAM, timeout=60, flags=["--quiet"]).returncode == 0
+    verbs = {"report": ["report", trace, "-o"],
+             "export": ["export", "--chrome-trace", trace, "-o"],
+             "redact": ["redact", trace, "-o"]}
+    for name, args in verbs.items():
+        # The user's file at the output: refused with one line, kept.
+        kept = tmp_path / f"{name}.py"
+        kept.write_text(SCRIPT)
+        proc = _verb(args + [kept])
+        assert proc.returncode == 2 and len(_errors(proc.stderr)) == 1, (name, proc.stderr)
+        assert "--force" in proc.stderr and kept.read_text() == SCRIPT, name
+        # A link, dangling or not: never written through.
+        link = tmp_path / f"{name}.link"
+        link.symlink_to(kept)
+        proc = _verb(args + [link])
+        assert proc.returncode == 2 and "symbolic link" in proc.stderr, (name, proc.stderr)
+        assert kept.read_text() == SCRIPT, name
+        dangling = tmp_path / f"{name}.dangling"
+        dangling.symlink_to(tmp_path / f"{name}.elsewhere")
+        assert _verb(args + [dangling]).returncode == 2, name
+        assert not (tmp_path / f"{name}.elsewhere").exists(), name
+        # A FIFO: refused at once, where an open for writing would wait for a reader.
+        fifo = tmp_path / f"{name}.fifo"
+        os.mkfifo(fifo)
+        proc = _verb(args + [fifo], timeout=30)
+        assert proc.returncode == 2 and "FIFO" in proc.stderr, (name, proc.stderr)
+        # Its own earlier output is replaced; anything with --force.
+        own = tmp_path / f"{name}.out"
+        assert _verb(args + [own]).returncode == 0, name
+        first = own.read_bytes()
+        proc = _verb(args + [own])
+        assert proc.returncode == 0 and own.read_bytes()[:16] == first[:16], (name, proc.stderr)
+        proc = _verb(args + [kept, "--force"])
+        assert proc.returncode == 0 and kept.read_bytes()[:16] == first[:16], (name, proc.stderr)

@@ -119,3 +119,43 @@ def test_a_program_killed_by_a_signal_exits_128_plus_n(tmp_path):
                       "os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = record(tmp_path / "run.trr", [sys.executable, script], timeout=60)
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+
+
+def test_the_program_ends_when_torchrr_record_is_killed(tmp_path):
+    # SIGKILL (or the OOM killer) on the wrapper alone: the program must not train on orphaned,
+    # its exit status lost. It gets SIGTERM (PR_SET_PDEATHSIG); its handler runs, and its trace
+    # keeps what was written.
+    script = tmp_path / "orphan.py"
+    script.write_text(textwrap.dedent("""\
+        import os, signal, sys, time, torch
+        def on_term(number, frame):
+            open(sys.argv[1] + ".term", "w").close()
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        torch.ones(3).add(1)
+        with open(sys.argv[1], "w") as ready:
+            ready.write(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
+        """))
+    ready = tmp_path / "ready"
+    proc = _start_recording(tmp_path, script, ready, tmp_path / "run.trr")
+    deadline = time.monotonic() + 10
+    while not ready.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    program = int(ready.read_text())
+    proc.kill()  # The wrapper alone, not its process group.
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:  # Gone, or a zombie that whoever adopted it has not reaped yet.
+            with open(f"/proc/{program}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(program, signal.SIGKILL)
+        raise AssertionError("the program trains on after torchrr record was killed")
+    assert (tmp_path / "ready.term").exists(), "the program did not get SIGTERM"

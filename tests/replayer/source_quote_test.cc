@@ -10,9 +10,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <string>
+#include <vector>
 
 #include "torchrr/format/source_files.h"
 #include "torchrr/replayer/replayer.h"
@@ -58,6 +60,12 @@ std::string ReportCarrying(const std::string& path, const std::vector<std::strin
   return FormatText(Analyze(b.records), /*color=*/false);
 }
 
+// Local source roots for one test (SetLocalSourceRoots), the working directory again after it.
+struct SourceRoots {
+  explicit SourceRoots(std::vector<std::string> roots) { SetLocalSourceRoots(std::move(roots)); }
+  ~SourceRoots() { SetLocalSourceRoots({}); }
+};
+
 // A path in the test's temporary directory, removed first.
 std::string TempPath(const std::string& name) {
   std::string path = ::testing::TempDir() + "/torchrr_source_quote_" + name;
@@ -66,6 +74,7 @@ std::string TempPath(const std::string& name) {
 }
 
 TEST(SourceQuoteTest, ARegularFileIsQuoted) {
+  SourceRoots roots({::testing::TempDir()});
   std::string path = TempPath("train.py");
   std::ofstream(path) << "    y.mul_(2)\r\n    y = torch.sigmoid(x)\n";
   std::optional<std::string> text = ReportNaming(path);
@@ -76,6 +85,7 @@ TEST(SourceQuoteTest, ARegularFileIsQuoted) {
 }
 
 TEST(SourceQuoteTest, SpecialAndKernelFilesAreNeverRead) {
+  SourceRoots roots({"/"});  // What the reader itself refuses, wherever the roots are.
   std::string fifo = TempPath("fifo.py");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   std::string environ_link = TempPath("environ.py");
@@ -102,6 +112,50 @@ TEST(SourceQuoteTest, SpecialAndKernelFilesAreNeverRead) {
   std::remove(large.c_str());
 }
 
+// A stranger's trace that names a file of this machine and carries none of its code: the file is
+// read only when it is a source file under the roots (the working directory by default).
+TEST(SourceQuoteTest, OnlySourceFilesUnderTheRootsAreRead) {
+  const std::string dir = TempPath("roots");
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const std::string secret = dir + "/credentials";
+  std::ofstream(secret) << "aws_secret_access_key = SECRET1\nline two SECRET2\n";
+  const std::string script = dir + "/train.py";
+  std::ofstream(script) << "    y.mul_(2)\n    y = torch.sigmoid(x)\n";
+  const std::string kNotQuoted = "is not quoted: the trace carries none of its code";
+  {
+    SourceRoots roots({dir});
+    std::optional<std::string> text = ReportNaming(secret);  // Under the root, no source file.
+    ASSERT_TRUE(text);
+    EXPECT_EQ(text->find("SECRET"), std::string::npos) << *text;
+    size_t said = text->find(kNotQuoted);
+    EXPECT_NE(said, std::string::npos) << *text;
+    EXPECT_EQ(text->find(kNotQuoted, said + 1), std::string::npos) << "said twice:\n" << *text;
+    text = ReportNaming(script);
+    ASSERT_TRUE(text);
+    EXPECT_NE(text->find("1 |     y.mul_(2)\n"), std::string::npos) << *text;
+  }
+  {
+    SourceRoots roots({dir + "/elsewhere", "/nonexistent"});  // A source file outside the roots.
+    ASSERT_EQ(::mkdir((dir + "/elsewhere").c_str(), 0700), 0);
+    std::optional<std::string> text = ReportNaming(script);
+    ASSERT_TRUE(text);
+    EXPECT_EQ(text->find("y.mul_(2)\n"), std::string::npos) << *text;
+    EXPECT_NE(text->find(kNotQuoted), std::string::npos) << *text;
+    // A root that is a prefix of the name only (dir/elsewhere vs dir/elsewhere2) is not above it.
+    ASSERT_EQ(::mkdir((dir + "/elsewhere2").c_str(), 0700), 0);
+    std::ofstream(dir + "/elsewhere2/train.py") << "    y.mul_(2)\n";
+    text = ReportNaming(dir + "/elsewhere2/train.py");
+    ASSERT_TRUE(text);
+    EXPECT_EQ(text->find("y.mul_(2)\n"), std::string::npos) << *text;
+    // The trace's own code is quoted wherever the file is.
+    std::string carried = ReportCarrying(secret, {"    y.mul_(2)"}, 1);
+    EXPECT_NE(carried.find("1 |     y.mul_(2)\n"), std::string::npos) << carried;
+    EXPECT_EQ(carried.find("SECRET"), std::string::npos) << carried;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SourceQuoteTest, TheTracesCodeIsQuotedWhereTheFileIsGone) {
   std::string path = TempPath("gone.py");
   std::string text = ReportCarrying(path, {"    y.mul_(2)", "    y = torch.sigmoid(x)"}, 1);
@@ -111,6 +165,7 @@ TEST(SourceQuoteTest, TheTracesCodeIsQuotedWhereTheFileIsGone) {
 }
 
 TEST(SourceQuoteTest, AFileHereThatDiffersIsSaidOnceAndNeverQuoted) {
+  SourceRoots roots({::testing::TempDir()});
   std::string path = TempPath("edited.py");
   const std::string edited = "    y.add_(1)\n    z = x\n    w = 3\n";
   std::ofstream(path) << edited;

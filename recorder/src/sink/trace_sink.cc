@@ -77,6 +77,7 @@ std::unique_ptr<TraceSink> TraceSink::Open(const RecorderOptions& options, Pull 
                                            std::string* error) {
   format::WriterOptions writer_options;
   writer_options.zstd_level = options.zstd_level;
+  writer_options.replace_any_file = options.replace_output;
   FileSizeSignalBlocked blocked;  // Open writes the header and the FileInfo chunk.
   auto writer = format::TraceWriter::Open(options.path, info, writer_options);
   if (!writer.ok()) {

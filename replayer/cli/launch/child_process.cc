@@ -1,6 +1,7 @@
 #include "launch/child_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,7 @@ int RunProgram(const std::vector<std::string>& command, const std::function<void
   sigaddset(&forwarded, SIGTERM);
   sigaddset(&forwarded, SIGHUP);
   sigprocmask(SIG_BLOCK, &forwarded, &old_mask);
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
@@ -74,6 +76,11 @@ int RunProgram(const std::vector<std::string>& command, const std::function<void
   if (pid == 0) {
     RestoreSignals(saved);
     sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    // When `torchrr record` dies without forwarding anything (SIGKILL, the OOM killer), the
+    // program gets SIGTERM instead of training on, orphaned, with no one to pass its exit status
+    // on; it survives the exec. A parent already gone before the prctl: the same, at once.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) raise(SIGTERM);
     prepare();
     std::vector<char*> argv;
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));

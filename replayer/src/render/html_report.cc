@@ -70,8 +70,12 @@ std::string ViolationSection(size_t index, const HtmlReportParts& parts) {
   if (!svg.empty()) {
     html += "<div class=\"graph\">" + svg + "</div>\n";
   } else {
+    const std::string& note = index < parts.graph_notes.size() ? parts.graph_notes[index] : "";
     html += "<p class=\"missing\">Graph not drawn: " +
-            HtmlEscape(parts.graph_problem.empty() ? "no graph" : parts.graph_problem) + "</p>\n";
+            HtmlEscape(!note.empty()                    ? note
+                       : parts.graph_problem.empty() ? std::string("no graph")
+                                                      : parts.graph_problem) +
+            "</p>\n";
   }
   return html + "</section>\n";
 }
@@ -112,11 +116,10 @@ std::string HtmlEscapePrintable(const std::string& printable) {
 std::string HtmlReport(const HtmlReportParts& parts) {
   const replayer::Report& report = *parts.report;
   std::string full = FormatText(report, false);
-  std::string html = fmt::format(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-      "<title>torchrr report: {}</title>\n<style>{}</style>\n</head>\n<body>\n"
-      "<h1>torchrr report</h1>\n",
-      HtmlEscape(parts.trace_path), kStyle);
+  std::string html = std::string(kHtmlReportPrefix) +
+                     fmt::format("{}</title>\n<style>{}</style>\n</head>\n<body>\n"
+                                 "<h1>torchrr report</h1>\n",
+                                 HtmlEscape(parts.trace_path), kStyle);
   const format::FileInfo& info = parts.summary->info;
   html += fmt::format("<p class=\"meta\">{} &middot; written by torchrr {}, torch {}</p>\n",
                       HtmlEscape(parts.trace_path), HtmlEscape(info.torchrr_version),

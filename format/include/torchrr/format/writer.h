@@ -24,6 +24,9 @@ struct WriterOptions {
   // times within one frame, small enough that a crash loses little.
   size_t chunk_raw_bytes = 4u << 20;
   int zstd_level = 1;
+  // Open() replaces only a trace or an empty file unless this is set: an output path that names
+  // the program's own script (`record -o train.py`) is refused instead of destroyed.
+  bool replace_any_file = false;
 };
 
 // Where the bytes go. FileSink writes to a file descriptor; tests and benchmarks use memory.
@@ -41,15 +44,20 @@ class TraceWriter {
   // locked (flock LOCK_EX) until the writer closes: a second writer of the same path fails, and
   // leaves the first one's file whole (it is truncated only once locked).
   // Errors: kInvalidArgument for an empty path or one that names anything but a regular file (a
-  // FIFO, a directory, a device: never opened in a way that could block); kIoError "path:
-  // another recording is writing it" when locked, else the path and strerror.
+  // FIFO, a directory, a device: never opened in a way that could block), or a file that is
+  // neither empty nor a trace (its first bytes) unless options.replace_any_file, with
+  // kNotReplacedSuffix at the end of the message; kIoError "path: another recording is writing
+  // it" when locked, else the path and strerror.
   static StatusOr<std::unique_ptr<TraceWriter>> Open(const std::string& path, const FileInfo& info,
                                                      const WriterOptions& options = {});
   // Whether Open(path) would succeed now, for a command line that refuses a bad output before it
   // starts the program that writes it: Open's errors, and kIoError when `path` does not exist
   // and its directory cannot take a new file. Creates, locks and changes nothing (it takes the
   // lock and lets it go at once when the file exists). Thread-safe.
-  static Status CheckPath(const std::string& path);
+  static Status CheckPath(const std::string& path, bool replace_any_file = false);
+  // The end of the message of the error for an existing file that is not a trace: a command line
+  // that has a flag to replace it anyway says so after it.
+  static constexpr const char* kNotReplacedSuffix = "is not a torchrr trace: not replaced";
   // Same, into any sink (the writer owns it).
   static StatusOr<std::unique_ptr<TraceWriter>> Create(std::unique_ptr<ByteSink> sink,
                                                        const FileInfo& info,

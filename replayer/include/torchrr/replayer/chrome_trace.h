@@ -56,6 +56,11 @@ class ChromeTracePlan {
   uint64_t device_activities_ = 0;  // Kernels, copies and memsets seen: the next flow id - 1.
 };
 
+// How every document ChromeTraceWriter writes begins: `torchrr export -o` replaces an existing
+// file only when it starts so (or with --force).
+inline constexpr std::string_view kChromeTracePrefix =
+    "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"producer\":\"torchrr\",";
+
 // The second pass: writes the events to `out` as the records come. Call Add() for every record
 // in file order, then Finish() once, which closes the JSON document. Not thread-safe.
 class ChromeTraceWriter {

@@ -10,6 +10,7 @@
 #define TORCHRR_REPLAYER_HTML_REPORT_H_
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "torchrr/format/reader.h"
@@ -23,11 +24,18 @@ struct HtmlReportParts {
   const replayer::Report* report = nullptr;
   std::string timeline_svg;             // "" when the trace has no timed op.
   std::vector<std::string> graph_svgs;  // One per violation; "" when not drawn.
+  std::vector<std::string> graph_notes;  // Per violation not drawn: why (another drew its site).
   std::string graph_problem;            // Why graphs are not drawn; "" when they are.
 };
 
 // The whole page.
 std::string HtmlReport(const HtmlReportParts& parts);
+
+// How every page HtmlReport writes begins: `torchrr report -o` replaces an existing file only
+// when it starts so (or with --force).
+inline constexpr std::string_view kHtmlReportPrefix =
+    "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+    "<title>torchrr report: ";
 
 // A string from the trace for HTML text and attribute values: its control characters and bytes
 // that are not UTF-8 escaped first (replayer::Printable), then &, <, >, " and '.

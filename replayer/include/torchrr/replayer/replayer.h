@@ -336,14 +336,24 @@ class Analyzer {
 // are "0". Names without that suffix (CopySlices) are kept.
 std::string PytorchNodeName(std::string_view node_name, std::string_view torch_version);
 
+// Where the reports may read this machine's file for a frame whose code the trace does not carry
+// (--no-source, an older trace, a frame outside the user's code): only a source file, by its
+// extension (.py, .cc, .h, .cu, ...), under one of `roots` after realpath; by default (never set,
+// or empty) the working directory. A trace is untrusted input: without this, a stranger's trace
+// naming ~/.ssh/id_rsa would have that file's lines printed into a report meant to be shared.
+// What the trace carries is quoted from the trace; a local copy is then read only to compare.
+// Call before formatting, from one thread (the command line does, from --source-root).
+void SetLocalSourceRoots(std::vector<std::string> roots);
+
 // Analyzes records already in memory. Same result as feeding them to an Analyzer.
 Report Analyze(const std::vector<format::Record>& records);
 
 // The human report, one compiler-style diagnostic per violation (ANSI colours when `color`).
 // Source lines are quoted from the trace (Report::sources), else from the recorded path when it is a
-// regular file readable on this machine, of at most 8 MiB; never a special or kernel file (a FIFO,
-// a device, /proc), whatever the trace names. A file here that differs from the recorded one is
-// said so once.
+// regular source file readable on this machine under the local source roots (SetLocalSourceRoots),
+// of at most 8 MiB; never a special or kernel file (a FIFO, a device, /proc), whatever the trace
+// names. A file here that differs from the recorded one is said so once, and so is a file not
+// quoted because it is outside the roots or no source file.
 // Ends with a summary line; says "no saved tensor was modified" when there is nothing to report.
 std::string FormatText(const Report& report, bool color);
 // The verdict `torchrr record` prints after the program ends: each distinct culprit and victim
