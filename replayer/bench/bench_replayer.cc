@@ -9,7 +9,11 @@
 // and, for each, the peak heap the analysis added (a counting operator new) against the
 // decompressed trace size (the writer's raw chunk bytes). Targets: >= 2M ops/s, peak <= 2x.
 //
-// Usage: bench_replayer [ops (default 1000000)]
+//   3. many threads: as many top-level ops (each with a stack, as the user's calls are), each on a
+//      thread of its own, against the same ops on one thread: the per-thread lookups are hashed,
+//      so the ratio stays near 1 whatever the count (a scan made it grow with the count).
+//
+// Usage: bench_replayer [ops (default 1000000)] [threads (default 400000)]
 #include <malloc.h>
 #include <time.h>
 
@@ -236,6 +240,10 @@ class SyntheticRun {
   std::unordered_map<ObjectId, int64_t> node_seq_;
 };
 
+// CPU seconds the analysis takes for `ops` top-level ops with a stack, each on a thread of its own
+// (`own_threads`) or all on thread 1.
+double ThreadsAnalysis(uint64_t ops, bool own_threads);
+
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -328,5 +336,42 @@ int main(int argc, char** argv) {
                 seconds, report.ops / seconds / 1e6, cpu, report.ops / cpu / 1e6,
                 peak / 1048576.0, peak / raw_bytes);
   }
+  // 3. Many threads against one.
+  {
+    const uint64_t threads = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 400000;
+    const double one = ThreadsAnalysis(threads, false);
+    const double own = ThreadsAnalysis(threads, true);
+    std::printf("threads: %llu ops on one thread %.3f s cpu, each on its own thread %.3f s cpu: "
+                "%.2fx\n",
+                (unsigned long long)threads, one, own, own / one);
+  }
   return 0;
 }
+
+namespace {
+
+double ThreadsAnalysis(uint64_t ops, bool own_threads) {
+  std::vector<Record> records;
+  records.push_back(format::StringDef{1, "aten::add"});
+  records.push_back(format::StringDef{2, "train.py"});
+  records.push_back(format::FrameDef{1, format::FrameKind::kPython, 0, 1, 2, 10, 0, false});
+  records.push_back(format::StackDef{1, {1}});
+  records.reserve(ops + 4);
+  for (uint64_t i = 0; i < ops; ++i) {
+    format::OpRecord op;
+    op.op = i + 1;
+    op.name = 1;
+    op.thread = own_threads ? static_cast<uint32_t>(i + 1) : 1;
+    op.start_ns = static_cast<int64_t>(2 * i + 1);
+    op.end_ns = static_cast<int64_t>(2 * i + 2);
+    op.stack = 1;
+    records.push_back(std::move(op));
+  }
+  const double c0 = CpuSeconds();
+  replayer::Analyzer analyzer;
+  for (const Record& r : records) analyzer.Add(r);
+  (void)analyzer.Finish();
+  return CpuSeconds() - c0;
+}
+
+}  // namespace

@@ -32,7 +32,9 @@ bool IsStringField(const std::string& kind, const std::string& field) {
 class TextDumper {
  public:
   void Print(const format::Record& record) {
-    if (const auto* def = std::get_if<format::StringDef>(&record)) strings_[def->id] = def->text;
+    if (const auto* def = std::get_if<format::StringDef>(&record)) {
+      strings_[def->id] = replayer::Shortened(def->text);
+    }
     nlohmann::ordered_json j = format::RecordToJson(record);
     line_.clear();
     const std::string kind = j["kind"].get<std::string>();

@@ -5,8 +5,10 @@
 #include <string>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "commands.h"
 #include "torchrr/replayer/privacy.h"
@@ -47,11 +49,19 @@ std::string Join(const std::vector<std::string>& args) {
   return out;
 }
 
-// Whether the recording covers the whole run: the recorder's own stop (ErrorKind::kRecorder) and
-// the records it lost.
+// Whether the recording covers the whole run: the recorder's own stop (ErrorKind::kRecorder), the
+// records it lost, a file cut before the writer closed it, and a recording with no op at all.
 struct Completeness {
   std::optional<std::string> stopped;  // The recorder's reason.
   uint64_t records_lost = 0;
+  bool cut = false;    // The read ended truncated: the writer never closed the file.
+  bool empty = false;  // No op record.
+
+  void SeeRead(const format::ReadSummary& s) {
+    cut = s.status.code() == format::StatusCode::kTruncated;
+    empty = s.records_per_kind[kOpKind] == 0;
+  }
+  bool Complete() const { return !stopped && records_lost == 0 && !cut && !empty; }
 
   void See(const format::Record& record) {
     if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
@@ -62,14 +72,19 @@ struct Completeness {
   }
   // "complete", or what is missing.
   std::string Describe() const {
-    if (!stopped && records_lost == 0) return "complete";
-    std::string text = "incomplete";
-    if (stopped) text += ": stopped early: " + replayer::Printable(*stopped);
-    if (records_lost != 0) text += fmt::format("{} {} records lost", stopped ? ";" : ":", records_lost);
-    return text;
+    if (Complete()) return "complete";
+    std::vector<std::string> missing;
+    if (empty) missing.push_back("no op was recorded");
+    if (cut) missing.push_back("the file ends before the recorder closed it");
+    if (stopped) missing.push_back("stopped early: " + replayer::Printable(*stopped));
+    if (records_lost != 0) missing.push_back(fmt::format("{} records lost", records_lost));
+    return (empty && missing.size() == 1 ? "empty: " : "incomplete: ") +
+           fmt::format("{}", fmt::join(missing, "; "));
   }
   nlohmann::json ToJson() const {
-    return {{"complete", !stopped && records_lost == 0},
+    return {{"complete", Complete()},
+            {"empty", empty},
+            {"cut", cut},
             {"stopped", stopped ? nlohmann::json(*stopped) : nlohmann::json(nullptr)},
             {"records_lost", records_lost}};
   }
@@ -111,6 +126,7 @@ int RunInfo(const InfoOptions& options) {
   int rc = ReportRead(options.path, s);
   if (NothingRead(rc)) return rc;
   if (s.has_info) privacy.SeeInfo(s.info);
+  completeness.SeeRead(s);
   const std::optional<BytesPerOp> bytes_per_op = BytesPerOp::Of(s);
   if (options.json) {
     nlohmann::json j = format::SummaryToJson(s);

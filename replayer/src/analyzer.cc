@@ -26,6 +26,7 @@
 #include "content_lineage.h"
 #include "report_builder.h"
 #include "silent_writes.h"
+#include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
 
 namespace torchrr::replayer {
@@ -192,7 +193,7 @@ void Analyzer::Impl::On(const format::StringDef& r) {
   if (r.text == "aten::detach_") detach_op_name_ = r.id;
   if (r.text == "detach_") detach_inner_name_ = r.id;
   if (r.text == "aten::detach") detach_name_ = r.id;
-  Put(state_.strings, r.id, r.text);
+  Put(state_.strings, r.id, Shortened(r.text));
 }
 
 // --- Tensors -----------------------------------------------------------------------------------

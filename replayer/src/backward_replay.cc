@@ -92,13 +92,7 @@ void BackwardReplay::OnForwardOp(const format::OpRecord& r) {
     }
   }
   if (!called || in_pass) return;
-  for (auto& [thread, op] : last_called_op_) {
-    if (thread == r.thread) {
-      op = r.op;
-      return;
-    }
-  }
-  last_called_op_.emplace_back(r.thread, r.op);
+  last_called_op_[r.thread] = r.op;
 }
 
 void BackwardReplay::OnBackwardOp(const format::OpRecord& r, uint64_t subtree_first) {
@@ -211,8 +205,9 @@ BackwardReplay::Pass& BackwardReplay::OpenPass(uint32_t node_slot, uint32_t thre
   pass.index = state_.pass_count++;
   pass.root = node_slot;
   ObjectId entry = 0;
-  for (auto& [called_on, op] : last_called_op_) {
-    if (called_on == thread) std::swap(entry, op);
+  if (auto called = last_called_op_.find(thread); called != last_called_op_.end()) {
+    entry = called->second;
+    last_called_op_.erase(called);
   }
   state_.pass_entry_ops.push_back(entry);
   return pass;

@@ -125,9 +125,9 @@ class BackwardReplay {
   SilentWriteWatch& silent_;
   std::unordered_map<format::ObjectId, PendingExec> pending_execs_;  // By backward op id.
   std::vector<Pass> open_passes_;  // Oldest first.
-  // Per thread (a few), the last op with a stack (one the user called) since a pass last opened
-  // there; 0 when none.
-  std::vector<std::pair<uint32_t, format::ObjectId>> last_called_op_;
+  // Per thread, the last op with a stack (one the user called) since a pass last opened there.
+  // A map: a trace may name any number of threads (one op on each), and each op looks its up.
+  std::unordered_map<uint32_t, format::ObjectId> last_called_op_;
   // Nodes with tensors packed by saved-tensor hooks, not yet matched to a recomputation.
   std::vector<uint32_t> packed_nodes_;
 };

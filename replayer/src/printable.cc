@@ -78,4 +78,15 @@ std::string Printable(std::string_view text, char quote) {
   return out;
 }
 
+std::string Shortened(std::string_view text) {
+  if (text.size() <= kMaxShownStringBytes) return std::string(text);
+  size_t keep = kMaxShownStringBytes - 64;  // Room for the note, within the bound.
+  // Back to the first byte of a UTF-8 sequence (never more than 3 continuation bytes).
+  for (int i = 0; i < 3 && keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80;
+       ++i) {
+    --keep;
+  }
+  return std::string(text.substr(0, keep)) + "... [" + std::to_string(text.size()) + " bytes]";
+}
+
 }  // namespace torchrr::replayer

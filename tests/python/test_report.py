@@ -225,3 +225,31 @@ def test_bad_input(tmp_path):
     proc = report(copy, copy)
     assert proc.returncode == 2 and "overwrite" in proc.stderr, proc.stderr
     assert copy.read_bytes() == (GOLDEN / "v1_2.trr").read_bytes(), "the trace was overwritten"
+
+
+@needs_build
+@needs_dot
+def test_one_graph_per_site(tmp_path):
+    # A loop that repeats its bug each step: one graph for the site, the other violations point
+    # to it (each drawing is a run of dot).
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch\n"
+        "for step in range(5):\n"
+        "    x = torch.randn(4, requires_grad=True)\n"
+        "    y = torch.sigmoid(x)\n"
+        "    y.mul_(2)  # BUG\n"
+        "    try:\n"
+        "        y.sum().backward()\n"
+        "    except RuntimeError:\n"
+        "        pass\n")
+    trace = tmp_path / "run.trr"
+    proc = subprocess.run([cli(), "record", "--quiet", "-o", str(trace), "--", sys.executable,
+                           str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "r.html"
+    proc = report(trace, out)
+    assert proc.returncode == 0, proc.stderr
+    html = out.read_text()
+    assert html.count('<div class="graph">') == 1, html.count('<div class="graph">')
+    assert html.count("the same site as violation 1: its graph is drawn there") == 4

@@ -68,5 +68,39 @@ TEST(PrintableTest, TheTextReportEscapesEveryTraceString) {
   EXPECT_EQ(errors, 1u) << text;  // The violation's own heading, and no forged one.
 }
 
+// A trace defines a string once and names it from any number of records: each verb keeps and
+// shows it at most kMaxShownStringBytes long, with its length, so that a 1 MB name that every op
+// uses costs kilobytes per use, not megabytes.
+TEST(PrintableTest, LongStringsAreShortenedWithTheirLength) {
+  EXPECT_EQ(Shortened("aten::mul_"), "aten::mul_");
+  const std::string at_bound(kMaxShownStringBytes, 'a');
+  EXPECT_EQ(Shortened(at_bound), at_bound);
+  const std::string long_name(1 << 20, 'x');
+  std::string shown = Shortened(long_name);
+  EXPECT_LE(shown.size(), kMaxShownStringBytes);
+  EXPECT_TRUE(shown.ends_with("... [1048576 bytes]")) << shown.substr(shown.size() - 40);
+  // Never cut inside a UTF-8 character: "é" is 2 bytes; at every alignment the rest is whole.
+  for (size_t pad = 0; pad < 4; ++pad) {
+    std::string text(pad, 'a');
+    while (text.size() < 2 * kMaxShownStringBytes) text += "\xc3\xa9";
+    shown = Shortened(text);
+    EXPECT_EQ(Printable(shown).find("\\x"), std::string::npos) << "cut inside a character";
+  }
+  // The text report of 1,000 writes by an op named with one 1 MB string: each names its op, in
+  // 8 KiB at most (1 GB with the whole name).
+  TraceBuilder b;
+  auto x = b.Leaf({4});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}},
+                     b.At(2, "train.py"));
+  for (int i = 0; i < 1000; ++i) {
+    b.Inplace(long_name, y.out, {}, b.At(1, "train.py"), false);
+  }
+  b.Backward({y.node}, y.node);
+  const Report report = Analyze(b.records);
+  const std::string text = FormatText(report, /*color=*/false);
+  EXPECT_LT(text.size(), size_t{16} << 20);
+  EXPECT_NE(text.find("... [1048576 bytes]"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace torchrr::replayer

@@ -47,6 +47,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, rank: Optional[int] = None
         raise ValueError(f"torchrr.start: {_native.refusal(given)}")
     if rc == 0:
         _close_in_forked_children()
+        _close_before_exit_and_exec()
         _trace_compiled_regions()
     return rc == 0
 
@@ -111,6 +112,7 @@ def start_from_environment() -> bool:
     if _native.library().torchrr_start_from_environment() != 0:
         return False
     _close_in_forked_children()
+    _close_before_exit_and_exec()
     return True
 
 
@@ -161,6 +163,79 @@ def _close_in_forked_children():
         import sys
 
         sys.stderr.write(f"torchrr: warning: multiprocessing children: {error}\n")
+
+
+_exit_hooks_installed = False
+# Under `torchrr record`: the trace of the first image (FILE.trr), and how many execs came since.
+_EXEC_BASE_ENV = "TORCHRR_EXEC_BASE"
+_EXEC_COUNT_ENV = "TORCHRR_EXEC_COUNT"
+
+
+# Set once an exec closed the recording: the environment changes every exec after it makes (an
+# execvp tries each directory of PATH in turn).
+_exec_changes: Optional[dict] = None
+
+
+def _exec_trace_changes(env) -> dict:
+    """What lets the image an exec starts record under `torchrr record` (TORCHRR_OUTPUT set):
+    FILE.execN.EXT beside FILE.EXT as its trace, N counting the execs, instead of the trace this
+    image just closed, and without the variable that says a process already records (None:
+    removed). Nothing without TORCHRR_OUTPUT (torchrr.start())."""
+    output = env.get("TORCHRR_OUTPUT")
+    if not output:
+        return {}
+    base = env.get(_EXEC_BASE_ENV) or output
+    count = int(env.get(_EXEC_COUNT_ENV) or 0) + 1
+    stem, ext = os.path.splitext(base)
+    return {_EXEC_BASE_ENV: base, _EXEC_COUNT_ENV: str(count),
+            "TORCHRR_OUTPUT": f"{stem}.exec{count}{ext or '.trr'}", "TORCHRR_RECORDER_PID": None,
+            "TORCHRR_RECORDER_RANK": None}
+
+
+def _apply_exec_changes(env) -> None:
+    for name, value in (_exec_changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+
+
+def _close_before_exit_and_exec():
+    """os._exit and the os.exec* functions end this image without atexit: the trace would keep
+    only the chunks the writer thread had written (none, for a short program), and a replay would
+    find nothing. Each now closes this process's recording first; under `torchrr record` an exec's
+    new image records too, into FILE.execN.trr (_exec_trace). Installed once; a process that does
+    not record goes straight through."""
+    global _exit_hooks_installed
+    if _exit_hooks_installed:
+        return
+    _exit_hooks_installed = True
+    real_exit, real_execv, real_execve = os._exit, os.execv, os.execve
+
+    def _exit(status):
+        if recording():
+            stop()
+        real_exit(status)
+
+    def execv(path, args):
+        global _exec_changes
+        if recording() and stop():
+            _exec_changes = _exec_trace_changes(os.environ)
+            _apply_exec_changes(os.environ)  # os.execv passes this process's environment on.
+        real_execv(path, args)
+
+    def execve(path, args, env):
+        global _exec_changes
+        if recording() and stop():
+            _exec_changes = _exec_trace_changes(env)
+        if _exec_changes:
+            env = dict(env)
+            _apply_exec_changes(env)
+        real_execve(path, args, env)
+
+    # os.execl, execle, execlp, execlpe, execvp and execvpe all end in os.execv or os.execve.
+    _exit.__wrapped__, execv.__wrapped__, execve.__wrapped__ = real_exit, real_execv, real_execve
+    os._exit, os.execv, os.execve = _exit, execv, execve
 
 
 def stop() -> bool:

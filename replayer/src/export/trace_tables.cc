@@ -1,5 +1,7 @@
 #include "torchrr/replayer/trace_tables.h"
 
+#include "torchrr/replayer/printable.h"
+
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
@@ -7,7 +9,7 @@ namespace torchrr::replayer {
 
 void TraceTables::See(const format::Record& record) {
   if (const auto* s = std::get_if<format::StringDef>(&record)) {
-    strings_[s->id] = s->text;
+    strings_[s->id] = Shortened(s->text);
   } else if (const auto* f = std::get_if<format::FrameDef>(&record)) {
     frames_[f->id] = *f;
   } else if (const auto* stack = std::get_if<format::StackDef>(&record)) {

@@ -15,6 +15,7 @@ namespace {
 
 constexpr int kRadius = 2;
 constexpr size_t kMaxNodes = 40;  // Beyond this dot's layout stops being readable in a report.
+constexpr size_t kMaxEdges = 160;  // Four per node: a trace's node may list any number.
 
 std::string Basename(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
@@ -83,11 +84,16 @@ std::string AutogradGraph::Dot(const replayer::Violation& v, const TraceTables& 
         id == center ? ", fillcolor=\"#fde68a\", color=\"#b45309\", penwidth=2" : "";
     dot += fmt::format("  n{} [label=\"{}\\n#{}\"{}];\n", id, DotEscape(name), id, style);
   }
+  // Each edge once (a node's edges to one other are one line here), at most kMaxEdges.
+  std::set<std::pair<format::ObjectId, format::ObjectId>> edges;
   for (const auto& [id, d] : distance) {
     auto it = nodes_.find(id);
     if (it == nodes_.end()) continue;
     for (format::ObjectId next : it->second.next) {
-      if (distance.contains(next)) dot += fmt::format("  n{} -> n{};\n", id, next);
+      if (edges.size() >= kMaxEdges) break;
+      if (distance.contains(next) && edges.emplace(id, next).second) {
+        dot += fmt::format("  n{} -> n{};\n", id, next);
+      }
     }
   }
   std::string shape =

@@ -3,12 +3,16 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "torchrr/replayer/printable.h"
 
@@ -17,15 +21,30 @@ extern char** environ;
 namespace torchrr::replayer {
 namespace {
 
+// What one drawing may take: dot's time to lay a graph out grows much faster than the graph, and
+// a trace is untrusted input. A graph kAutogradGraph draws takes well under a second.
+constexpr auto kDotTime = std::chrono::seconds(20);
+constexpr rlim_t kDotAddressSpace = rlim_t{2} << 30;
+constexpr size_t kMaxSvgBytes = size_t{16} << 20;
+
 // Writes all of `data` to `fd` while reading `from` into `out`, so that neither side blocks on a
-// full pipe; closes both.
-bool Exchange(int to, const std::string& data, int from, std::string* out) {
+// full pipe; closes both. False when it took past `deadline` or the output grew past
+// kMaxSvgBytes (the caller then kills dot).
+bool Exchange(int to, const std::string& data, int from, std::string* out,
+              std::chrono::steady_clock::time_point deadline) {
   size_t written = 0;
   char buf[1 << 16];
   bool from_open = true;
+  bool in_time = true;
   while (from_open) {
     pollfd fds[2] = {{from, POLLIN, 0}, {written < data.size() ? to : -1, POLLOUT, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || out->size() > kMaxSvgBytes) {
+      in_time = false;
+      break;
+    }
+    if (poll(fds, 2, static_cast<int>(left.count())) < 0) {
       if (errno == EINTR) continue;
       break;
     }
@@ -46,7 +65,7 @@ bool Exchange(int to, const std::string& data, int from, std::string* out) {
   }
   if (written < data.size()) close(to);
   close(from);
-  return true;
+  return in_time;
 }
 
 }  // namespace
@@ -86,13 +105,23 @@ format::StatusOr<std::string> DotToSvg(const std::string& graph) {
     close(out[0]);
     return Status(StatusCode::kIoError, "dot not found (install graphviz)");
   }
+  // Bounded memory, set as soon as dot exists (before it has read its input).
+  const struct rlimit memory = {kDotAddressSpace, kDotAddressSpace};
+  prlimit(pid, RLIMIT_AS, &memory, nullptr);
   std::string svg;
-  Exchange(in[1], graph, out[0], &svg);
+  const bool finished =
+      Exchange(in[1], graph, out[0], &svg, std::chrono::steady_clock::now() + kDotTime);
+  if (!finished) kill(pid, SIGKILL);
   int wstatus = 0;
   while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
   if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 127) {
     return Status(StatusCode::kIoError, "dot not found (install graphviz)");
+  }
+  if (!finished) {
+    return Status(StatusCode::kInvalidArgument,
+                  fmt::format("dot took over {} s or wrote over {} MiB: not drawn",
+                              kDotTime.count(), kMaxSvgBytes >> 20));
   }
   size_t start = svg.find("<svg");
   if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0 || start == std::string::npos) {

@@ -9,10 +9,14 @@ recorder reads (torchrr_start_from_environment in c_api.h says which, and their 
 - Recording starts right after ``import torch`` completes (an import hook on sys.meta_path),
   before the program can run a tensor op, with the torchrr package this file belongs to (that of
   the ``torchrr record`` running the program), imported as ``torchrr`` for the whole program.
-- Which process records: the first Python process of the run; under torchrun every worker (RANK
-  set), each into FILE.rankN.trr. The torchrun launcher itself records nothing, and neither do
-  processes the recording process starts (DataLoader workers, subprocesses), but for forked ones
-  under ``--follow-forks``, whose recording the recorder starts itself (FILE.pidN.trr).
+- Which process records: the first Python process of the run that is not a launcher; under a
+  launcher (torchrun, ``python -m torch.distributed.run``, ``accelerate launch``, deepspeed's)
+  every worker (RANK set), each into FILE.rankN.trr, the launcher itself nothing. Processes the
+  recording process starts (DataLoader workers, subprocesses) record nothing, but for forked ones
+  under ``--follow-forks``, whose recording the recorder starts itself (FILE.pidN.trr), and for
+  distributed workers of another rank than its own (a launcher torchrr does not know: RANK set,
+  and not the recording process's).
+- An exec keeps recording: the image it starts records into FILE.execN.trr (torchrr._recording).
 - The program's uncaught exception is recorded as an error (kind 1, its type and message) by a
   sys.excepthook that then calls the previous hook; the trace is closed at exit (atexit).
 
@@ -24,6 +28,8 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Set in the recording process (inherited by its children, which then do not record).
 _RECORDER_PID_ENV = "TORCHRR_RECORDER_PID"
+# The recording process's RANK ("" without one): a child of another rank records all the same.
+_RECORDER_RANK_ENV = "TORCHRR_RECORDER_RANK"
 
 
 def _warn(message):
@@ -53,18 +59,38 @@ def _chain_to_next_sitecustomize():
                          f"traceback:\n{type(error).__name__}: {error}\n")
 
 
-def _is_torchrun_launcher():
-    """True in the torchrun launcher (which starts the ranks and runs no tensor op)."""
+# Launchers that start the ranks and run no tensor op of their own: as a console script (its name,
+# and the subcommand that launches when there is one) and as a module.
+_LAUNCHER_SCRIPTS = {"torchrun": None, "accelerate": "launch", "deepspeed": None}
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch",
+                     "accelerate.commands.launch", "deepspeed.launcher.runner",
+                     "deepspeed.launcher.launch")
+
+
+def _is_launcher():
+    """True in a distributed launcher (torchrun, accelerate launch, deepspeed's): it records
+    nothing, the workers it starts do."""
     if "RANK" in os.environ:
         return False
     argv = list(getattr(sys, "orig_argv", None) or sys.argv)
     for i, arg in enumerate(argv[:3]):
-        if os.path.basename(arg) == "torchrun":
-            return True
-        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in (
-                "torch.distributed.run", "torch.distributed.launch"):
+        name = os.path.basename(arg)
+        if name in _LAUNCHER_SCRIPTS:
+            subcommand = _LAUNCHER_SCRIPTS[name]
+            if subcommand is None or subcommand in argv[i + 1:i + 2]:
+                return True
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in _LAUNCHER_MODULES:
             return True
     return False
+
+
+def _should_record():
+    """Whether this process records (the module's docstring says which do)."""
+    if os.environ.get(_RECORDER_PID_ENV):
+        rank = os.environ.get("RANK")
+        if rank is None or rank == os.environ.get(_RECORDER_RANK_ENV, ""):
+            return False
+    return not _is_launcher()
 
 
 def _import_torchrr():
@@ -80,7 +106,7 @@ def _import_torchrr():
 
 
 def _start_recording():
-    if os.environ.get(_RECORDER_PID_ENV) or _is_torchrun_launcher():
+    if not _should_record():
         return
     try:
         torchrr = _import_torchrr()
@@ -93,6 +119,7 @@ def _start_recording():
     if not started:
         return  # The recorder printed why.
     os.environ[_RECORDER_PID_ENV] = str(os.getpid())
+    os.environ[_RECORDER_RANK_ENV] = os.environ.get("RANK", "")
 
     previous_hook = sys.excepthook
 
@@ -158,7 +185,7 @@ class _StartAfterExec:
 
 
 _chain_to_next_sitecustomize()
-if os.environ.get("TORCHRR_OUTPUT") and not os.environ.get(_RECORDER_PID_ENV):
+if os.environ.get("TORCHRR_OUTPUT") and _should_record():
     if "torch" in sys.modules:
         _start_recording()
     else:

@@ -9,6 +9,7 @@
 #ifndef TORCHRR_REPLAYER_PRINTABLE_H_
 #define TORCHRR_REPLAYER_PRINTABLE_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -25,6 +26,16 @@ namespace torchrr::replayer {
 //   `quote` (when not '\0')                 \"       (for a string printed between quotes)
 // A string without any of these comes back unchanged. Thread-safe.
 std::string Printable(std::string_view text, char quote = '\0');
+
+// The most of one interned string (an op, file or function name, a message) that the verbs that
+// read a trace keep and show. A trace defines a string once and its records name it any number
+// of times: without a bound, a 1 MB name that 1,000 ops use makes 1 GB of `dump` and `export`,
+// and as many of the replay's memory.
+inline constexpr size_t kMaxShownStringBytes = 8192;
+
+// `text` when it is at most kMaxShownStringBytes long; else its first bytes, cut before a UTF-8
+// sequence, then "... [N bytes]" with its whole length. Thread-safe.
+std::string Shortened(std::string_view text);
 
 }  // namespace torchrr::replayer
 
