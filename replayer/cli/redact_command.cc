@@ -21,6 +21,7 @@ struct RedactOptions {
   std::vector<std::string> maps;  // OLD=NEW
   bool drop_values = false;
   bool drop_source = false;
+  bool drop_args = false;
   bool force = false;
 };
 
@@ -33,6 +34,7 @@ int RunRedact(const RedactOptions& options) {
   replayer::Redaction redaction;
   redaction.drop_values = options.drop_values;
   redaction.drop_source = options.drop_source;
+  redaction.drop_args = options.drop_args;
   for (const std::string& map : options.maps) {
     size_t eq = map.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -104,6 +106,8 @@ void RegisterRedactCommand(CLI::App& app, int* exit_code) {
   command->add_flag("--drop-source", options->drop_source,
                     "Drop the source code the trace carries (the replay then quotes code only "
                     "where the files are at hand)");
+  command->add_flag("--drop-args", options->drop_args,
+                    "Drop the recorded command line's arguments (the program's name stays)");
   command->add_flag("--force", options->force,
                     "Replace the output even when it is an existing file that is not a trace");
   command->callback([options, exit_code] { *exit_code = RunRedact(*options); });

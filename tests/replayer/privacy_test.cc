@@ -83,5 +83,64 @@ TEST(Redaction, DropValuesEmptiesOnlyStringsNothingElseUses) {
   EXPECT_TRUE(std::get<format::OpRecord>(record).values.empty());
 }
 
+// A host or user name that is also a word of the verdicts (an op or saved name) or a file's name
+// keeps them: names are never rewritten by those rules, paths only as whole components. In text a
+// name joined by "_" is the name.
+TEST(Redaction, NamesKeepTheirWordsPathsTheirFileNames) {
+  Redaction r;
+  r.hosts = {"train", "aten"};
+  r.users = {"alice", "ana"};
+  r.homes = {"/home/ana"};
+  r.Finish();
+  using Role = Redaction::Role;
+  EXPECT_EQ(r.Apply("/home/ana/train.py", nullptr, Role::kPath), "~/train.py");
+  EXPECT_EQ(r.Apply("/data/train/x.py", nullptr, Role::kPath), "/data/<host>/x.py");
+  EXPECT_EQ(r.Apply("aten::add_", nullptr, Role::kName), "aten::add_");
+  EXPECT_EQ(r.Apply("alice_notes.txt", nullptr), "<user>_notes.txt");
+  EXPECT_EQ(r.Apply("connect to aten:29500", nullptr), "connect to <host>:29500");
+
+  // Through a whole trace's records: each string's role comes from what names it.
+  format::OpRecord op;
+  op.name = 1;
+  format::FrameDef frame;
+  frame.id = 1;
+  frame.file = 2;
+  frame.function = 3;
+  format::NodeRecord node;
+  node.saved.push_back(format::SavedTensor{.name = 4});
+  r.FindNames(format::Record(op));
+  r.FindNames(format::Record(frame));
+  r.FindNames(format::Record(node));
+  auto rewritten = [&](format::InternId id, const std::string& text) {
+    format::Record def = format::StringDef{id, text};
+    r.ApplyTo(def);
+    return std::get<format::StringDef>(def).text;
+  };
+  EXPECT_EQ(rewritten(1, "aten::add_"), "aten::add_");
+  EXPECT_EQ(rewritten(2, "/home/ana/train.py"), "~/train.py");
+  EXPECT_EQ(rewritten(3, "alice_step"), "<user>_step");
+  EXPECT_EQ(rewritten(4, "train"), "train");
+  EXPECT_EQ(rewritten(5, "a message from train"), "a message from <host>");
+}
+
+// What a default redact keeps is said: the command line's arguments (which --drop-args drops) and
+// the error messages the replay reads.
+TEST(Redaction, TheSummarySaysWhatItKept) {
+  Redaction r;
+  format::FileInfo info{.command_line = {"python", "train.py", "--token", "s3cr3t"}};
+  r.FindNames(info);
+  r.FindNames(format::Record(format::ErrorRecord{.message = "token s3cr3t refused"}));
+  r.Finish();
+  EXPECT_NE(r.Describe().find("kept: 3 command-line arguments (--drop-args drops them), 1 error "
+                              "message"),
+            std::string::npos)
+      << r.Describe();
+  r.drop_args = true;
+  format::FileInfo copy = info;
+  r.ApplyTo(copy);
+  EXPECT_EQ(copy.command_line, std::vector<std::string>{"python"});
+  EXPECT_NE(r.Describe().find("command-line arguments dropped"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace torchrr::replayer

@@ -9,6 +9,7 @@
 #include <variant>
 
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include "torchrr/format/record_fields.h"
 #include "torchrr/replayer/printable.h"
@@ -22,10 +23,13 @@ bool IsWordChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
 }
 
+bool IsAlnum(char c) { return IsWordChar(c) && c != '_'; }
+
 // Where a name may be replaced.
 enum class Boundary {
   kAnywhere,       // --map: wherever the user's OLD occurs.
-  kWord,           // No letter, digit or "_" on either side: a host or user name.
+  kWord,           // No letter or digit on either side: a host or user name in text.
+  kComponent,      // A whole path component: a host or user name in a path.
   kPathComponent,  // Followed by "/" or the end: a home directory.
 };
 
@@ -38,9 +42,13 @@ std::string ReplaceAll(const std::string& text, const std::string& from, const s
   for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + 1)) {
     if (at < done) continue;
     size_t end = at + from.size();
-    bool word_before = at > 0 && IsWordChar(text[at - 1]);
-    bool word_after = end < text.size() && IsWordChar(text[end]);
+    bool word_before = at > 0 && IsAlnum(text[at - 1]);
+    bool word_after = end < text.size() && IsAlnum(text[end]);
     if (boundary == Boundary::kWord && (word_before || word_after)) continue;
+    if (boundary == Boundary::kComponent &&
+        ((at > 0 && text[at - 1] != '/') || (end < text.size() && text[end] != '/'))) {
+      continue;
+    }
     if (boundary == Boundary::kPathComponent && end < text.size() && text[end] != '/') continue;
     out.append(text, done, at - done);
     out += to;
@@ -201,25 +209,32 @@ void Redaction::Finish() {
   SortLongestFirst(users);
 }
 
-std::string Redaction::Apply(const std::string& text, bool* changed) const {
+std::string Redaction::Apply(const std::string& text, bool* changed, Role role) const {
   std::string out = text;
   for (const auto& [from, to] : maps) out = ReplaceAll(out, from, to, Boundary::kAnywhere);
   // "/home/al" must not turn "/home/alice" into "~ice".
   for (const std::string& home : homes) out = ReplaceAll(out, home, "~", Boundary::kPathComponent);
-  for (const std::string& host : hosts) out = ReplaceAll(out, host, "<host>", Boundary::kWord);
-  for (const std::string& user : users) out = ReplaceAll(out, user, "<user>", Boundary::kWord);
+  if (role != Role::kName) {
+    const Boundary boundary = role == Role::kPath ? Boundary::kComponent : Boundary::kWord;
+    for (const std::string& host : hosts) out = ReplaceAll(out, host, "<host>", boundary);
+    for (const std::string& user : users) out = ReplaceAll(out, user, "<user>", boundary);
+  }
   if (changed != nullptr) *changed = out != text;
   return out;
 }
 
-void Redaction::Rewrite(std::string& text, int* changed) const {
+void Redaction::Rewrite(std::string& text, int* changed, Role role) const {
   bool one = false;
-  text = Apply(text, &one);
+  text = Apply(text, &one, role);
   *changed += one;
 }
 
 int Redaction::ApplyTo(format::FileInfo& info) const {
   int changed = 0;
+  if (drop_args && info.command_line.size() > 1) {
+    info.command_line.resize(1);
+    ++changed;
+  }
   ForEachString(info, [&](std::string& text) { Rewrite(text, &changed); });
   return changed;
 }
@@ -242,6 +257,13 @@ int Redaction::ApplyTo(format::Record& record) const {
     changed += !op->values.empty();
     op->values.clear();
   }
+  if (auto* s = std::get_if<format::StringDef>(&record)) {
+    const Role role = name_strings_.contains(s->id)   ? Role::kName
+                      : path_strings_.contains(s->id) ? Role::kPath
+                                                      : Role::kText;
+    Rewrite(s->text, &changed, role);
+    return changed;
+  }
   ForEachString(record, [&](std::string& text) { Rewrite(text, &changed); });
   return changed;
 }
@@ -255,6 +277,7 @@ void Redaction::FindNames(const format::FileInfo& info) {
     }
   }
   ForEachString(info, [&](const std::string& text) { FindHomes(text); });
+  command_line_args_ = info.command_line.empty() ? 0 : info.command_line.size() - 1;
 }
 
 void Redaction::FindHomes(const std::string& text) {
@@ -268,19 +291,28 @@ void Redaction::FindNames(const format::Record& record) {
   ForEachString(record, [&](const std::string& text) { FindHomes(text); });
   if (const auto* error = std::get_if<format::ErrorRecord>(&record)) {
     named_strings_.insert(error->type);
+    name_strings_.insert(error->type);
+    error_messages_ += !error->message.empty();
   } else if (const auto* op = std::get_if<format::OpRecord>(&record)) {
-    named_strings_.insert(op->name);
-    named_strings_.insert(op->overload);
+    named_strings_.insert({op->name, op->overload});
+    name_strings_.insert({op->name, op->overload});
     for (const format::Value& v : op->values) value_strings_.insert(v.s);
   } else if (const auto* frame = std::get_if<format::FrameDef>(&record)) {
     named_strings_.insert({frame->function, frame->file, frame->library});
+    path_strings_.insert({frame->file, frame->library});
   } else if (const auto* node = std::get_if<format::NodeRecord>(&record)) {
     named_strings_.insert(node->name);
-    for (const format::SavedTensor& saved : node->saved) named_strings_.insert(saved.name);
+    name_strings_.insert(node->name);
+    for (const format::SavedTensor& saved : node->saved) {
+      named_strings_.insert(saved.name);
+      name_strings_.insert(saved.name);
+    }
   } else if (const auto* kernel = std::get_if<format::CudaKernelRecord>(&record)) {
     named_strings_.insert(kernel->name);
+    name_strings_.insert(kernel->name);
   } else if (const auto* print = std::get_if<format::FingerprintRecord>(&record)) {
     named_strings_.insert(print->saved_name);
+    name_strings_.insert(print->saved_name);
   }
 }
 
@@ -300,6 +332,19 @@ std::string Redaction::Describe() const {
   if (!users.empty()) parts.push_back("user " + list(users) + " -> <user>");
   if (drop_values) parts.push_back("argument values dropped");
   if (drop_source) parts.push_back("source code dropped");
+  if (drop_args && command_line_args_ > 0) parts.push_back("command-line arguments dropped");
+  // What stays as it was, unless a rule above matched inside it.
+  std::vector<std::string> kept;
+  if (!drop_args && command_line_args_ > 0) {
+    kept.push_back(fmt::format("{} command-line argument{} (--drop-args drops them)",
+                               command_line_args_, command_line_args_ == 1 ? "" : "s"));
+  }
+  if (error_messages_ > 0) {
+    kept.push_back(fmt::format("{} error message{} (the replay reads them; --map rewrites a "
+                               "secret in them)",
+                               error_messages_, error_messages_ == 1 ? "" : "s"));
+  }
+  if (!kept.empty()) parts.push_back("kept: " + fmt::format("{}", fmt::join(kept, ", ")));
   std::string out;
   for (const std::string& part : parts) out += (out.empty() ? "" : "; ") + part;
   return out;

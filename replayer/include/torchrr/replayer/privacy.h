@@ -70,6 +70,17 @@ class Redaction {
   bool drop_values = false;  // --drop-values: every op's non-tensor arguments are dropped, and
                              // the strings only they used are emptied.
   bool drop_source = false;  // --drop-source: no SourceFile or SourceLines record is kept.
+  bool drop_args = false;    // --drop-args: the command line keeps only the program.
+
+  // What a string is, for the host and user rules (--map and home directories apply to all):
+  enum class Role {
+    kText,  // Messages, the command line, function names: a name between non-alphanumerics
+            // ("_" separates: alice_notes.txt is alice's).
+    kName,  // An op, node, saved-tensor or kernel name, an error type: the verdicts' words,
+            // never rewritten by a host or user rule (a host called "aten").
+    kPath,  // A frame's file or library: a name that is a whole path component only
+            // (/home/ana/train.py keeps train.py on a host called "train").
+  };
 
   // Rules for a trace: `homes`, `users` and `hosts` as found by the first pass (FindNames) plus
   // this machine's user and home, so that a trace recorded here loses them even when only some
@@ -80,7 +91,7 @@ class Redaction {
   void Finish();
 
   // `text` rewritten; says in *changed whether anything was.
-  std::string Apply(const std::string& text, bool* changed) const;
+  std::string Apply(const std::string& text, bool* changed, Role role = Role::kText) const;
   // Every string of `record` (or `info`) rewritten in place, whichever field holds it (the field
   // lists of record_fields.h are walked, so that a string field added later is redacted too);
   // returns how many changed.
@@ -99,12 +110,16 @@ class Redaction {
 
  private:
   // `text` rewritten in place; adds 1 to *changed when it changed.
-  void Rewrite(std::string& text, int* changed) const;
+  void Rewrite(std::string& text, int* changed, Role role = Role::kText) const;
   // Adds the home directories in `text`, and their users.
   void FindHomes(const std::string& text);
 
   std::set<format::InternId> value_strings_;  // Used by an argument.
   std::set<format::InternId> named_strings_;  // Used by anything else: kept by --drop-values.
+  std::set<format::InternId> name_strings_;   // Role::kName.
+  std::set<format::InternId> path_strings_;   // Role::kPath.
+  size_t command_line_args_ = 0;              // Past the program: what --drop-args drops.
+  uint64_t error_messages_ = 0;               // Kept: the replay reads them.
 };
 
 }  // namespace torchrr::replayer
