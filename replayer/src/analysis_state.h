@@ -224,6 +224,9 @@ struct Finding {
   // kUnpackHook, kSilent: what the unpack hook returned when the recorder saw it differ from the
   // saved tensor.
   std::optional<format::UnpackedTensor> unpacked;
+  // kSilent: the saved tensor was moved to another storage (`.data =`) between save and use;
+  // `writers` holds the op that announced it.
+  bool storage_swap = false;
 };
 
 // A write into a saved tensor that a counter reset hid and that wrote back what was saved (the
@@ -300,6 +303,16 @@ struct AnalysisState {
   std::vector<std::pair<format::ObjectId, uint64_t>> threw_ops;
   // Activation checkpointing: how many nodes of a name each checkpoint made (BackwardReplay).
   std::unordered_map<uint64_t, uint32_t> checkpoint_ranks;
+  // Storage swaps that bypass the dispatcher (`.data =`, set_data, Module._apply), by tensor: the
+  // op that announced it (aten::_has_compatible_shallow_copy_type, which set_data calls first),
+  // the record at which the tensor was first seen on another storage, and that storage's lineage.
+  struct StorageSwap {
+    uint64_t seq = 0;
+    format::ObjectId op = 0;
+    format::ObjectId storage = 0;
+    uint64_t content = 0;
+  };
+  std::unordered_map<format::ObjectId, std::vector<StorageSwap>> swaps;
   // detach_() calls, by the tensor detached: (seq, op), in record order.
   std::unordered_map<format::ObjectId, std::vector<std::pair<uint64_t, format::ObjectId>>>
       detaches;

@@ -117,6 +117,10 @@ class Analyzer::Impl {
   std::vector<ObjectId> seen_counters_;  // Scratch for TrackVersions.
   // The interned names of detach_: the ATen op, and the range PyTorch opens inside it.
   InternId detach_op_name_ = 0;
+  // set_data (`.data =`) is no op of the dispatcher's; the check it makes first is: the swap of
+  // its first argument's storage it announces, by tensor, until the tensor shows another storage.
+  InternId shallow_copy_check_name_ = 0;
+  std::unordered_map<ObjectId, ObjectId> swap_announced_;
   InternId detach_inner_name_ = 0;
   InternId detach_name_ = 0;  // aten::detach: what selective checkpointing caches is detached.
 
@@ -193,6 +197,7 @@ void Analyzer::Impl::On(const format::StringDef& r) {
   if (r.text == "aten::detach_") detach_op_name_ = r.id;
   if (r.text == "detach_") detach_inner_name_ = r.id;
   if (r.text == "aten::detach") detach_name_ = r.id;
+  if (r.text == "aten::_has_compatible_shallow_copy_type") shallow_copy_check_name_ = r.id;
   Put(state_.strings, r.id, Shortened(r.text));
 }
 
@@ -207,6 +212,14 @@ void Analyzer::Impl::On(const format::TensorInfo& r) {
   }
   recent_tensors_[recent_tensors_next_++ % kRecentTensors] = r.tensor;
   TensorState& t = state_.tensors[slot];
+  // The same tensor on another storage, after an op announced a swap of it: `.data =`.
+  if (t.storage != 0 && r.storage != t.storage) {
+    if (auto announced = swap_announced_.find(r.tensor); announced != swap_announced_.end()) {
+      state_.swaps[r.tensor].push_back(
+          {state_.seq, announced->second, r.storage, lineage_.Of(r.storage)});
+      swap_announced_.erase(announced);
+    }
+  }
   t.storage = r.storage;
   t.storage_nbytes = r.storage_nbytes;
   t.storage_address = r.storage_address;
@@ -251,6 +264,9 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   TrackVersions(r);
   if (r.name != 0 && (r.name == detach_op_name_ || r.name == detach_inner_name_)) NoteDetach(r);
   if (r.name != 0 && r.name == detach_name_ && r.parent != 0) NoteCachedOutput(r);
+  if (r.name != 0 && r.name == shallow_copy_check_name_ && !r.inputs.empty()) {
+    swap_announced_[r.inputs[0].tensor] = r.op;
+  }
   if (r.threw && r.scope == OpScope::kFunction) NoteThrew(r);
   silent_.OnOp(r);
   if (r.scope == OpScope::kBackwardFunction) {

@@ -416,6 +416,7 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
     }
     if (unpacks_inputs_alone && !unchecked) CheckDetached(s, base, seq);
     CheckVersion(s, base, seq);
+    CheckStorageSwap(s, base, seq);
     if (unchecked) MarkUnchecked(state_.findings, findings_before);
     std::vector<ObjectId> silent_writers = silent_.SilentWritersBefore(s, seq);
     if (!silent_writers.empty()) {
@@ -591,6 +592,34 @@ void BackwardReplay::CheckVersion(const SavedState& s, const Finding& base, uint
   f.view_regenerated = f.use_known && f.use_grad_fn != 0 && s.meta_known &&
                        f.use_grad_fn == s.grad_fn && last != nullptr && last->tensor != 0 &&
                        last->tensor != s.saved.tensor;
+  state_.findings.push_back(std::move(f));
+}
+
+// `.data =` on a saved tensor between its save and record `seq`: backward reads the tensor's new
+// storage, and no version counter moved. A swap back to what was saved (the same lineage: a
+// sharded engine swapping an unsharded parameter in again) is none.
+void BackwardReplay::CheckStorageSwap(const SavedState& s, const Finding& base, uint64_t seq) {
+  if (s.saved.tensor == 0 || s.saved.storage == 0) return;
+  auto it = state_.swaps.find(s.saved.tensor);
+  if (it == state_.swaps.end()) return;
+  const AnalysisState::StorageSwap* first = nullptr;
+  const AnalysisState::StorageSwap* last = nullptr;
+  for (const AnalysisState::StorageSwap& swap : it->second) {
+    if (swap.seq <= s.save_seq) continue;
+    if (swap.seq >= seq) break;
+    if (first == nullptr) first = &swap;
+    last = &swap;
+  }
+  if (last == nullptr) return;
+  // Storage ids are reused once freed: the lineage says whether it is what was saved.
+  const bool back = s.content_at_save != 0 && last->content != 0
+                        ? last->content == s.content_at_save
+                        : last->storage == s.saved.storage;
+  if (back && !base.exec_threw) return;
+  Finding f = base;
+  f.kind = ViolationKind::kSilent;
+  f.storage_swap = true;
+  f.writers.push_back(first->op);
   state_.findings.push_back(std::move(f));
 }
 

@@ -97,6 +97,7 @@ class BackwardReplay {
                        const Pass& pass);
   void CheckDetached(const SavedState& s, const Finding& base, uint64_t seq);
   void CheckVersion(const SavedState& s, const Finding& base, uint64_t seq);
+  void CheckStorageSwap(const SavedState& s, const Finding& base, uint64_t seq);
   // Whether the last write since the save (`last`) left the saved tensor's storage with the
   // lineage it had at the save (ContentLineage: FSDP2's refill of a parameter it freed), in an
   // execution that did not throw (or one a pass that threw never ran): backward read, or would

@@ -491,6 +491,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   if (f.kind == ViolationKind::kVersion) v.pytorch_names = PytorchNames(f, node, s);
   if (f.kind == ViolationKind::kSilent) {
     v.evidence = f.by_fingerprint ? SilentEvidence::kFingerprint
+                 : f.storage_swap ? SilentEvidence::kStorageSwap
                  : f.unpacked     ? SilentEvidence::kUnpackHook
                  : f.unchecked    ? SilentEvidence::kUncheckedSave
                  : f.reset        ? SilentEvidence::kCounterReset

@@ -67,6 +67,7 @@ const char* SilentEvidenceName(SilentEvidence evidence) {
     case SilentEvidence::kCounterReset: return "counter_reset";
     case SilentEvidence::kUncheckedSave: return "unchecked_save";
     case SilentEvidence::kUnpackHook: return "unpack_hook";
+    case SilentEvidence::kStorageSwap: return "storage_swap";
     default: return "";
   }
 }

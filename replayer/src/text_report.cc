@@ -266,6 +266,9 @@ void TextReport::EmitHeading(const Violation& v) {
       heading = v.evidence == SilentEvidence::kUnpackHook
                     ? ": a saved_tensors_hooks unpack hook handed backward another tensor than "
                       "was saved (PyTorch does not check it: the gradient is silently wrong)"
+                : v.evidence == SilentEvidence::kStorageSwap
+                    ? ": saved tensor's storage replaced by `.data =` before backward used it "
+                      "(PyTorch cannot detect this)"
                 : v.evidence == SilentEvidence::kUncheckedSave
                     ? ": saved tensor modified in place where PyTorch does not check (the "
                       "gradient used the modified value)"
@@ -505,6 +508,8 @@ void TextReport::EmitPytorch(const Violation& v) {
   } else if (v.evidence == SilentEvidence::kUnpackHook) {
     out_ << "no error: it checks nothing of what unpack hooks return, and casts each gradient "
             "back to its input's dtype, so gradients are silently wrong";
+  } else if (v.evidence == SilentEvidence::kStorageSwap) {
+    out_ << "no error: `.data =` moves no version counter, so gradients are silently wrong";
   } else if (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kCounterReset) {
     out_ << "no error: the counter was set back, so its check passed and gradients are silently "
             "wrong";

@@ -34,6 +34,11 @@ std::string CulpritLabel(const Violation& v) {
     return "backward pass #" + (v.freed_by_pass ? std::to_string(*v.freed_by_pass) : "?") +
            " ran " + Printable(v.backward_node.name) + " and freed what it saved";
   }
+  if (v.evidence == SilentEvidence::kStorageSwap) {
+    // The op recorded is the check set_data makes before it swaps; the line is the assignment.
+    return "`.data =` (set_data) replaced its storage after the save: backward reads the new "
+           "values";
+  }
   std::string label = OpName(*v.culprit);
   if (!v.culprit->detail.empty()) {
     label += " (wrote through " + Printable(v.culprit->detail) + ")";
@@ -81,6 +86,11 @@ std::string FixHint(const Violation& v) {
   if (silent && v.evidence == SilentEvidence::kUnpackHook) {
     return "make the unpack hook return a tensor of the saved one's dtype and shape (cast back "
            "what the pack hook converted)";
+  }
+  if (silent && v.evidence == SilentEvidence::kStorageSwap) {
+    return "assign .data after backward(), or write the new values with copy_() under "
+           "torch.no_grad() (PyTorch checks that write); a layer recomputing its weight each "
+           "forward (spectral or weight norm) should compute a new tensor, not assign .data";
   }
   if (silent && v.evidence == SilentEvidence::kCounterReset) {
     return "do not hide an in-place write to a saved tensor by setting its version back; "

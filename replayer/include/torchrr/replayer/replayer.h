@@ -100,8 +100,12 @@ enum class SilentEvidence : uint8_t {
   kUnpackHook = 5,    // A saved_tensors_hooks unpack hook handed backward a tensor of another
                       // dtype or shape than was saved (Violation::unpacked), and backward
                       // computed the gradient from it without an error.
+  kStorageSwap = 6,   // The saved tensor was moved to another storage (`.data =`, set_data,
+                      // Module._apply) between save and use: backward read the new values, and
+                      // no version counter moved. The culprit is the assignment.
 };
-// "", "aliased_write", "fingerprint", "counter_reset", "unchecked_save", "unpack_hook"
+// "", "aliased_write", "fingerprint", "counter_reset", "unchecked_save", "unpack_hook",
+// "storage_swap"
 const char* SilentEvidenceName(SilentEvidence evidence);
 
 // For evidence kCounterReset: the counter went backwards between two recorded ops, the second
