@@ -21,7 +21,8 @@ def start(path: str | os.PathLike = "torchrr.trr", *, rank: Optional[int] = None
     the recording options, each named as in docs/recorder.md's table of options (the recorder's
     recording_options.def holds them, with what each one does): native_stacks, python_stacks,
     max_buffered_bytes, drop_when_full, verify_saved, cuda_kernels, all_ops, follow_forks,
-    source, keep_last, keep_last_bytes, spill, steps. A switch takes True or False; a count an
+    source, keep_last, keep_last_bytes, spill, steps, force (replace a file at ``path`` that is
+    not a trace; by default such a file is refused). A switch takes True or False; a count an
     int; spill a directory (created if missing); steps a (first, last) pair of 0-based step
     numbers, inclusive, last None for the end of the run. One not given takes its default, as
     under ``torchrr record``: C++ stacks are off in a Python process (its user lines are in its
