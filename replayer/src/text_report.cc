@@ -407,12 +407,20 @@ void TextReport::EmitNeededBy(const Violation& v) {
               "what " << p_.Bold(Printable(v.backward_node.name)) << " saved\n";
     return;
   }
-  std::string member = v.tensor.saved_name.empty() ? "?" : Printable(v.tensor.saved_name);
+  // A damaged or hostile trace may leave the node or the member without a name.
+  std::string member = v.tensor.saved_name.empty()
+                           ? std::string("a saved tensor the trace does not name")
+                           : "saved `" + Printable(v.tensor.saved_name);
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";
   }
-  Fact() << "needed by " << p_.Bold(Printable(v.backward_node.name)) << " (saved `" << member
-         << "`, " << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
+  if (!v.tensor.saved_name.empty()) member += "`";
+  const std::string node = v.backward_node.name.empty()
+                               ? "a node the trace does not name (#" +
+                                     std::to_string(v.backward_node.id) + ")"
+                               : Printable(v.backward_node.name);
+  Fact() << "needed by " << p_.Bold(node) << " (" << member << ", "
+         << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
          << (v.simulated ? ", in the part of the backward pass that did not run" : "") << "\n";
   if (v.recomputing) {
     Fact() << "activation checkpointing: backward read it to recompute what "

@@ -102,5 +102,21 @@ TEST(PrintableTest, LongStringsAreShortenedWithTheirLength) {
   EXPECT_NE(text.find("... [1048576 bytes]"), std::string::npos);
 }
 
+// A trace whose node and saved member have no name (damaged, or written by a stranger): the report
+// says so in words instead of printing an empty name and a `?`.
+TEST(PrintableTest, UnnamedNodesAndMembersAreSaidToBeUnnamed) {
+  TraceBuilder b;
+  auto x = b.Leaf({4});
+  auto y = b.Forward("aten::sigmoid", "", {x}, {{"", kOutput}}, b.At(2, "train.py"));
+  b.Inplace("aten::mul_", y.out, {}, b.At(1, "train.py"), false);
+  b.Backward({y.node}, y.node);
+  std::string text = FormatText(Analyze(b.records), /*color=*/false);
+  EXPECT_NE(text.find("needed by a node the trace does not name (#"), std::string::npos) << text;
+  EXPECT_NE(text.find("(a saved tensor the trace does not name, an output of its op)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("`?`"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace torchrr::replayer
