@@ -1,7 +1,5 @@
 #include "byte_sinks.h"
 
-#include "container.h"
-
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -12,6 +10,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+
+#include "container.h"
 
 namespace torchrr::format {
 namespace {
@@ -28,20 +28,6 @@ Status NotARegularFile(const std::string& path, mode_t mode) {
                 path + ": not a regular file (" + what + "); a trace is written to a file");
 }
 
-// Opens `path` for writing, creating it when `create`, only if it is a regular file, and takes
-// the exclusive lock (flock) a writer holds on its trace for as long as the descriptor is open.
-// Changes no byte of the file. Returns the descriptor (O_CLOEXEC, blocking), or:
-// kInvalidArgument for an empty path, a symbolic link (O_NOFOLLOW: a link planted at the path
-// never truncates its target nor creates a file elsewhere) or anything but a regular file;
-// kIoError "path: another recording is writing it" when the lock is held, "path: strerror" when
-// open fails.
-//
-// The stat before open keeps it from touching a device or a FIFO (whose open would block until
-// a reader came); O_NONBLOCK makes a FIFO put there after that stat fail (ENXIO) instead of
-// blocking, and fstat after open refuses whatever it opened that is not a regular file. A file
-// system without flock (EINVAL, ENOLCK, EOPNOTSUPP) writes unlocked.
-// Unless `replace_any_file`, a file that is neither empty nor a trace (its first bytes are not the
-// file magic) is refused with kInvalidArgument: it is the program's, not an old trace.
 // Whether the regular file at `path` (`st` its fstat through the writer's descriptor) starts as
 // a trace: read through a descriptor of its own (the writer's is write-only), the same file.
 Status CheckIsTrace(const std::string& path, const struct stat& st) {
@@ -62,6 +48,20 @@ Status CheckIsTrace(const std::string& path, const struct stat& st) {
                 path + " " + std::string(TraceWriter::kNotReplacedSuffix));
 }
 
+// Opens `path` for writing, creating it when `create`, only if it is a regular file, and takes
+// the exclusive lock (flock) a writer holds on its trace for as long as the descriptor is open.
+// Changes no byte of the file. Returns the descriptor (O_CLOEXEC, blocking), or:
+// kInvalidArgument for an empty path, a symbolic link (O_NOFOLLOW: a link planted at the path
+// never truncates its target nor creates a file elsewhere) or anything but a regular file;
+// kIoError "path: another recording is writing it" when the lock is held, "path: strerror" when
+// open fails.
+//
+// The stat before open keeps it from touching a device or a FIFO (whose open would block until
+// a reader came); O_NONBLOCK makes a FIFO put there after that stat fail (ENXIO) instead of
+// blocking, and fstat after open refuses whatever it opened that is not a regular file. A file
+// system without flock (EINVAL, ENOLCK, EOPNOTSUPP) writes unlocked.
+// Unless `replace_any_file`, a file that is neither empty nor a trace (its first bytes are not the
+// file magic) is refused with kInvalidArgument: it is the program's, not an old trace.
 StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create, bool replace_any_file) {
   if (path.empty()) return Status(StatusCode::kInvalidArgument, "no trace path given (empty)");
   struct stat st;

@@ -186,8 +186,8 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     fingerprints_.Take(ts, cuda_tracer(), frame->before);
   }
   // Last: CUDA work launched from here on is this op's.
-  if (frame && cuda_wanted_) {
-    MaybeStartCudaTracer(InputsOf(fn));
+  if (frame) {
+    if (cuda_pending_.load(std::memory_order_relaxed)) MaybeStartCudaTracer(InputsOf(fn));
     if (CudaActivityTracer* cuda = cuda_tracer()) cuda->PushOp(frame->op.op);
   }
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);

@@ -71,7 +71,7 @@ std::shared_ptr<Session> Session::OpenLocked(const RecorderOptions& options, std
   session->interner_.emplace(*session->sink_);
   session->graph_.emplace(*session->interner_, session->ids_, session->fingerprints_);
 
-  session->cuda_wanted_ =
+  session->cuda_pending_ =
       session->options_.cuda_kernels && c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA) &&
       c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() > 0;
   session->recording_.store(true, std::memory_order_release);

@@ -158,9 +158,11 @@ class Session {
   std::unique_ptr<CudaActivityTracer::Sink> cuda_sink_;  // A CudaSink (session_cuda.cc).
   std::atomic<bool> draining_cuda_{false};  // Stop() takes CUPTI's last delivery.
   // cuda_tracer_ is set once, from inside an op (counted in in_flight_), and reset by Stop() after
-  // the callbacks are gone: read without a lock.
-  bool cuda_wanted_ = false;  // Set before the callbacks are registered.
-  std::once_flag cuda_start_once_;
+  // the callbacks are gone: read without a lock. cuda_pending_: a device is there and no op has
+  // tried to start CUPTI yet (set before the callbacks are registered; the first op that touches
+  // the device clears it, so that no op looks at its inputs for this again, whether CUPTI
+  // started or not).
+  std::atomic<bool> cuda_pending_{false};
   std::unique_ptr<CudaActivityTracer> cuda_tracer_owner_;
   std::atomic<CudaActivityTracer*> cuda_tracer_{nullptr};
   std::atomic<int64_t> last_cuda_flush_ns_{0};

@@ -62,7 +62,6 @@ bool TouchesCuda(const c10::IValue& value) {
 }  // namespace
 
 void Session::MaybeStartCudaTracer(c10::ArrayRef<const c10::IValue> inputs) {
-  if (cuda_tracer() != nullptr) return;
   bool cuda = false;
   for (const c10::IValue& input : inputs) {
     if (TouchesCuda(input)) {
@@ -70,8 +69,11 @@ void Session::MaybeStartCudaTracer(c10::ArrayRef<const c10::IValue> inputs) {
       break;
     }
   }
-  // A .cuda() or a factory with device="cuda" names the device; its kernels come after this.
-  if (cuda && recording()) std::call_once(cuda_start_once_, [this] { StartCudaTracer(); });
+  // A .cuda() or a factory with device="cuda" names the device; its kernels come after this. One
+  // op starts it: the one that clears cuda_pending_.
+  if (cuda && recording() && cuda_pending_.exchange(false, std::memory_order_acq_rel)) {
+    StartCudaTracer();
+  }
 }
 
 void Session::StartCudaTracer() {
