@@ -70,7 +70,7 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   } else if (options.short_verdict) {
     out << replayer::FormatShortVerdict(report, path);
   } else {
-    out << replayer::FormatText(report, color);
+    out << replayer::FormatText(report, color, options.each);
   }
   const size_t n = report.violations.size();
   *verdict = name + ": " +
@@ -149,6 +149,9 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
                    "Print only each distinct culprit and victim line with the fix, as `record` "
                    "does after the program (nothing when there is no violation)")
       ->excludes("--json");
+  replay->add_flag("--all", options->each,
+                   "Print every violation; by default violations with the same kind, culprit "
+                   "line and victim line are one diagnostic that says how many and in which steps");
   const std::map<std::string, ColorMode> colors{
       {"auto", ColorMode::kAuto}, {"always", ColorMode::kAlways}, {"never", ColorMode::kNever}};
   replay->add_option("--color", options->color, "Colour the text report: auto, always, never")

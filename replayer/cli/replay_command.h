@@ -20,6 +20,7 @@ struct ReplayOptions {
   std::vector<std::string> paths;  // One trace, or several (one per rank).
   bool json = false;
   bool short_verdict = false;  // The few lines `record` prints (FormatShortVerdict) instead.
+  bool each = false;  // Every violation, not one diagnostic per group (FormatText's `each`).
   ColorMode color = ColorMode::kAuto;
   std::vector<std::string> source_roots;  // replayer::SetLocalSourceRoots; empty: the cwd.
 };

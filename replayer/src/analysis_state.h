@@ -252,6 +252,25 @@ struct AnalysisState {
   uint64_t steps = 0;
   uint64_t first_step = 0;
   uint64_t last_step = 0;
+  // The step the records being read belong to: the latest StepRecord's number, and, for traces
+  // that mark none, the count of boundaries found by the recorder's own rule (format/SPEC.md,
+  // "Steps": after a backward function ran, a top-level op ends that created nodes).
+  uint64_t current_step = 0;
+  uint64_t inferred_step = 0;
+  // Per backward pass: the step it ran in, by StepRecord (kNoStep before the first) and by the
+  // rule; which one a report names is decided at the end, once it is known whether the trace has
+  // StepRecords.
+  static constexpr uint64_t kNoStep = UINT64_MAX;
+  struct PassStep {
+    uint64_t marked = kNoStep;
+    uint64_t inferred = 0;
+  };
+  std::vector<PassStep> pass_steps;
+  // The step of backward pass `pass`, as reports name it; kNoStep when unknown.
+  uint64_t StepOfPass(uint64_t pass) const {
+    if (pass >= pass_steps.size()) return kNoStep;
+    return steps != 0 ? pass_steps[pass].marked : pass_steps[pass].inferred;
+  }
 
   IdIndex index;  // Slots in the tables below, and in SilentWriteWatch's per-storage lists.
   LayoutPool layouts;

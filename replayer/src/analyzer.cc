@@ -86,7 +86,9 @@ class Analyzer::Impl {
   void On(const format::StepRecord& r) {
     if (state_.steps++ == 0) state_.first_step = r.step;
     state_.last_step = r.step;
+    state_.current_step = r.step;
   }
+  void NoteStepBoundary(const format::OpRecord& r);
 
   CounterState& GetCounter(ObjectId id);
   uint64_t CloseOpSubtree(const format::OpRecord& r);
@@ -123,6 +125,11 @@ class Analyzer::Impl {
   std::unordered_map<ObjectId, ObjectId> swap_announced_;
   InternId detach_inner_name_ = 0;
   InternId detach_name_ = 0;  // aten::detach: what selective checkpointing caches is detached.
+
+  // For steps found by the recorder's rule: nodes created since the last top-level op ended, and
+  // whether a backward function ran since the last boundary.
+  uint64_t nodes_since_top_level_ = 0;
+  bool backward_ran_ = false;
 
   // The latest top-level op, and whether it threw: where an error the program raised next came
   // from.
@@ -259,6 +266,7 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
     last_top_level_op_ = r.op;
     last_top_level_threw_ = r.threw;
   }
+  NoteStepBoundary(r);
   uint64_t subtree_first = CloseOpSubtree(r);
   lineage_.OnOp(r);
   TrackVersions(r);
@@ -274,6 +282,22 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   } else {
     backward_.OnForwardOp(r);
   }
+}
+
+// The recorder's step rule (format/SPEC.md, "Steps"), for traces without StepRecords: a top-level
+// forward op that created nodes, after a backward function ran, begins the next step. Backward
+// passes open after their step's forward, so the count at a pass's first execution is its step.
+void Analyzer::Impl::NoteStepBoundary(const format::OpRecord& r) {
+  if (r.scope == OpScope::kBackwardFunction) {
+    backward_ran_ = true;
+    return;
+  }
+  if (r.parent != 0 || IsAutogradEngineName(state_.Str(r.name))) return;
+  if (backward_ran_ && nodes_since_top_level_ != 0) {
+    ++state_.inferred_step;
+    backward_ran_ = false;
+  }
+  nodes_since_top_level_ = 0;
 }
 
 // The op ended: returns the first record of its subtree, and hands that up to its parent, which
@@ -400,6 +424,7 @@ ObjectId Analyzer::Impl::CreatorBySequence(const format::NodeRecord& r) const {
 
 void Analyzer::Impl::On(const format::NodeRecord& r) {
   if (state_.index.Find(r.node, IdKind::kNode) != IdIndex::kAbsent) return;  // First sight wins.
+  ++nodes_since_top_level_;
   NodeState node;
   node.id = r.node;
   node.name = r.name;

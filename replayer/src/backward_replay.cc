@@ -210,6 +210,8 @@ BackwardReplay::Pass& BackwardReplay::OpenPass(uint32_t node_slot, uint32_t thre
     last_called_op_.erase(called);
   }
   state_.pass_entry_ops.push_back(entry);
+  state_.pass_steps.push_back(
+      {state_.steps != 0 ? state_.current_step : AnalysisState::kNoStep, state_.inferred_step});
   return pass;
 }
 

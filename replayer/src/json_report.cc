@@ -122,6 +122,7 @@ json ViolationJson(const Violation& v) {
       {"pytorch_names", v.pytorch_names ? json(*v.pytorch_names) : json(nullptr)},
       {"simulated", v.simulated},
       {"backward_pass", v.backward_pass},
+      {"step", v.step ? json(*v.step) : json(nullptr)},
       {"node_exec_op", v.node_exec_op == 0 ? json(nullptr) : json(v.node_exec_op)},
       {"evidence", v.kind == ViolationKind::kSilent ? json(SilentEvidenceName(v.evidence))
                                                     : json(nullptr)},
@@ -171,6 +172,17 @@ json ProgramErrorJson(const Report& report) {
           {"op", e.op.id == 0 ? json(nullptr) : OpJson(e.op)}};
 }
 
+// The violations that are one diagnostic: [{"violations": [index, ...], "count", "steps"}].
+json GroupsJson(const Report& report) {
+  json groups = json::array();
+  for (const ViolationGroup& group : report.groups) {
+    groups.push_back({{"violations", group.violations},
+                      {"count", group.violations.size()},
+                      {"steps", group.steps}});
+  }
+  return groups;
+}
+
 // Whether the recording covers the whole run: {"complete", "stopped", "records_lost"}.
 json RecordingJson(const Report& report) {
   json stopped = nullptr;
@@ -200,6 +212,7 @@ nlohmann::json ToJson(const Report& report) {
   for (const Violation& v : report.violations) violations.push_back(ViolationJson(v));
   return {{"schema_version", kSchemaVersion},
           {"violations", std::move(violations)},
+          {"groups", GroupsJson(report)},
           {"ops", report.ops},
           {"records", report.records},
           {"tensors", report.tensors},

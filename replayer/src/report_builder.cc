@@ -125,6 +125,7 @@ class ReportBuilder {
     report.last_step = state_.last_step;
     AddViolations(report);
     for (Violation& v : report.violations) v.recording_incomplete = report.incomplete();
+    report.groups = GroupViolations(report.violations);
     AddWarnings(report);
     AddUnexplainedErrors(report);
     AddProgramError(report);
@@ -514,6 +515,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
   }
   v.simulated = f.simulated;
   v.backward_pass = f.pass;
+  if (uint64_t step = state_.StepOfPass(f.pass); step != AnalysisState::kNoStep) v.step = step;
   v.node_exec_op = f.exec_op;
   return v;
 }

@@ -1,10 +1,8 @@
 // The few lines `torchrr record` prints after a recorded program ends, when its trace holds a
 // violation: each distinct culprit and victim line with its code, the fix, and the commands for
 // the rest. The whole report is text_report.cc's.
-#include <map>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "source_files.h"
@@ -17,18 +15,6 @@ namespace {
 
 // Distinct places shown at most: the verdict stays within a screen.
 constexpr size_t kMaxPlaces = 3;
-
-using PlaceKey = std::tuple<std::string, uint32_t, std::string, uint32_t, int>;
-
-PlaceKey KeyOf(const Violation& v) {
-  auto at = [](const std::optional<OpRef>& op) {
-    return op && op->user_frame ? std::make_pair(op->user_frame->file, op->user_frame->line)
-                                : std::make_pair(std::string(), uint32_t{0});
-  };
-  auto [culprit_file, culprit_line] = at(v.culprit);
-  auto [victim_file, victim_line] = at(v.victim);
-  return {culprit_file, culprit_line, victim_file, victim_line, static_cast<int>(v.kind)};
-}
 
 // "       12 | y.mul_(2)" (indentation dropped), the line the full report would quote (SourceCache);
 // "" when there is none.
@@ -46,14 +32,6 @@ std::string CodeLine(SourceCache& sources, const std::optional<OpRef>& op) {
 
 std::string FormatShortVerdict(const Report& report, const std::string& trace) {
   if (report.violations.empty()) return "";
-  // Places in the order of their first violation (the first is the one PyTorch stopped at).
-  std::vector<PlaceKey> order;
-  std::map<PlaceKey, std::pair<const Violation*, size_t>> places;
-  for (const Violation& v : report.violations) {
-    auto [it, inserted] = places.try_emplace(KeyOf(v), &v, 0);
-    if (inserted) order.push_back(it->first);
-    ++it->second.second;
-  }
   const std::string shown = Printable(trace);
   const size_t n = report.violations.size();
   SourceCache sources(&report.sources);
@@ -62,8 +40,11 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
   if (report.violations.front().pytorch_raised) out << "; the first is the error PyTorch raised";
   if (report.incomplete()) out << " (the recording is incomplete)";
   out << "\n";
-  for (size_t i = 0; i < order.size() && i < kMaxPlaces; ++i) {
-    const auto& [v, count] = places[order[i]];
+  // Places in the order of their first violation (the first is the one PyTorch stopped at).
+  for (size_t i = 0; i < report.groups.size() && i < kMaxPlaces; ++i) {
+    const ViolationGroup& group = report.groups[i];
+    const Violation* v = &report.violations[group.violations.front()];
+    const size_t count = group.violations.size();
     if (v->culprit) {
       out << "  culprit: " << Location(*v->culprit) << "\n"
           << CodeLine(sources, v->culprit) << "           " << CulpritLabel(*v) << "\n";
@@ -78,10 +59,10 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
       out << "  victim:  " << Location(*v->victim) << "\n" << CodeLine(sources, v->victim);
     }
     out << "  help: " << FixHint(*v) << "\n";
-    if (count > 1) out << "  (" << count << " times)\n";
+    if (count > 1) out << "  (" << TimesAndSteps(group) << ")\n";
   }
-  if (order.size() > kMaxPlaces) {
-    const size_t more = order.size() - kMaxPlaces;
+  if (report.groups.size() > kMaxPlaces) {
+    const size_t more = report.groups.size() - kMaxPlaces;
     out << "  and " << more << " more place" << (more == 1 ? "" : "s") << "\n";
   }
   std::string page = trace;

@@ -48,7 +48,7 @@ class TextReport {
 
   void EmitRecordingStop(const RecordingStop& stop);
   void EmitWarning(const std::string& warning);
-  void EmitViolation(const Violation& v);
+  void EmitViolation(const Violation& v, const ViolationGroup* group);
   void EmitChangedSource(const Violation& v);
   void EmitUnexplainedError(const UnexplainedError& error);
   void EmitProgramError(const ProgramError& error);
@@ -66,6 +66,7 @@ class TextReport {
   void EmitCandidates(const Violation& v);
   void EmitVictim(const Violation& v);
   void EmitNeededBy(const Violation& v);
+  void EmitGroup(const ViolationGroup& group);
   void EmitVersions(const Violation& v);
   void EmitCounterReset(const Violation& v);
   void EmitTensor(const Violation& v);
@@ -105,8 +106,9 @@ void TextReport::EmitWarning(const std::string& warning) {
   out_ << p_.Warning("warning") << ": " << Printable(warning) << "\n";
 }
 
-// One diagnostic, section by section, and a blank line after it.
-void TextReport::EmitViolation(const Violation& v) {
+// One diagnostic, section by section, and a blank line after it; with `group`, for all the
+// violations of the group.
+void TextReport::EmitViolation(const Violation& v, const ViolationGroup* group) {
   EmitHeading(v);
   if (v.culprit) {
     EmitCulprit(v);
@@ -116,6 +118,7 @@ void TextReport::EmitViolation(const Violation& v) {
   EmitChangedSource(v);
   EmitVictim(v);
   EmitNeededBy(v);
+  if (group != nullptr) EmitGroup(*group);
   EmitVersions(v);
   EmitCounterReset(v);
   EmitTensor(v);
@@ -125,6 +128,12 @@ void TextReport::EmitViolation(const Violation& v) {
   EmitIncomplete(v);
   EmitHelp(v);
   out_ << "\n";
+}
+
+// For a diagnostic that stands for several violations:
+//      = 40 times: steps 0-19; first at step 0 (--all prints each)
+void TextReport::EmitGroup(const ViolationGroup& group) {
+  Fact() << p_.Bold(TimesAndSteps(group)) << " (--all prints each)\n";
 }
 
 //    = recording incomplete: a write or use it missed could change this verdict
@@ -211,8 +220,13 @@ void TextReport::EmitSummary(const Report& report) {
     out_ << "no saved tensor was modified (" << counts << ")\n";
   } else {
     size_t n = report.violations.size();
-    out_ << p_.Bold(std::to_string(n) + " violation" + (n == 1 ? "" : "s")) << " (" << counts
-         << ")\n";
+    std::string places;
+    if (!report.groups.empty() && report.groups.size() < n) {
+      places = " at " + std::to_string(report.groups.size()) + " place" +
+               (report.groups.size() == 1 ? "" : "s");
+    }
+    out_ << p_.Bold(std::to_string(n) + " violation" + (n == 1 ? "" : "s") + places) << " ("
+         << counts << ")\n";
   }
 }
 
@@ -421,7 +435,8 @@ void TextReport::EmitNeededBy(const Violation& v) {
                                : Printable(v.backward_node.name);
   Fact() << "needed by " << p_.Bold(node) << " (" << member << ", "
          << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
-         << (v.simulated ? ", in the part of the backward pass that did not run" : "") << "\n";
+         << (v.simulated ? ", in the part of the backward pass that did not run" : "")
+         << (v.step ? ", in step " + std::to_string(*v.step) : std::string()) << "\n";
   if (v.recomputing) {
     Fact() << "activation checkpointing: backward read it to recompute what "
            << Printable(v.recomputing->name) << " saved\n";
@@ -550,11 +565,18 @@ void TextReport::EmitHelp(const Violation& v) {
 
 }  // namespace
 
-std::string FormatText(const Report& report, bool color) {
+std::string FormatText(const Report& report, bool color, bool each) {
   TextReport text(color, report);
   if (report.recording_stopped) text.EmitRecordingStop(*report.recording_stopped);
   for (const std::string& warning : report.warnings) text.EmitWarning(warning);
-  for (const Violation& v : report.violations) text.EmitViolation(v);
+  if (each || report.groups.empty()) {
+    for (const Violation& v : report.violations) text.EmitViolation(v, nullptr);
+  } else {
+    for (const ViolationGroup& group : report.groups) {
+      text.EmitViolation(report.violations[group.violations.front()],
+                         group.violations.size() > 1 ? &group : nullptr);
+    }
+  }
   for (const UnexplainedError& e : report.unexplained_errors) text.EmitUnexplainedError(e);
   if (report.program_error) text.EmitProgramError(*report.program_error);
   text.EmitSummary(report);

@@ -121,4 +121,13 @@ std::string FixHint(const Violation& v) {
   return hint + ", or .clone() the tensor before modifying it";
 }
 
+std::string TimesAndSteps(const ViolationGroup& group) {
+  std::string text = std::to_string(group.violations.size()) + " times";
+  if (group.steps.empty()) return text;
+  text += group.steps.size() == 1 ? ": step " : ": steps ";
+  text += NumberRanges(group.steps);
+  if (group.steps.size() > 1) text += "; first at step " + std::to_string(group.steps.front());
+  return text;
+}
+
 }  // namespace torchrr::replayer

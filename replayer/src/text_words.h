@@ -30,6 +30,10 @@ std::string CulpritLabel(const Violation& v);
 // or .clone() the tensor before modifying it", "use out-of-place .detach(), ...".
 std::string FixHint(const Violation& v);
 
+// How often a group's violation happened and where: "40 times: steps 0-19; first at step 0";
+// "2 times" when the trace tells no steps.
+std::string TimesAndSteps(const ViolationGroup& group);
+
 }  // namespace torchrr::replayer
 
 #endif  // TORCHRR_REPLAYER_SRC_TEXT_WORDS_H_

@@ -76,6 +76,47 @@ TEST(AnalyzerTest, SigmoidThenMulInPlaceOnItsOutput) {
   EXPECT_EQ(report.version_bumps, 1u);
 }
 
+// The same bug at every step is one diagnostic: the trace marks no steps, so the analysis counts
+// them as the recorder does (a forward op that makes nodes after backward ran begins a step).
+TEST(AnalyzerTest, TheSameBugAtEveryStepIsOneDiagnosticWithItsSteps) {
+  TraceBuilder b;
+  for (int step = 0; step < 3; ++step) {
+    auto x = b.Leaf({4, 8});
+    auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+    auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(12));
+    auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+    b.Backward({loss.node, mul.node, y.node});
+  }
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 3u);
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(report.violations[i].step, i);
+  ASSERT_EQ(report.groups.size(), 1u);
+  EXPECT_EQ(report.groups[0].violations, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(report.groups[0].steps, (std::vector<uint64_t>{0, 1, 2}));
+  const std::string grouped = FormatText(report, false);
+  EXPECT_NE(grouped.find("= 3 times: steps 0-2; first at step 0"), std::string::npos) << grouped;
+  EXPECT_NE(grouped.find("3 violations at 1 place"), std::string::npos) << grouped;
+  auto errors = [](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = text.find("error:"); at != std::string::npos; at = text.find("error:", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(errors(grouped), 1u);
+  EXPECT_EQ(errors(FormatText(report, false, /*each=*/true)), 3u);
+  const nlohmann::json json = ToJson(report);
+  EXPECT_EQ(json["groups"][0]["count"], 3);
+  EXPECT_EQ(json["violations"][2]["step"], 2);
+}
+
+TEST(AnalyzerTest, NumberRangesJoinRuns) {
+  EXPECT_EQ(NumberRanges({}), "");
+  EXPECT_EQ(NumberRanges({4}), "4");
+  EXPECT_EQ(NumberRanges({0, 1, 2, 3}), "0-3");
+  EXPECT_EQ(NumberRanges({3, 5, 7, 8, 9}), "3, 5, 7-9");
+}
+
 // torch.compile: the ops run from frames of torch (an FX Interpreter running a graph node) and
 // of generated code, whose origins (FrameDef.origin) are the user's lines; the report shows those.
 TEST(AnalyzerTest, FramesInGeneratedCodeShowTheirOrigin) {

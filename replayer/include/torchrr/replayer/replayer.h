@@ -198,6 +198,10 @@ struct Violation {
   // Found by simulating the part of a backward pass that did not run because a node threw.
   bool simulated = false;
   uint64_t backward_pass = 0;           // Index of the backward pass, from 0.
+  // The training step of that pass: the StepRecord's number when the trace marks steps
+  // (--keep-last, torchrr.step()), else counted by the recorder's own step rule from 0 (each
+  // micro-batch a step); nullopt before a trace's first StepRecord.
+  std::optional<uint64_t> step;
   format::ObjectId node_exec_op = 0;    // The execution's OpRecord; 0 when simulated.
   SilentEvidence evidence = SilentEvidence::kNone;  // For kSilent: how it was found.
   // The recording is incomplete (Report::incomplete()): a write or a use in the part that was
@@ -218,6 +222,14 @@ struct Violation {
   // kUnpackHook, and kSilent with evidence kUnpackHook: what the hook returned, when the recorder
   // saw it differ from the saved tensor.
   std::optional<UnpackedRef> unpacked;
+};
+
+// Violations that are one diagnostic: the same kind, culprit line and victim line (a bug in a
+// layer that runs at every step, in every layer). The report prints the first and says where
+// the others were.
+struct ViolationGroup {
+  std::vector<size_t> violations;       // Indices into Report::violations, in report order.
+  std::vector<uint64_t> steps;          // The distinct steps they were in, ascending.
 };
 
 // A backward function that raised an error no violation explains: PyTorch's message and the node.
@@ -272,6 +284,9 @@ struct Report {
   // Every violation. When PyTorch raised, the first one is the one it stopped at; the rest follow
   // in the order autograd met (or would have met) them.
   std::vector<Violation> violations;
+  // The violations grouped by kind, culprit line and victim line, in the order of each group's
+  // first violation (GroupViolations).
+  std::vector<ViolationGroup> groups;
   uint64_t records = 0;
   uint64_t ops = 0;                  // OpRecords.
   uint64_t tensors = 0;
@@ -352,14 +367,22 @@ void SetLocalSourceRoots(std::vector<std::string> roots);
 // Analyzes records already in memory. Same result as feeding them to an Analyzer.
 Report Analyze(const std::vector<format::Record>& records);
 
+// Groups `violations` (ViolationGroup): what Analyzer::Finish puts in Report::groups.
+std::vector<ViolationGroup> GroupViolations(const std::vector<Violation>& violations);
+
+// "0-19", "3, 5, 7-9": ascending numbers as ranges.
+std::string NumberRanges(const std::vector<uint64_t>& numbers);
+
 // The human report, one compiler-style diagnostic per violation (ANSI colours when `color`).
 // Source lines are quoted from the trace (Report::sources), else from the recorded path when it is a
 // regular source file readable on this machine under the local source roots (SetLocalSourceRoots),
 // of at most 8 MiB; never a special or kernel file (a FIFO, a device, /proc), whatever the trace
 // names. A file here that differs from the recorded one is said so once, and so is a file not
 // quoted because it is outside the roots or no source file.
+// Violations of one group (Report::groups) are one diagnostic, the first, with how many there
+// were and in which steps; `each` prints every violation instead (`replay --all`).
 // Ends with a summary line; says "no saved tensor was modified" when there is nothing to report.
-std::string FormatText(const Report& report, bool color);
+std::string FormatText(const Report& report, bool color, bool each = false);
 // The verdict `torchrr record` prints after the program ends: each distinct culprit and victim
 // line (at most three) with the code the trace carries, the fix, and the commands that show the
 // rest for `trace`; "" when the report has no violation.
