@@ -1,5 +1,6 @@
 // `torchrr report FILE -o report.html`: the replay's verdicts as one self-contained HTML page
 // (html_report.h) with the step's timeline and the autograd graph around each violation.
+// `-o -` writes the page to stdout (a notebook shows it inline: torchrr.Report._repr_html_).
 #include <cstdio>
 #include <ext/stdio_filebuf.h>
 #include <ostream>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,6 +32,9 @@ struct ReportOptions {
   std::vector<std::string> source_roots;
 };
 
+// `-o -`: the page goes to stdout, and no file is checked, replaced or written.
+constexpr std::string_view kStdout = "-";
+
 // Graphs a page draws at most (each is a run of dot, up to its time limit).
 constexpr size_t kMaxGraphs = 20;
 
@@ -44,11 +49,24 @@ std::string SiteOf(const replayer::Violation& v) {
                      line(v.culprit), line(v.victim));
 }
 
+// Writes `page` to stdout. Returns 0, or kExitOther when it could not be written whole.
+int WriteToStdout(const std::string& page) {
+  if (std::fwrite(page.data(), 1, page.size(), stdout) != page.size() || std::fflush(stdout) != 0) {
+    std::fprintf(stderr, "torchrr: error: stdout: cannot write\n");
+    return kExitOther;
+  }
+  return 0;
+}
+
 int RunReport(const ReportOptions& options) {
-  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  const bool to_stdout = options.output == kStdout;
+  if (!to_stdout) {
+    if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  }
   replayer::SetLocalSourceRoots(options.source_roots);
   int refused = 0;
-  if (CheckOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused) != 0) {
+  if (!to_stdout &&
+      CheckOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused) != 0) {
     return refused;
   }
   // Pass 1: the analysis, which says what the drawings mark.
@@ -105,6 +123,10 @@ int RunReport(const ReportOptions& options) {
   }
 
   const std::string page = replayer::HtmlReport(parts);
+  if (to_stdout) {
+    const int written = WriteToStdout(page);
+    return written != 0 ? written : rc;
+  }
   const int fd = OpenOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused);
   if (fd < 0) return refused;
   __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
@@ -128,7 +150,8 @@ void RegisterReportCommand(CLI::App& app, int* exit_code) {
       "Write the replay's verdicts as one self-contained HTML page, with the step's "
       "timeline and the autograd graph around each violation (drawn by Graphviz's dot)");
   command->add_option("FILE", options->path, "Trace file (.trr)")->required();
-  command->add_option("-o,--output", options->output, "The page (.html)")->required();
+  command->add_option("-o,--output", options->output, "The page (.html); - writes it to stdout")
+      ->required();
   command->add_flag("--force", options->force,
                     "Replace the output even when it is a file this verb did not write");
   AddSourceRootOption(*command, &options->source_roots);

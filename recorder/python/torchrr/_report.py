@@ -6,8 +6,10 @@ the JSON it came from in ``.raw``, so fields added later are reachable before th
 """
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -72,9 +74,36 @@ class Op:
     def from_json(cls, d: Optional[dict]) -> Optional["Op"]:
         if d is None:
             return None
+        stack = [Frame.from_json(f) for f in d.get("stack", [])]
         return cls(d.get("id", 0), d.get("op"), d.get("overload", ""), d.get("detail"),
-                   d.get("thread", 0), Frame.from_json(d.get("user_frame")),
-                   [Frame.from_json(f) for f in d.get("stack", [])], d, d.get("hook", False))
+                   d.get("thread", 0), _user_frame(d.get("user_frame"), stack), stack, d,
+                   d.get("hook", False))
+
+    @property
+    def name(self) -> str:
+        """``aten::mul_.Tensor``: the op with its overload; ``unpack hook`` for a hook."""
+        if self.hook:
+            return "unpack hook"
+        return f"{self.op}.{self.overload}" if self.overload else str(self.op)
+
+    def __str__(self) -> str:
+        """``aten::mul_.Tensor at train.py:66 in step``; the op alone without a user frame."""
+        return f"{self.name} at {self.user_frame}" if self.user_frame else self.name
+
+
+def _user_frame(d: Optional[dict], stack: list) -> Optional[Frame]:
+    """The op's user frame. The JSON gives it only file, line and function; its kind (python,
+    framework, library, generated) is that of the same frame in the stack, which it is taken from
+    (replayer/SCHEMA.md: the first frame that is not framework code)."""
+    frame = Frame.from_json(d)
+    if frame is None or "python" in frame.raw:
+        return frame
+    same = next((f for f in stack if f is not None and not f.framework and
+                 (f.file, f.line, f.function) == (frame.file, frame.line, frame.function)), None)
+    if same is not None:
+        frame.library, frame.python, frame.framework = same.library, same.python, same.framework
+        frame.generated = frame.generated or same.generated
+    return frame
 
 
 @dataclass
@@ -185,6 +214,14 @@ class Violation:
                    list(d.get("kernels", [])), BackwardNode.from_json(d.get("recomputing")),
                    bool(d.get("recomputed", False)), d)
 
+    def __str__(self) -> str:
+        """One line: ``version: aten::mul_.Tensor at train.py:66 in step modified what
+        SigmoidBackward0 saved (aten::sigmoid at train.py:65 in step)``."""
+        culprit = f"{self.culprit} modified" if self.culprit else "modified"
+        node = self.backward_node.name if self.backward_node else "backward"
+        victim = f" ({self.victim})" if self.victim else ""
+        return f"{self.kind}: {culprit} what {node} saved{victim}"
+
 
 @dataclass
 class Report:
@@ -206,6 +243,13 @@ class Report:
     # `torchrr replay`'s exit code for this report: 0 clean, 1 violations or an unexplained error,
     # 4 truncated, 5 corrupt, 8 an incomplete recording, 10 a trace with no op (README).
     exit_code: int = 0
+    # The trace replay() read (absolute), and the directory it ran in, whose source files the
+    # text and the page quote: str() and the notebook's view render from them.
+    path: Optional[str] = None
+    cwd: Optional[str] = field(default=None, repr=False, compare=False)
+    # The renderings, made on first use. Guarded by nothing: rendering twice is harmless.
+    _text: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+    _html: Optional[str] = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def recording(self) -> dict:
@@ -227,6 +271,92 @@ class Report:
                    d.get("node_executions", 0), d.get("backward_passes", 0),
                    d.get("version_bumps", 0), d.get("data_loss_records", 0),
                    list(d.get("warnings", [])), dict(d.get("trace") or {}), d)
+
+    def __str__(self) -> str:
+        """The text report, as ``torchrr replay --color never PATH`` prints it. Rendered once from
+        the trace (a run of the CLI), then cached; when the trace is gone or cannot be rendered,
+        a short summary made from the JSON (summary())."""
+        if self._text is None:
+            text = self._render("replay", "--color", "never")
+            self._text = text if text else self.summary()
+        return self._text
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        """IPython's display: the text report."""
+        p.text("Report(...)" if cycle else str(self))
+
+    def _repr_html_(self) -> str:
+        """A notebook's display: the content of ``torchrr report PATH -o page.html``'s page inline
+        (its timeline and graphs are inline SVG; it has no script and loads nothing), with its
+        style scoped to it. Written to no file. When the trace is gone, the summary, preformatted."""
+        if self._html is None:
+            page = self._render("report", "-o", "-")
+            self._html = _inline_page(page) if page else \
+                f'<pre class="torchrr-report">{html.escape(self.summary())}</pre>'
+        return self._html
+
+    def _render(self, verb: str, *options: str) -> Optional[str]:
+        """``torchrr VERB OPTIONS... PATH``'s stdout; None when there is no trace to run it on or
+        it wrote nothing (the CLI's own stderr is dropped)."""
+        path = self.path or self.trace.get("path")
+        if not path or not os.path.exists(path):
+            return None
+        cwd = self.cwd if self.cwd and os.path.isdir(self.cwd) else None
+        try:
+            proc = subprocess.run([_native.cli_path(), verb, *options, path], capture_output=True,
+                                  text=True, errors="replace", cwd=cwd, timeout=_RENDER_TIMEOUT_S)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout or None
+
+    def summary(self) -> str:
+        """A few lines made from the JSON alone (no trace needed): the verdict of each
+        violation, the program's unexplained error, whether the recording is whole, and the
+        counts."""
+        lines = [str(v) for v in self.violations]
+        error = self.program_error
+        if error:
+            lines.append(f"the program raised {error.get('type')}: {error.get('message')}, "
+                         "which torchrr does not explain")
+        recording = self.recording
+        if recording.get("empty"):
+            lines.append("the trace holds no op: it says nothing of the run")
+        elif recording and not recording.get("complete", True):
+            lines.append("the recording is incomplete")
+        if self.trace.get("status") not in (None, "ok"):
+            lines.append(f"the trace is {self.trace['status']}: {self.trace.get('message')}")
+        count = len(self.violations)
+        lines.append(f"{count} violation{'' if count == 1 else 's'} ({self.ops} ops, "
+                     f"{self.node_executions} node executions in {self.backward_passes} backward "
+                     f"pass{'' if self.backward_passes == 1 else 'es'})")
+        return "\n".join(lines) + "\n"
+
+
+# How long str() or a notebook waits for the CLI to render a report (the page runs Graphviz's dot
+# for up to 20 graphs, each under its own time limit) before it shows the summary instead.
+_RENDER_TIMEOUT_S = 300
+
+_STYLE = re.compile(r"<style>(.*?)</style>", re.S)
+_BODY = re.compile(r"<body>(.*)</body>", re.S)
+
+
+def _inline_page(page: str) -> str:
+    """The HTML report page's body in a ``<div class="torchrr-report">``, its style rules scoped
+    to that div so that they do not restyle the notebook around it (``body`` becomes the div)."""
+    body = _BODY.search(page)
+    if body is None:
+        return f'<pre class="torchrr-report">{html.escape(page)}</pre>'
+    style = _STYLE.search(page)
+    rules = []
+    for rule in (style.group(1) if style else "").split("}"):
+        selectors, brace, declarations = rule.partition("{")
+        if not brace:
+            continue
+        scoped = [".torchrr-report" if s.strip() == "body" else f".torchrr-report {s.strip()}"
+                  for s in selectors.split(",")]
+        rules.append(f"{', '.join(scoped)} {{{declarations}}}")
+    return (f'<div class="torchrr-report">\n<style>\n' + "\n".join(rules) + "\n</style>\n"
+            + body.group(1).strip() + "\n</div>\n")
 
 
 def replay(path: str | os.PathLike) -> Report:
@@ -254,6 +384,7 @@ def replay(path: str | os.PathLike) -> Report:
             "violations" in document:
         report = Report.from_json(document)
         report.exit_code = proc.returncode
+        report.path, report.cwd = os.path.abspath(path), os.getcwd()
         return report
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     message = lines[-1] if lines else f"no report (exit {proc.returncode})"
