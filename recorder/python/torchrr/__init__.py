@@ -8,9 +8,13 @@ gradient computation has been modified by an inplace operation").
     for v in torchrr.replay("step.trr").violations:
         print(v.culprit.op, v.culprit.user_frame, "broke", v.victim.op, v.victim.user_frame)
 
-Importing torchrr does not import torch; record()/start() do (before loading the recorder, so it
-binds to the same libtorch). An unchanged script is recorded with ``torchrr record -- python
-script.py`` (see _sitecustomize/sitecustomize.py).
+In IPython or Jupyter, ``%load_ext torchrr`` gives the ``%%torchrr`` cell magic, which records
+a cell and shows the verdict below it (_ipython.py); torchrr.callbacks marks the steps of
+transformers' and Lightning's trainers.
+
+Importing torchrr does not import torch (nor IPython); record()/start() do (before loading the
+recorder, so it binds to the same libtorch). An unchanged script is recorded with ``torchrr
+record -- python script.py`` (see _sitecustomize/sitecustomize.py).
 
 The recorder records only under the torch it was built against (``torchrr_build.json``); the
 import warns (TorchVersionWarning) when the environment's torch is another, and record()/start()
@@ -26,8 +30,15 @@ from ._report import (BackwardNode, Frame, Op, ReplayError, Report, Tensor, Viol
 __all__ = [
     "BackwardNode", "Frame", "Op", "Recording", "ReplayError", "Report", "Tensor",
     "TorchVersionWarning", "Violation", "flush", "ops_recorded", "options_in_effect", "record",
-    "record_error", "recording", "replay", "start", "step", "stop",
+    "load_ipython_extension", "record_error", "recording", "replay", "start", "step", "stop",
 ]
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext torchrr``: registers the ``%%torchrr`` cell magic (see _ipython.py)."""
+    from ._ipython import load_ipython_extension as load
+
+    load(ipython)
 
 
 class TorchVersionWarning(UserWarning):
