@@ -38,6 +38,7 @@ json OpJson(const OpRef& op) {
           {"thread", op.thread},
           {"user_frame", UserFrameJson(op.user_frame)},
           {"stack", std::move(stack)},
+          {"module", op.module.empty() ? json(nullptr) : json(op.module)},
           {"hook", op.hook}};
 }
 
@@ -178,7 +179,8 @@ json GroupsJson(const Report& report) {
   for (const ViolationGroup& group : report.groups) {
     groups.push_back({{"violations", group.violations},
                       {"count", group.violations.size()},
-                      {"steps", group.steps}});
+                      {"steps", group.steps},
+                      {"modules", group.modules}});
   }
   return groups;
 }

@@ -221,6 +221,7 @@ OpRef ReportBuilder::MakeOpRef(ObjectId id) const {
     ref.thread = op->thread;
     ref.stack = StackFrames(op->stack);
     ref.user_frame = FirstUserFrame(ref.stack);
+    ref.module = state_.Str(op->module);
   }
   return ref;
 }

@@ -573,6 +573,8 @@ std::string FormatText(const Report& report, bool color, bool each) {
     for (const Violation& v : report.violations) text.EmitViolation(v, nullptr);
   } else {
     for (const ViolationGroup& group : report.groups) {
+      // Groups come from GroupViolations(report.violations); a caller's edited copy may not match.
+      if (group.violations.empty() || group.violations.front() >= report.violations.size()) continue;
       text.EmitViolation(report.violations[group.violations.front()],
                          group.violations.size() > 1 ? &group : nullptr);
     }

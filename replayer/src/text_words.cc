@@ -16,6 +16,8 @@ std::string Location(const OpRef& op) {
   std::string s = f.file.empty() ? "<unknown file>" : Printable(f.file);
   if (f.line != 0) s += ":" + std::to_string(f.line);
   if (!f.function.empty()) s += " in " + Printable(f.function);
+  // The outermost module, "(Net)", says no more than the function's name does.
+  if (!op.module.empty() && !op.module.starts_with("(")) s += ", in " + Printable(op.module);
   return s;
 }
 
@@ -123,8 +125,13 @@ std::string FixHint(const Violation& v) {
 
 std::string TimesAndSteps(const ViolationGroup& group) {
   std::string text = std::to_string(group.violations.size()) + " times";
+  if (!group.modules.empty()) {
+    text += (group.modules.size() == 1 ? ": in " : ": in modules ") +
+            Printable(ModuleRanges(group.modules));
+  }
   if (group.steps.empty()) return text;
-  text += group.steps.size() == 1 ? ": step " : ": steps ";
+  text += group.modules.empty() ? ":" : ";";
+  text += group.steps.size() == 1 ? " step " : " steps ";
   text += NumberRanges(group.steps);
   if (group.steps.size() > 1) text += "; first at step " + std::to_string(group.steps.front());
   return text;

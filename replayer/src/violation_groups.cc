@@ -2,6 +2,7 @@
 // every step and in every layer built from that code: the report says it once, with where.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,7 +29,75 @@ GroupKey KeyOf(const Violation& v) {
           victim_file,             victim_line,  victim_name};
 }
 
+// Modules a group lists at most: a model has a few hundred layers; a hostile trace is bounded.
+constexpr size_t kMaxModules = 1024;
+
+// "layers.1.mlp (LlamaMLP)" -> {"layers", "1", "mlp"} and " (LlamaMLP)".
+std::pair<std::vector<std::string>, std::string> SplitModule(const std::string& module) {
+  std::vector<std::string> parts;
+  size_t cls = module.rfind(" (");
+  if (cls == std::string::npos || module.starts_with("(")) cls = 0;
+  const std::string path = module.substr(0, cls);
+  for (size_t at = 0; at <= path.size() && !path.empty();) {
+    size_t dot = path.find('.', at);
+    if (dot == std::string::npos) dot = path.size();
+    parts.push_back(path.substr(at, dot - at));
+    at = dot + 1;
+  }
+  return {parts, module.substr(cls)};
+}
+
+bool AllDigits(const std::string& s) {
+  return !s.empty() && s.size() <= 9 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
+
+std::string ModuleRanges(const std::vector<std::string>& modules) {
+  if (modules.empty()) return "";
+  if (modules.size() == 1) return modules[0];
+  // The same path but for one index (the layer): "layers.0-1.mlp (LlamaMLP)".
+  const auto [first_parts, first_class] = SplitModule(modules[0]);
+  std::optional<size_t> varying;
+  std::vector<uint64_t> indices;
+  bool one_index = !first_parts.empty();
+  for (const std::string& module : modules) {
+    if (!one_index) break;
+    const auto [parts, cls] = SplitModule(module);
+    if (parts.size() != first_parts.size() || cls != first_class) {
+      one_index = false;
+      break;
+    }
+    for (size_t i = 0; i < parts.size() && one_index; ++i) {
+      if (parts[i] == first_parts[i] && (!varying || *varying != i)) continue;
+      if (!AllDigits(parts[i]) || !AllDigits(first_parts[i]) || (varying && *varying != i)) {
+        one_index = false;
+      } else {
+        varying = i;
+      }
+    }
+  }
+  if (one_index && varying) {
+    for (const std::string& module : modules) {
+      indices.push_back(std::stoull(SplitModule(module).first[*varying]));
+    }
+    std::sort(indices.begin(), indices.end());
+    indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
+    std::string ranges = NumberRanges(indices);
+    if (ranges.find(',') != std::string::npos) ranges = "{" + ranges + "}";
+    std::string text;
+    for (size_t i = 0; i < first_parts.size(); ++i) {
+      text += (i ? "." : "") + (i == *varying ? ranges : first_parts[i]);
+    }
+    return text + first_class;
+  }
+  constexpr size_t kListed = 3;
+  std::string text;
+  for (size_t i = 0; i < modules.size() && i < kListed; ++i) text += (i ? ", " : "") + modules[i];
+  if (modules.size() > kListed) text += " and " + std::to_string(modules.size() - kListed) + " more";
+  return text;
+}
 
 std::vector<ViolationGroup> GroupViolations(const std::vector<Violation>& violations) {
   std::vector<ViolationGroup> groups;
@@ -38,7 +107,13 @@ std::vector<ViolationGroup> GroupViolations(const std::vector<Violation>& violat
     if (inserted) groups.emplace_back();
     ViolationGroup& group = groups[it->second];
     group.violations.push_back(i);
-    if (violations[i].step) group.steps.push_back(*violations[i].step);
+    const Violation& v = violations[i];
+    if (v.step) group.steps.push_back(*v.step);
+    const std::optional<OpRef>& op = v.culprit ? v.culprit : v.victim;
+    if (op && !op->module.empty() && group.modules.size() < kMaxModules &&
+        std::find(group.modules.begin(), group.modules.end(), op->module) == group.modules.end()) {
+      group.modules.push_back(op->module);
+    }
   }
   for (ViolationGroup& group : groups) {
     std::sort(group.steps.begin(), group.steps.end());

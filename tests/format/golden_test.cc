@@ -59,6 +59,11 @@ void ClearSince1_7(Record& r) {
   }
 }
 
+// The fields added in 1.8.
+void ClearSince1_8(Record& r) {
+  if (auto* op = std::get_if<OpRecord>(&r)) op->module_path = 0;
+}
+
 // How many record kinds a minor version has: Record's first ones.
 size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : minor < 5 ? 14 : kRecordKindCount; }
 
@@ -71,6 +76,7 @@ void AsOf(uint16_t minor, std::vector<Record>& want) {
     if (minor < 3) ClearSince1_3(r);
     if (minor < 6) ClearSince1_6(r);
     if (minor < 7) ClearSince1_7(r);
+    if (minor < 8) ClearSince1_8(r);
   }
 }
 
@@ -236,6 +242,12 @@ TEST(Golden, V1_7ReadsEveryField) {
   const NodeRecord& node = Nth<NodeRecord>(trace, 1);
   ASSERT_FALSE(node.saved.empty());
   EXPECT_EQ(node.saved[0].used_at, Nth<StackDef>(trace, 1).id);
+}
+
+TEST(Golden, V1_8ReadsEveryField) {
+  ExpectEveryField("/v1_8.trr", 8);
+  const Trace trace = ReadTraceFileAll(kGolden + "/v1_8.trr");
+  EXPECT_EQ(Nth<OpRecord>(trace, 1).module_path, Nth<StringDef>(trace, 1).id);
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and

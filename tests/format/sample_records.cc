@@ -68,6 +68,7 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   Value vd{1, ValueKind::kComplex, -3, 2.5, -0.75, intern(1), {1, -2}, {0.5}};
   Value vl{2, ValueKind::kIntList, 0, 0, 0, 0, {-1, 0, 1, INT64_MAX, INT64_MIN}, {1e300, -1e-300}};
   op.values = {vb, vd, vl};
+  op.module_path = intern(1);
   out.push_back(op);
 
   NodeRecord node;

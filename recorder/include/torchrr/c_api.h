@@ -44,6 +44,11 @@ int torchrr_describe_options(const torchrr_options* options, char* out, size_t s
 /* Marks the start of a training step in the active recording (Recorder::Step). */
 void torchrr_step(void);
 
+/* Names the nn.Module whose forward now runs on the calling thread (OpRecord.module_path:
+ * "layers.1.mlp (LlamaMLP)"), for the ops it starts until the next call; NULL or "" for none.
+ * Ignored when nothing records. Python's module hooks call it (torchrr/_modules.py). */
+void torchrr_set_module(const char* module);
+
 /* Returns once what the active recording recorded so far is in its trace file on disk
  * (Recorder::Flush). Returns 0, or 1 when nothing records or the trace could not be written. */
 int torchrr_flush(void);

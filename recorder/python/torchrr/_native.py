@@ -232,6 +232,8 @@ def library() -> ctypes.CDLL:
         lib.torchrr_describe_options.restype = ctypes.c_int
         lib.torchrr_step.argtypes = []
         lib.torchrr_step.restype = None
+        lib.torchrr_set_module.argtypes = [ctypes.c_char_p]
+        lib.torchrr_set_module.restype = None
         lib.torchrr_flush.argtypes = []
         lib.torchrr_flush.restype = ctypes.c_int
         lib.torchrr_start_from_environment.argtypes = []

@@ -5,7 +5,7 @@ import os
 import subprocess
 from typing import Optional
 
-from . import _native
+from . import _modules, _native
 
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
@@ -32,6 +32,9 @@ def start(path: str | os.PathLike = "torchrr.trr", *, rank: Optional[int] = None
     is set), so that each compiled region is traced and its saved tensors are named by the lines
     inside it that use them; this changes compile time only.
 
+    Modules: until stop(), global forward hooks name the nn.Module each op runs under
+    (torchrr/_modules.py); they do nothing while torch.compile traces.
+
     Returns True when recording, False when not (already recording, or the file could not be
     opened: the recorder printed a warning saying which). Raises ValueError for an option the
     recorder does not know, a value it does not take, or options that do not go together
@@ -50,6 +53,7 @@ def start(path: str | os.PathLike = "torchrr.trr", *, rank: Optional[int] = None
         _close_in_forked_children()
         _close_before_exit_and_exec()
         _trace_compiled_regions()
+        _modules.install()
     return rc == 0
 
 
@@ -114,6 +118,7 @@ def start_from_environment() -> bool:
         return False
     _close_in_forked_children()
     _close_before_exit_and_exec()
+    _modules.install()
     return True
 
 
@@ -243,6 +248,7 @@ def stop() -> bool:
     """Stops the recording and closes the trace (symbolizing native stacks first). Returns False
     when nothing was recording. Never imports torch."""
     lib = _native.loaded()
+    _modules.uninstall()
     stopped = lib is not None and lib.torchrr_stop() == 0
     if _AUTOGRAD_CACHE_BEFORE:
         import torch._functorch.config as config

@@ -59,7 +59,8 @@ class Op:
     """An OpRecord: ``op`` is the ATen op name (``aten::mul_``), ``user_frame`` the innermost
     frame outside framework code, ``stack`` all frames innermost first. With ``hook`` set it is
     no op but a saved_tensors_hooks unpack hook (``op`` None, ``id`` 0): ``user_frame`` is where
-    the hook was defined."""
+    the hook was defined. ``module``: the nn.Module it ran under, ``"model.layers.1.mlp.act_fn
+    (SiLU)"`` (None when none ran, or the trace does not say)."""
     id: int
     op: Optional[str]
     overload: str = ""
@@ -69,6 +70,7 @@ class Op:
     stack: list = field(default_factory=list)
     raw: dict = field(default_factory=dict, repr=False)
     hook: bool = False
+    module: Optional[str] = None
 
     @classmethod
     def from_json(cls, d: Optional[dict]) -> Optional["Op"]:
@@ -77,7 +79,7 @@ class Op:
         stack = [Frame.from_json(f) for f in d.get("stack", [])]
         return cls(d.get("id", 0), d.get("op"), d.get("overload", ""), d.get("detail"),
                    d.get("thread", 0), _user_frame(d.get("user_frame"), stack), stack, d,
-                   d.get("hook", False))
+                   d.get("hook", False), d.get("module"))
 
     @property
     def name(self) -> str:
@@ -199,6 +201,8 @@ class Violation:
     recomputing: Optional[BackwardNode] = None
     recomputed: bool = False
     raw: dict = field(default_factory=dict, repr=False)
+    # The training step of its backward pass (replayer/SCHEMA.md: `step`), None when unknown.
+    step: Optional[int] = None
 
     @classmethod
     def from_json(cls, d: dict) -> "Violation":
@@ -212,7 +216,7 @@ class Violation:
                    d.get("node_exec_op"), d.get("evidence"), d.get("fingerprint"),
                    [Candidate.from_json(c) for c in d.get("candidates", [])],
                    list(d.get("kernels", [])), BackwardNode.from_json(d.get("recomputing")),
-                   bool(d.get("recomputed", False)), d)
+                   bool(d.get("recomputed", False)), d, d.get("step"))
 
     def __str__(self) -> str:
         """One line: ``version: aten::mul_.Tensor at train.py:66 in step modified what
@@ -256,6 +260,12 @@ class Report:
         """Whether the recording covers the run: ``{"complete", "empty", "stopped",
         "records_lost", "steps"}`` (replayer/SCHEMA.md)."""
         return dict(self.raw.get("recording") or {})
+
+    @property
+    def groups(self) -> list:
+        """The violations that are one diagnostic (same kind, culprit line and victim line):
+        ``[{"violations": [index, ...], "count", "steps", "modules"}]`` (replayer/SCHEMA.md)."""
+        return list(self.raw.get("groups") or [])
 
     @property
     def program_error(self) -> Optional[dict]:

@@ -14,6 +14,7 @@
 #include "options/environment_options.h"
 #include "stacks/python_stacks.h"
 #include "session/session.h"
+#include "session/thread_state.h"
 #include "torchrr/recording_options.h"
 
 namespace {
@@ -97,6 +98,18 @@ extern "C" int torchrr_flush(void) {
 
 extern "C" void torchrr_step(void) {
   if (auto session = torchrr::recorder::Session::Active()) session->MarkStep();
+}
+
+extern "C" void torchrr_set_module(const char* module) {
+  torchrr::recorder::ThreadState* ts = torchrr::recorder::ThisThread();
+  if (ts == nullptr) return;
+  auto session = torchrr::recorder::Session::Active();
+  if (module == nullptr || *module == '\0' || !session) {
+    ts->module.clear();
+    return;
+  }
+  ts->module.assign(module);
+  ts->module_session = session->serial();
 }
 
 extern "C" int torchrr_start_with(const torchrr_options* given) {

@@ -132,6 +132,10 @@ void Session::StartLocked(const at::RecordFunction& fn, ThreadState& ts, OpFrame
   }
   op.stack = interner_->Stack(stack.pcs, stack.n_pcs, ts.python_frames.data(), stack.n_py,
                               frame.before);
+  // A module set while another recording ran would be named by that recording's ids.
+  if (!is_backward && !ts.module.empty() && ts.module_session == serial_) {
+    op.module_path = interner_->String(ts.module, frame.before);
+  }
   // Before the node's apply() unpacks (and maybe releases) what it saved.
   if (is_backward && fingerprints_.enabled()) {
     graph_->FingerprintAtUse(op.forward_thread, op.sequence_nr, frame.before);

@@ -140,6 +140,10 @@ struct ThreadState {
     }
   }
   bool busy = false;  // Inside torchrr's own code: ignore ops it dispatches.
+  // The nn.Module whose forward runs on this thread (torchrr_set_module; OpRecord.module_path's text)
+  // and the serial of the session recording when it was set; empty when none.
+  std::string module;
+  uint64_t module_session = 0;
   // Forgets the ops running on this thread (their frames, owned by torch, end unrecorded): in a
   // forked child, whose recording starts afresh.
   void ForgetRunningOps() {

@@ -128,6 +128,7 @@ std::string HtmlReport(const HtmlReportParts& parts) {
   // What is not a violation: the recorder's stop, warnings, unexplained errors.
   replayer::Report rest = report;
   rest.violations.clear();
+  rest.groups.clear();
   std::string notes = WithoutSummary(FormatText(rest, false));
   if (!notes.empty()) {
     html += "<pre class=\"diagnostic\">" + HtmlEscapePrintable(notes) + "</pre>\n";

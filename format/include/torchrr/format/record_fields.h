@@ -45,7 +45,8 @@
   X(position) X(kind) X(i) X(d) X(d_imag) X(s) X(ints) X(doubles)
 #define TORCHRR_OP_RECORD_FIELDS(X, ID, TIME)                                                   \
   ID(op) X(name) X(overload) ID(parent) X(thread) X(scope) X(sequence_nr) X(forward_thread)    \
-  TIME(start_ns) TIME(end_ns) X(stack) X(threw) X(grad_mode) X(inputs) X(outputs) X(values)
+  TIME(start_ns) TIME(end_ns) X(stack) X(threw) X(grad_mode) X(inputs) X(outputs) X(values)   \
+  X(module_path)
 #define TORCHRR_EDGE_FIELDS(X, ID, TIME) ID(node) X(input_nr)
 #define TORCHRR_SAVED_TENSOR_FIELDS(X, ID, TIME)                                                \
   X(name) X(list_index) ID(tensor) ID(storage) ID(version_counter) X(saved_version)            \

@@ -169,6 +169,10 @@ struct OpRecord {
   std::vector<TensorUse> inputs;
   std::vector<TensorUse> outputs;
   std::vector<Value> values;    // Non-tensor arguments.
+  // StringDef id: the nn.Module the op ran under, "layers.1.mlp.act_fn (SiLU)" (its path from the
+  // outermost module running, then its class), "(Net)" for that outermost one; 0 when none or
+  // not known (1.8).
+  InternId module_path = 0;
   bool operator==(const OpRecord&) const = default;
 };
 

@@ -67,6 +67,9 @@ struct OpRef {
   uint32_t thread = 0;
   std::vector<Frame> stack;      // Innermost first; empty when stacks were off.
   std::optional<UserFrame> user_frame;
+  // The nn.Module the op ran under, "layers.1.mlp.act_fn (SiLU)" (format 1.8, OpRecord.module_path);
+  // empty when none or not recorded.
+  std::string module;
   // Not an op: a saved_tensors_hooks unpack hook, `stack` and `user_frame` its definition (id 0,
   // no name).
   bool hook = false;
@@ -230,6 +233,9 @@ struct Violation {
 struct ViolationGroup {
   std::vector<size_t> violations;       // Indices into Report::violations, in report order.
   std::vector<uint64_t> steps;          // The distinct steps they were in, ascending.
+  // The distinct modules the culprits ran under (the victims' for violations without a culprit),
+  // in order of first sight; empty when the trace names none.
+  std::vector<std::string> modules;
 };
 
 // A backward function that raised an error no violation explains: PyTorch's message and the node.
@@ -372,6 +378,9 @@ std::vector<ViolationGroup> GroupViolations(const std::vector<Violation>& violat
 
 // "0-19", "3, 5, 7-9": ascending numbers as ranges.
 std::string NumberRanges(const std::vector<uint64_t>& numbers);
+// A group's modules in few words: "layers.0-1.mlp (LlamaMLP)" when they differ only in one
+// index, else the first three and how many more.
+std::string ModuleRanges(const std::vector<std::string>& modules);
 
 // The human report, one compiler-style diagnostic per violation (ANSI colours when `color`).
 // Source lines are quoted from the trace (Report::sources), else from the recorded path when it is a

@@ -1,0 +1,124 @@
+"""A bug in a layer's forward bites in every layer built from it and at every step: the report is
+one diagnostic that names the modules (their path from the model, their class) and the steps, and
+each op names the nn.Module it ran under, through nn.Sequential, nn.ModuleList and
+torch.compile alike."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import torchrr
+from conftest import cli, marker_line, needs_build, record
+
+pytestmark = needs_build
+
+# Two decoder-like layers in a ModuleList under a Sequential, four steps; the layer's forward
+# halves its linear's output through .data after SiLU saved it (silent: PyTorch raises nothing).
+LAYERS = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.act = nn.SiLU()
+        def forward(self, x):
+            x = self.fc(x)
+            h = self.act(x)  # VICTIM
+            x.data.mul_(0.5)  # CULPRIT
+            return h
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Layer(), Layer()])
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+    model = nn.Sequential(nn.Linear(8, 8), Decoder())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    """)
+
+
+def _replay(trace, *flags):
+    return subprocess.run([cli(), "replay", *flags, str(trace)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def _diagnostics(text):
+    return sum(line.startswith("error:") for line in text.splitlines())
+
+
+def test_one_diagnostic_names_its_modules_and_steps(tmp_path):
+    script = tmp_path / "layers.py"
+    script.write_text(LAYERS)
+    trace = tmp_path / "layers.trr"
+    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(_replay(trace, "--json").stdout)
+    violations = report["violations"]
+    assert len(violations) == 8, [v["culprit"]["user_frame"] for v in violations]
+    culprit_line = marker_line(script, "CULPRIT")
+    assert {v["culprit"]["user_frame"]["line"] for v in violations} == {culprit_line}
+    assert sorted(v["step"] for v in violations) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert {v["culprit"]["module"] for v in violations} == {"1.layers.0 (Layer)",
+                                                           "1.layers.1 (Layer)"}
+    assert {v["victim"]["module"] for v in violations} == {"1.layers.0.act (SiLU)",
+                                                          "1.layers.1.act (SiLU)"}
+    [group] = report["groups"]
+    assert group["count"] == 8 and group["steps"] == [0, 1, 2, 3]
+    assert sorted(group["modules"]) == ["1.layers.0 (Layer)", "1.layers.1 (Layer)"]
+
+    text = _replay(trace).stdout
+    assert _diagnostics(text) == 1, text
+    assert "8 times: in modules 1.layers.0-1 (Layer); steps 0-3; first at step 0" in text, text
+    assert f"layers.py:{culprit_line} in Layer.forward, in 1.layers." in text, text
+    assert "8 violations at 1 place" in text, text
+    assert _diagnostics(_replay(trace, "--all").stdout) == 8
+
+    # The Python API sees the same.
+    api = torchrr.replay(trace)
+    assert api.groups[0]["count"] == 8
+    assert api.violations[0].culprit.module.endswith("(Layer)")
+    assert sorted(v.step for v in api.violations) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+# torch.compile'd layers: the hooks do nothing while dynamo traces, so the graph is unchanged
+# (no break), and the ops of the eager parts still name their module.
+COMPILED = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    import torch._dynamo
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 8), nn.SiLU(), nn.Linear(8, 1))
+        def forward(self, x):
+            y = self.body(x).sigmoid()  # VICTIM
+            y.mul_(2)  # CULPRIT
+            return y
+    model = Net()
+    model.body = torch.compile(model.body, backend="aot_eager")
+    try:
+        model(torch.randn(4, 8)).sum().backward()
+    finally:
+        print("graph breaks:", sum(torch._dynamo.utils.counters["graph_break"].values()))
+    """)
+
+
+def test_compiled_modules_are_unchanged_and_eager_ops_named(tmp_path):
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED)
+    trace = tmp_path / "compiled.trr"
+    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    assert "graph breaks: 0" in proc.stdout, proc.stdout + proc.stderr
+    [violation] = torchrr.replay(trace).violations
+    assert violation.culprit.user_frame.line == marker_line(script, "CULPRIT")
+    assert violation.victim.user_frame.line == marker_line(script, "VICTIM")
+    # The outermost module: named by its class alone.
+    assert violation.culprit.module == "(Net)"
