@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "exit_codes.h"
 #include "torchrr/format/reader.h"
+#include "torchrr/replayer/editor_formats.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
 
@@ -37,10 +38,12 @@ const char* StatusName(format::StatusCode code) {
 
 namespace {
 
-// One trace's replay: its report written to `out` (text, or one JSON document into `json`), its
-// exit code returned, and a line for the summary of several traces in `verdict`.
+// One trace's replay: its report written to `out` (text, or one JSON document into `json`; for
+// the editor formats, kept with what the read found in `replayed`), its exit code returned, and
+// a line for the summary of several traces in `verdict`.
 int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostream& out,
-              bool color, nlohmann::json* json, std::string* verdict) {
+              bool color, nlohmann::json* json, replayer::ReplayedTrace* replayed,
+              std::string* verdict) {
   replayer::Analyzer analyzer;
   format::ReadSummary summary =
       format::ReadTraceFile(path, [&](const format::Record& r) { analyzer.Add(r); });
@@ -50,6 +53,11 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   if (summary.has_info && summary.info.rank >= 0) {
     name += " (rank " + std::to_string(summary.info.rank) + ")";
   }
+  replayed->path = path;
+  replayed->rank = summary.has_info ? summary.info.rank : -1;
+  replayed->status = StatusName(code);
+  replayed->message = summary.status.message();
+  replayed->exit_code = read_code;
   if (!Analysable(code)) {
     *verdict = name + ": not read (" + std::string(StatusName(code)) + ")";
     return read_code;
@@ -60,16 +68,16 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
               << summary.records()
               << " records that could be read; culprits after the damage may be missing\n";
   }
-  if (options.json) {
+  if (options.format == ReplayFormat::kJson) {
     *json = replayer::ToJson(report);
     (*json)["trace"] = {{"path", path},
                         {"status", StatusName(code)},
                         {"torch", summary.has_info ? summary.info.torch_version : std::string()},
                         {"message", summary.status.message()},
                         {"warnings", summary.warnings}};
-  } else if (options.short_verdict) {
+  } else if (options.format == ReplayFormat::kShort) {
     out << replayer::FormatShortVerdict(report, path);
-  } else {
+  } else if (options.format == ReplayFormat::kText) {
     out << replayer::FormatText(report, color, options.each);
   }
   const size_t n = report.violations.size();
@@ -88,8 +96,12 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   const bool found = !report.violations.empty() || !report.unexplained_errors.empty() ||
                      report.program_error.has_value();
   // A window with nothing in it is no clean bill for the steps it did not keep.
-  return ReplayExitCode(read_code, report.incomplete() || (report.window() && !found), found,
-                        report.ops == 0);
+  replayed->exit_code = ReplayExitCode(
+      read_code, report.incomplete() || (report.window() && !found), found, report.ops == 0);
+  if (options.format == ReplayFormat::kGnu || options.format == ReplayFormat::kSarif) {
+    replayed->report = std::move(report);
+  }
+  return replayed->exit_code;
 }
 
 // How unclean a replay exit code is: a damaged or unread trace, then an incomplete recording,
@@ -108,25 +120,34 @@ int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_termi
   const bool color = options.color == ColorMode::kAlways ||
                      (options.color == ColorMode::kAuto && out_is_terminal);
   const bool several = options.paths.size() > 1;
+  // The text and the short verdict are one report per trace, under its name; the other formats
+  // write one document for all of them.
+  const bool per_trace =
+      options.format == ReplayFormat::kText || options.format == ReplayFormat::kShort;
   replayer::SetLocalSourceRoots(options.source_roots);
   int exit_code = 0;
   nlohmann::json traces = nlohmann::json::array();
+  std::vector<replayer::ReplayedTrace> replayed;
   std::vector<std::string> verdicts;
   for (const std::string& path : options.paths) {
-    if (several && !options.json) out << "==> " << replayer::Printable(path) << " <==\n";
+    if (several && per_trace) out << "==> " << replayer::Printable(path) << " <==\n";
     nlohmann::json json;
     std::string verdict;
-    int code = ReplayOne(path, options, out, color, &json, &verdict);
+    int code = ReplayOne(path, options, out, color, &json, &replayed.emplace_back(), &verdict);
     if (Severity(code) > Severity(exit_code)) exit_code = code;
-    if (options.json && !json.is_null()) traces.push_back(std::move(json));
+    if (options.format == ReplayFormat::kJson && !json.is_null()) traces.push_back(std::move(json));
     verdicts.push_back(std::move(verdict));
-    if (several && !options.json) out << "\n";
+    if (several && per_trace) out << "\n";
   }
-  if (options.json) {
+  if (options.format == ReplayFormat::kGnu) {
+    out << replayer::FormatGnu(replayed);
+  } else if (options.format == ReplayFormat::kSarif) {
+    out << JsonText(replayer::ToSarif(replayed, TORCHRR_VERSION), 2) << "\n";
+  } else if (options.format == ReplayFormat::kJson) {
     // One trace: its document. Several (one per rank): {"traces": [document, ...]}.
     if (!several && !traces.empty()) out << JsonText(traces[0], 2) << "\n";
     if (several) out << JsonText(nlohmann::json{{"traces", traces}}, 2) << "\n";
-  } else if (several) {
+  } else if (several && per_trace) {
     out << "summary of " << verdicts.size() << " traces:\n";
     for (const std::string& verdict : verdicts) out << "  " << verdict << "\n";
   }
@@ -143,12 +164,30 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
                      "Trace file (.trr); several (one per rank: run.rank*.trr) are replayed one "
                      "after the other, with a summary")
       ->required();
-  replay->add_flag("--json", options->json,
-                   "Print one JSON document (schema: replayer/SCHEMA.md) instead of text");
-  replay->add_flag("--short", options->short_verdict,
-                   "Print only each distinct culprit and victim line with the fix, as `record` "
-                   "does after the program (nothing when there is no violation)")
-      ->excludes("--json");
+  const std::map<std::string, ReplayFormat> formats{
+      {"text", ReplayFormat::kText}, {"json", ReplayFormat::kJson},
+      {"short", ReplayFormat::kShort}, {"gnu", ReplayFormat::kGnu},
+      {"sarif", ReplayFormat::kSarif}};
+  CLI::Option* format =
+      replay
+          ->add_option("--format", options->format,
+                       "What to print: text (the report, the default); json (one document, "
+                       "schema: replayer/SCHEMA.md); short (each distinct culprit and victim "
+                       "line with the fix, as `record` prints after the program); gnu (one "
+                       "`file:line:col: error: message` line per distinct diagnostic, for "
+                       "editors' problem matchers and Emacs' compilation-mode); sarif (one "
+                       "SARIF 2.1.0 log, for code-scanning views). Several traces: one gnu "
+                       "output, one SARIF run")
+          ->transform(CLI::CheckedTransformer(formats, CLI::ignore_case))
+          ->option_text("text|json|short|gnu|sarif");
+  CLI::Option* json = replay->add_flag_callback(
+      "--json", [options] { options->format = ReplayFormat::kJson; }, "Same as --format json");
+  replay
+      ->add_flag_callback("--short", [options] { options->format = ReplayFormat::kShort; },
+                          "Same as --format short")
+      ->excludes(json)
+      ->excludes(format);
+  json->excludes(format);
   replay->add_flag("--all", options->each,
                    "Print every violation; by default violations with the same kind, culprit "
                    "line and victim line are one diagnostic that says how many and in which steps");

@@ -16,10 +16,14 @@ namespace torchrr::cli {
 
 enum class ColorMode { kAuto, kAlways, kNever };
 
+// What replay writes: the text report; the JSON document (replayer/SCHEMA.md); the few lines
+// `record` prints (FormatShortVerdict); GNU diagnostic lines or a SARIF log for editors and CI
+// (editor_formats.h).
+enum class ReplayFormat { kText, kJson, kShort, kGnu, kSarif };
+
 struct ReplayOptions {
   std::vector<std::string> paths;  // One trace, or several (one per rank).
-  bool json = false;
-  bool short_verdict = false;  // The few lines `record` prints (FormatShortVerdict) instead.
+  ReplayFormat format = ReplayFormat::kText;
   bool each = false;  // Every violation, not one diagnostic per group (FormatText's `each`).
   ColorMode color = ColorMode::kAuto;
   std::vector<std::string> source_roots;  // replayer::SetLocalSourceRoots; empty: the cwd.
@@ -27,9 +31,10 @@ struct ReplayOptions {
 
 // Reads each trace of options.paths (streaming: records are analysed as they are read, not kept),
 // writes each report to `out` (several: each under a "==> path <==" line, then a summary line
-// per trace; JSON: {"traces": [...]}), problems with the files to stderr, and returns the exit
-// code, the least clean over the traces (exit_codes.h, ReplayExitCode): a damaged or unreadable
-// trace's (3 to 7), then 8 for an incomplete recording, then 1 for violations, else 0.
+// per trace; JSON: {"traces": [...]}; GNU lines and SARIF: one output for all of them),
+// problems with the files to stderr, and returns the exit code, the least clean over the traces
+// (exit_codes.h, ReplayExitCode): a damaged or unreadable trace's (3 to 7), then 8 for an
+// incomplete recording, then 1 for violations, else 0.
 // `out_is_terminal` decides colour under ColorMode::kAuto.
 int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_terminal);
 
