@@ -87,15 +87,15 @@ constexpr int ExitCodeFor(format::StatusCode code) {
 }
 
 // replay's exit code, the least clean of what it found: a damaged trace's code (`read_code`, from
-// ExitCodeFor) first, then an incomplete recording's, then violations, then a trace with no op
-// (`empty`); 0 only for a whole trace of a whole recording with ops and no violation. Violations
-// found in a damaged or incomplete recording are reported all the same; the code says the verdict
-// covers only part of the run.
+// ExitCodeFor) first, then an incomplete recording's, then a trace with no op (`empty`: whatever
+// error of the program it kept, it holds no verdict), then violations; 0 only for a whole trace
+// of a whole recording with ops and no violation. Violations found in a damaged or incomplete
+// recording are reported all the same; the code says the verdict covers only part of the run.
 constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations, bool empty) {
   if (read_code != 0) return read_code;
   if (incomplete) return kExitIncomplete;
-  if (violations) return kExitViolations;
-  return empty ? kExitEmpty : kExitOk;
+  if (empty) return kExitEmpty;
+  return violations ? kExitViolations : kExitOk;
 }
 
 }  // namespace torchrr::cli

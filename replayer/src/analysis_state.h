@@ -340,6 +340,8 @@ struct AnalysisState {
   // its first execution before it (autograd's backward() runs ops of its own first, such as the
   // ones_like of an implicit gradient); 0 when none.
   std::vector<format::ObjectId> pass_entry_ops;
+  // Per backward pass, the slot of the first node it ran (IdIndex::kAbsent while none).
+  std::vector<uint32_t> pass_roots;
   // Per counter reset, by the seq of its Bump: the last op that showed the version before it.
   std::unordered_map<uint64_t, format::ObjectId> reset_previous_ops;
   // Nodes whose saved tensors the recorder could not see, by node name.

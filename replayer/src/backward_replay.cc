@@ -210,6 +210,7 @@ BackwardReplay::Pass& BackwardReplay::OpenPass(uint32_t node_slot, uint32_t thre
     last_called_op_.erase(called);
   }
   state_.pass_entry_ops.push_back(entry);
+  state_.pass_roots.push_back(node_slot);
   state_.pass_steps.push_back(
       {state_.steps != 0 ? state_.current_step : AnalysisState::kNoStep, state_.inferred_step});
   return pass;
@@ -227,7 +228,10 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
     // save nothing): there is nothing to check.
     if (exec.node != 0) ++state_.unknown_node_execs;
   } else {
-    if (pass.root == IdIndex::kAbsent) pass.root = slot;
+    if (pass.root == IdIndex::kAbsent) {
+      pass.root = slot;
+      if (pass.index < state_.pass_roots.size()) state_.pass_roots[pass.index] = slot;
+    }
     NodeState& node = state_.nodes[slot];
     const uint64_t earlier_pass = node.last_pass;
     const ObjectId earlier_exec_op = node.last_exec_op;

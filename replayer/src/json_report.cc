@@ -221,6 +221,7 @@ nlohmann::json ToJson(const Report& report) {
           {"nodes", report.nodes},
           {"node_executions", report.node_executions},
           {"backward_passes", report.backward_passes},
+          {"compile_passes", report.compile_passes},
           {"version_bumps", report.version_bumps},
           {"data_loss_records", report.data_loss_records},
           {"recording", RecordingJson(report)},

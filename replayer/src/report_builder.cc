@@ -115,7 +115,8 @@ class ReportBuilder {
     report.tensors = state_.tensors.size();
     report.nodes = state_.nodes.size();
     report.node_executions = state_.exec_count;
-    report.backward_passes = state_.pass_count;
+    report.compile_passes = CountCompilePasses();
+    report.backward_passes = state_.pass_count - report.compile_passes;
     report.version_bumps = state_.bump_count;
     report.data_loss_records = state_.data_loss_records;
     report.records_lost = state_.data_lost;
@@ -136,6 +137,7 @@ class ReportBuilder {
  private:
   std::vector<Frame> StackFrames(InternId stack) const;
   OpRef MakeOpRef(ObjectId id) const;
+  uint64_t CountCompilePasses() const;
   OpRef UserOpRef(ObjectId innermost) const;
   // Whether `op`'s own user line is one that torch traced into a graph (a frame's origin): an op
   // torch.compile runs for that line, reported as itself rather than as the op around it (the
@@ -224,6 +226,22 @@ OpRef ReportBuilder::MakeOpRef(ObjectId id) const {
     ref.module = state_.Str(op->module);
   }
   return ref;
+}
+
+// Backward passes that torch.compile ran while it traced a region: AOTAutograd builds the joint
+// forward-backward graph by running autograd over the region's ops under make_fx, so the pass's
+// first node was made by an op called from make_fx's tracer. The engine's own, not a backward()
+// or autograd.grad() of the program's.
+uint64_t ReportBuilder::CountCompilePasses() const {
+  constexpr std::string_view kMakeFx = "torch/fx/experimental/proxy_tensor.py";
+  uint64_t count = 0;
+  for (uint32_t root : state_.pass_roots) {
+    if (root == IdIndex::kAbsent || state_.nodes[root].created_by == 0) continue;
+    const OpRef op = UserOpRef(state_.nodes[root].created_by);
+    count += std::any_of(op.stack.begin(), op.stack.end(),
+                         [&](const Frame& f) { return f.file.ends_with(kMakeFx); });
+  }
+  return count;
 }
 
 // The op the user called, for an op seen in `innermost` (a write, or the op that created a node):
@@ -445,7 +463,13 @@ void ReportBuilder::AddProgramError(Report& report) const {
 
 void ReportBuilder::AddWarnings(Report& report) const {
   std::vector<std::string>& warnings = report.warnings;
-  if (!state_.final_error.empty() && std::find(kept_.begin(), kept_.end(), true) == kept_.end()) {
+  if (!state_.final_error.empty() && state_.op_count == 0) {
+    std::string message = state_.final_error;
+    if (size_t cut = message.find(" Hint:"); cut != std::string::npos) message.resize(cut);
+    warnings.push_back("the program ended with an error in a step this trace does not hold: " +
+                       message);
+  } else if (!state_.final_error.empty() &&
+             std::find(kept_.begin(), kept_.end(), true) == kept_.end()) {
     warnings.push_back(
         "PyTorch raised a version-counter error that the trace does not explain (was the "
         "recorder on for the whole step?)");

@@ -187,7 +187,11 @@ void TextReport::EmitSummary(const Report& report) {
   std::string counts = std::to_string(report.ops) + " ops, " +
                        std::to_string(report.node_executions) + " node executions in " +
                        std::to_string(report.backward_passes) + " backward pass" +
-                       (report.backward_passes == 1 ? "" : "es");
+                       (report.backward_passes == 1 ? "" : "es") +
+                       (report.compile_passes == 0
+                            ? std::string()
+                            : " and " + std::to_string(report.compile_passes) +
+                                  " torch.compile ran to trace its regions");
   if (report.restored_count != 0) {
     // Writes that are not violations but that a reader of the trace may wonder about.
     counts += "; " + std::to_string(report.restored_count) + " write" +
@@ -199,17 +203,17 @@ void TextReport::EmitSummary(const Report& report) {
     counts += "; steps " + std::to_string(report.first_step) + " to " +
               std::to_string(report.last_step) + " of the run, the earlier ones not kept";
   }
-  if (report.violations.empty() && !report.unexplained_errors.empty()) {
+  if (report.violations.empty() && report.ops == 0 && !report.incomplete()) {
+    // Nothing was recorded: no verdict, however clean the trace reads, whatever error it kept.
+    out_ << "no op was recorded: this trace says nothing of the run (a --steps range it never "
+            "reached, or a recording that ended before its first op) (" << counts << ")\n";
+  } else if (report.violations.empty() && !report.unexplained_errors.empty()) {
     size_t n = report.unexplained_errors.size();
     out_ << "no saved tensor was modified, but backward raised " << n << " error"
          << (n == 1 ? "" : "s") << " that torchrr does not explain (" << counts << ")\n";
   } else if (report.program_error) {
     out_ << "no saved tensor was modified, but the program raised an error that torchrr does not "
             "explain (" << counts << ")\n";
-  } else if (report.violations.empty() && report.ops == 0 && !report.incomplete()) {
-    // Nothing was recorded: no verdict, however clean the trace reads.
-    out_ << "no op was recorded: this trace says nothing of the run (a --steps range it never "
-            "reached, or a recording that ended before its first op) (" << counts << ")\n";
   } else if (report.violations.empty() && report.window() && !report.incomplete()) {
     out_ << "no saved tensor was modified in the kept steps, but the steps before them were not "
             "kept (" << counts << ")\n";
@@ -567,6 +571,9 @@ void TextReport::EmitHelp(const Violation& v) {
 
 std::string FormatText(const Report& report, bool color, bool each) {
   TextReport text(color, report);
+  // A trace with no op says so first: what it kept (the program's error) is no verdict.
+  const bool empty = report.violations.empty() && report.ops == 0 && !report.incomplete();
+  if (empty && (!report.warnings.empty() || report.program_error)) text.EmitSummary(report);
   if (report.recording_stopped) text.EmitRecordingStop(*report.recording_stopped);
   for (const std::string& warning : report.warnings) text.EmitWarning(warning);
   if (each || report.groups.empty()) {

@@ -117,8 +117,15 @@ def test_compiled_modules_are_unchanged_and_eager_ops_named(tmp_path):
     trace = tmp_path / "compiled.trr"
     proc = record(trace, [sys.executable, script], flags=("--quiet",))
     assert "graph breaks: 0" in proc.stdout, proc.stdout + proc.stderr
-    [violation] = torchrr.replay(trace).violations
+    # torch's warning about global module hooks is about torchrr's own: not the program's output.
+    assert "global hooks" not in proc.stderr, proc.stderr
+    report = torchrr.replay(trace)
+    # AOTAutograd's pass over the region while compiling is torch.compile's, not the program's.
+    assert (report.backward_passes, report.raw["compile_passes"]) == (1, 1), report.raw
+    [violation] = report.violations
     assert violation.culprit.user_frame.line == marker_line(script, "CULPRIT")
     assert violation.victim.user_frame.line == marker_line(script, "VICTIM")
-    # The outermost module: named by its class alone.
+    # The outermost module: named by its class alone; the compiled one by the module it wraps.
     assert violation.culprit.module == "(Net)"
+    assert violation.victim.module == "(Net)"
+    assert report.raw["violations"][0]["tensor"]["shape"] == [4, 1]

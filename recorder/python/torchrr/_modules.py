@@ -14,6 +14,7 @@ the hooks do nothing (dynamo traces them as no-ops), so compiled graphs are unch
 from __future__ import annotations
 
 import threading
+import warnings
 
 from . import _native
 
@@ -26,6 +27,10 @@ _generation = 0
 # modules live as long as the model, and a stale pair only misnames.
 _names: dict = {}
 _MAX_NAMES = 1 << 16
+# torch warns at every call of a torch.compile'd module while global module hooks exist (they
+# fire once more for its wrapper): these are torchrr's, so the warning is not the program's.
+_COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
+_filter: list = []
 
 
 def _stack() -> list:
@@ -54,7 +59,8 @@ def _name_under(parent, child) -> str:
 def _entry(stack: list, module) -> tuple:
     """The stack entry of `module` called from the innermost running one: (module, its path from
     the outermost, its text for the recorder)."""
-    cls = type(module).__name__
+    # torch.compile's wrapper stands for the module it compiled.
+    cls = type(getattr(module, "_orig_mod", module)).__name__
     name = _name_under(stack[-1][0], module) if stack else ""
     if not name:  # The outermost, or called by a module that does not own it.
         return module, "", f"({cls})".encode()
@@ -117,6 +123,8 @@ def install() -> None:
         _names.clear()
         _handles.append(nn_module.register_module_forward_pre_hook(_pre_hook))
         _handles.append(nn_module.register_module_forward_hook(_post_hook, always_call=True))
+        warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
+        _filter.append(warnings.filters[0])
 
 
 def uninstall() -> None:
@@ -125,6 +133,14 @@ def uninstall() -> None:
         for handle in _handles:
             handle.remove()
         _handles.clear()
+        for entry in _filter:
+            try:
+                warnings.filters.remove(entry)
+            except ValueError:  # The program reset the filters.
+                pass
+        _filter.clear()
+        # What filterwarnings() does after a change, so that registries forget the ignored ones.
+        getattr(warnings, "_filters_mutated", lambda: None)()
         lib = _native.loaded()
     if lib is not None:
         lib.torchrr_set_module(None)

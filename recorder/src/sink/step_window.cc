@@ -87,6 +87,10 @@ void StepWindow::Add(const format::Record& record) {
     }
   }
   if (open_.empty() && open_mark_.time_ns == 0 && op != nullptr) open_mark_.time_ns = op->start_ns;
+  if (const auto* error = std::get_if<format::ErrorRecord>(&record);
+      error != nullptr && error->kind != format::ErrorKind::kCppException && !open_kept()) {
+    KeepOutsideError(*error);
+  }
   format::AppendRecordBytes(record, open_);
   if (IsDefinition(record)) format::AppendRecordBytes(record, open_index_.definitions);
   ForEachId(record, [&](format::ObjectId id) { open_index_.named.push_back(id); });
@@ -102,6 +106,27 @@ void StepWindow::Add(const format::Record& record) {
       open_mark_.time_ns = next_start;
     }
   }
+}
+
+void StepWindow::KeepOutsideError(const format::ErrorRecord& error) {
+  std::vector<format::Record> kept;
+  // Its type's StringDef, when the open step defined it (it is then not written otherwise); an
+  // earlier step's definitions are kept for good.
+  const std::string_view definitions = open_index_.definitions.view();
+  size_t pos = 0;
+  while (const format::Record* record = reader_.Next(definitions, &pos)) {
+    const auto* text = std::get_if<format::StringDef>(record);
+    if (text != nullptr && text->id == error.type) {
+      kept.push_back(*record);
+      break;
+    }
+  }
+  format::ErrorRecord outside = error;
+  outside.op = 0;
+  outside.stack = 0;
+  kept.push_back(format::Record(outside));
+  if (outside_errors_.size() == kMaxOutsideErrors) outside_errors_.pop_front();
+  outside_errors_.push_back(std::move(kept));
 }
 
 void StepWindow::CloseStepAt(Cut cut) {
@@ -222,6 +247,11 @@ format::Status StepWindow::WriteTo(format::TraceWriter& writer,
     size_t pos = 0;
     while (const format::Record* record = reader_.Next(bytes, &pos)) {
       if (format::Status s = writer.Append(*record); !s.ok()) return s;
+    }
+  }
+  for (const std::vector<format::Record>& records : outside_errors_) {
+    for (const format::Record& record : records) {
+      if (format::Status s = writer.Append(record); !s.ok()) return s;
     }
   }
   return format::Status::Ok();

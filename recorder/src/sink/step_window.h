@@ -128,6 +128,7 @@ class StepWindow {
     return {open_.size(), open_index_.definitions.size(), open_index_.named.size()};
   }
   void CloseStepAt(Cut cut);
+  void KeepOutsideError(const format::ErrorRecord& error);
   // Writes the latest records of the tensors and nodes in `ids` from before the window, and
   // those they name, that `carried` lacks, adding them to it.
   format::Status WriteCarried(std::vector<format::ObjectId> ids, format::TraceWriter& writer,
@@ -157,6 +158,12 @@ class StepWindow {
   uint64_t range_last_ = kNoLast;
   bool done_ = false;            // A step past range_last_ began.
   uint64_t next_step_ = 1;       // The open step is next_step_ - 1.
+  // The program's own errors (not an op's C++ exception) raised in a step before the range
+  // (--steps A:B), each after the StringDef of its type when that step defined it: written after
+  // the kept steps, named by no op or stack (their records are not kept), so that a trace of a
+  // range the run never reached still says how the run ended. The last few only.
+  static constexpr size_t kMaxOutsideErrors = 4;
+  std::deque<std::vector<format::Record>> outside_errors_;
   uint64_t changes_ = 0;
 
   std::deque<ClosedStep> closed_;  // Oldest first.

@@ -298,7 +298,10 @@ struct Report {
   uint64_t tensors = 0;
   uint64_t nodes = 0;
   uint64_t node_executions = 0;
-  uint64_t backward_passes = 0;
+  uint64_t backward_passes = 0;      // The program's: backward() and autograd.grad() calls.
+  // The passes torch.compile's AOTAutograd ran while tracing a region (its joint graph), not
+  // counted in backward_passes.
+  uint64_t compile_passes = 0;
   uint64_t version_bumps = 0;        // In-place writes seen (outermost op per write).
   uint64_t data_loss_records = 0;    // Records the recorder said it lost (DataLossRecord).
   uint64_t records_lost = 0;         // How many records those say were lost.
