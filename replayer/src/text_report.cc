@@ -67,6 +67,7 @@ class TextReport {
   void EmitVictim(const Violation& v);
   void EmitNeededBy(const Violation& v);
   void EmitGroup(const ViolationGroup& group);
+  void EmitMessage(const std::string& lead, const std::string& message);
   void EmitVersions(const Violation& v);
   void EmitCounterReset(const Violation& v);
   void EmitTensor(const Violation& v);
@@ -173,10 +174,40 @@ void TextReport::EmitProgramError(const ProgramError& error) {
   } else {
     Arrow() << "<no recorded op raised it>\n";
   }
-  Fact() << Printable(error.type.empty() ? std::string("error") : error.type) << ": "
-         << Printable(error.message) << "\n";
+  EmitMessage(Printable(error.type.empty() ? std::string("error") : error.type) + ": ",
+              error.message);
   Fact() << "torchrr follows what autograd saved for backward: this error is of another kind\n";
   out_ << "\n";
+}
+
+// A message of several lines (torch.compile's errors name the frame and the user code on lines of
+// their own) as fact lines, each escaped on its own so that none can pass for a diagnostic:
+//      = torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped
+//      =   Explanation: ...
+// At most kMaxMessageLines lines, then how many more there were.
+void TextReport::EmitMessage(const std::string& lead, const std::string& message) {
+  constexpr size_t kMaxMessageLines = 24;
+  size_t shown = 0, at = 0;
+  while (at <= message.size()) {
+    size_t end = message.find('\n', at);
+    if (end == std::string::npos) end = message.size();
+    const std::string line = message.substr(at, end - at);
+    at = end + 1;
+    if (shown != 0 && line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (shown == kMaxMessageLines) {
+      size_t more = 1;
+      for (size_t i = at; i < message.size(); ++i) more += message[i] == '\n';
+      Fact() << "  (" << more << " more lines)\n";
+      return;
+    }
+    if (shown == 0) {
+      Fact() << lead << Printable(line) << "\n";
+    } else {
+      Fact() << "  " << Printable(line) << "\n";
+    }
+    ++shown;
+    if (end == message.size()) break;
+  }
 }
 
 // The last line, with what was looked at:

@@ -577,6 +577,24 @@ TEST(ProgramErrorTest, AnErrorTheForwardRaisedIsReportedWithItsOp) {
   EXPECT_EQ(j["program_error"]["op"]["op"], "aten::add_");
 }
 
+// torch.compile's errors run over several lines: each is a fact line of its own, escaped, so that
+// the message reads as written and no line of it can pass for a diagnostic.
+TEST(ProgramErrorTest, AMessageOfSeveralLinesKeepsItsLines) {
+  TraceBuilder b;
+  auto x = b.Leaf({4});
+  b.Op({.name = "aten::add_", .inputs = {x}, .stack = b.At(12), .threw = true});
+  b.PythonError("Unsupported: call to a skipped function\n  Explanation: it is skipped\n\n"
+                "error: forged\x1b[31m");
+  const std::string text = FormatText(Analyze(b.records), false);
+  EXPECT_NE(text.find("   = RuntimeError: Unsupported: call to a skipped function\n"
+                      "   =     Explanation: it is skipped\n"
+                      "   =   error: forged"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("\\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+}
+
 // An op that threw earlier, with others after it, did not raise the program's error; an
 // interrupted run is no error; a version-check error after another one is the program's last.
 TEST(ProgramErrorTest, OnlyTheLastErrorAndOnlyTheOpJustBeforeIt) {
