@@ -19,7 +19,8 @@ GPU benchmark (tests/gpu/run.sh); a CUDA step is timed to its end (synchronized)
 
 Usage: bench_peft.py [--rounds R] [--steps K] [--threads T] [--hidden H] [--layers L] [--seq S]
                      [--batch B] [--vocab V] [--device cpu|cuda] [--dtype float32|bfloat16]
-                     [--configs plain,torchrr,torchrr-all,anomaly,profiler] [--verify-saved]
+                     [--configs plain,torchrr,torchrr-nomodules,torchrr-all,anomaly,profiler]
+                     [--verify-saved]
 """
 import argparse
 import contextlib
@@ -35,6 +36,16 @@ import torch  # noqa: E402
 
 import peft_lora  # noqa: E402
 import torchrr  # noqa: E402
+from torchrr import _modules  # noqa: E402
+
+
+@contextlib.contextmanager
+def record_without_modules(path):
+    """torchrr as configured "torchrr", without the module hooks that name each op's nn.Module:
+    what naming modules costs, side by side."""
+    with torchrr.record(path, native_stacks=False):
+        _modules.uninstall()
+        yield
 
 
 def main():
@@ -45,7 +56,8 @@ def main():
     peft_lora.add_model_arguments(parser, hidden=128, vocab=512, seq=64, batch=4)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--configs", default="plain,torchrr,torchrr-all,anomaly,profiler")
+    parser.add_argument("--configs",
+                        default="plain,torchrr,torchrr-nomodules,torchrr-all,anomaly,profiler")
     parser.add_argument("--verify-saved", action="store_true",
                         help="also time torchrr with --verify-saved")
     args = parser.parse_args()
@@ -77,6 +89,8 @@ def main():
         "torchrr-all": ("torchrr, all ops",
                         lambda: torchrr.record(os.path.join(tmp, "all.trr"), native_stacks=False,
                                                all_ops=True)),
+        "torchrr-nomodules": ("torchrr, no module names",
+                              lambda: record_without_modules(os.path.join(tmp, "nomod.trr"))),
         "anomaly": ("anomaly mode", lambda: torch.autograd.set_detect_anomaly(True)),
         "profiler": ("profiler (shapes, stacks)",
                      lambda: torch.profiler.profile(record_shapes=True, with_stack=True)),

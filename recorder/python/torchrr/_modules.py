@@ -1,4 +1,4 @@
-"""Which nn.Module each recorded op ran under (OpRecord.module, format/SPEC.md "Modules").
+"""Which nn.Module each recorded op ran under (OpRecord.module_path, format/SPEC.md "Modules").
 
 A report that says only ``return self.body(x)`` for culprit and victim does not tell which of 24
 decoder layers, or which child of an ``nn.Sequential``, ran the op. While recording, global forward
@@ -23,10 +23,11 @@ _lock = threading.Lock()
 # Hook handles while installed; the generation tells a thread's stack from a previous recording.
 _handles: list = []
 _generation = 0
-# (id(parent), id(child)) -> the child's name under the parent, "" when not found. Keyed by ids:
-# modules live as long as the model, and a stale pair only misnames.
-_names: dict = {}
-_MAX_NAMES = 1 << 16
+# (id(module), its caller's text) -> (its path, its text): a module call costs two dict lookups,
+# not a walk of the parent's modules. Keyed by id: modules live as long as the model, and a stale
+# entry only misnames.
+_entries: dict = {}
+_MAX_ENTRIES = 1 << 16
 # torch warns at every call of a torch.compile'd module while global module hooks exist (they
 # fire once more for its wrapper): these are torchrr's, so the warning is not the program's.
 _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
@@ -34,93 +35,104 @@ _filter: list = []
 
 
 def _stack() -> list:
-    """This thread's running modules, outermost first (_entry)."""
-    if getattr(_local, "generation", None) != _generation:
-        _local.generation = _generation
-        _local.stack = []
-    return _local.stack
+    """This thread's running modules, outermost first: (module, path, text) entries."""
+    state = _local.__dict__
+    if state.get("generation") != _generation:
+        state["generation"] = _generation
+        state["stack"] = []
+    return state["stack"]
 
 
 def _name_under(parent, child) -> str:
-    key = (id(parent), id(child))
-    name = _names.get(key)
-    if name is None:
-        name = ""
-        for candidate, module in parent.named_modules(remove_duplicate=False):
-            if module is child and candidate:
-                name = candidate
-                break
-        if len(_names) >= _MAX_NAMES:
-            _names.clear()
-        _names[key] = name
-    return name
+    """`child`'s name among `parent`'s descendants ("layers.0" through a ModuleList), "" when it is
+    none of them."""
+    for candidate, module in parent.named_modules(remove_duplicate=False):
+        if module is child and candidate:
+            return candidate
+    return ""
 
 
 def _entry(stack: list, module) -> tuple:
-    """The stack entry of `module` called from the innermost running one: (module, its path from
-    the outermost, its text for the recorder)."""
+    """`module`'s path from the outermost running module and its text for the recorder, called from
+    the innermost running one; cached per (module, caller's text)."""
+    parent_text = stack[-1][2] if stack else None
+    key = (id(module), parent_text)
+    entry = _entries.get(key)
+    if entry is not None:
+        return entry
     # torch.compile's wrapper stands for the module it compiled.
-    cls = type(getattr(module, "_orig_mod", module)).__name__
+    inner = module.__dict__.get("_modules", {}).get("_orig_mod", module)
+    cls = type(inner).__name__
     name = _name_under(stack[-1][0], module) if stack else ""
     if not name:  # The outermost, or called by a module that does not own it.
-        return module, "", f"({cls})".encode()
-    parent_path = stack[-1][1]
-    path = f"{parent_path}.{name}" if parent_path else name
-    return module, path, f"{path} ({cls})".encode()
-
-
-def _compiling() -> bool:
-    return _is_compiling is not None and _is_compiling()
-
-
-_is_compiling = None  # torch.compiler.is_compiling, once installed.
+        entry = ("", f"({cls})".encode())
+    else:
+        parent_path = stack[-1][1]
+        path = f"{parent_path}.{name}" if parent_path else name
+        entry = (path, f"{path} ({cls})".encode())
+    if len(_entries) >= _MAX_ENTRIES:
+        _entries.clear()
+    _entries[key] = entry
+    return entry
 
 
 def _pre_hook(module, args):
-    if _compiling():
+    if _is_compiling():
         return None
     try:
         stack = _stack()
-        entry = _entry(stack, module)
-        stack.append(entry)
-        lib = _native.loaded()
-        if lib is not None:
-            lib.torchrr_set_module(entry[2])
+        path, text = _entry(stack, module)
+        stack.append((module, path, text))
+        _set_module(text)
     except Exception:  # Never break the model's forward: the ops are then named by no module.
         pass
     return None
 
 
 def _post_hook(module, args, output):
-    if _compiling():
+    if _is_compiling():
         return None
     try:
         stack = _stack()
-        # A forward that raised left its children's entries (with always_call, the post-hooks of
-        # the modules that raised run; of those it never reached, not).
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] is module:
-                del stack[i:]
-                lib = _native.loaded()
-                if lib is not None:
-                    lib.torchrr_set_module(stack[-1][2] if stack else None)
-                break
+        if stack and stack[-1][0] is module:
+            stack.pop()
+        else:
+            # A forward that raised left its children's entries (with always_call, the
+            # post-hooks of the modules that raised run; of those it never reached, not).
+            for i in range(len(stack) - 1, -1, -1):
+                if stack[i][0] is module:
+                    del stack[i:]
+                    break
+            else:
+                return None  # Its pre-hook ran before recording started.
+        _set_module(stack[-1][2] if stack else None)
     except Exception:
         pass
     return None
 
 
+def _no_module(text) -> None:
+    pass
+
+
+# While installed: torch.compiler.is_compiling, and the recorder's torchrr_set_module.
+_is_compiling = None
+_set_module = _no_module
+
+
 def install() -> None:
     """Starts naming modules (on start()). Idempotent; imports torch."""
-    global _generation, _is_compiling
+    global _generation, _is_compiling, _set_module
     import torch
     from torch.nn.modules import module as nn_module
-    _is_compiling = torch.compiler.is_compiling
+    lib = _native.library()
     with _lock:
         if _handles:
             return
+        _is_compiling = torch.compiler.is_compiling
+        _set_module = lib.torchrr_set_module
         _generation += 1
-        _names.clear()
+        _entries.clear()
         _handles.append(nn_module.register_module_forward_pre_hook(_pre_hook))
         _handles.append(nn_module.register_module_forward_hook(_post_hook, always_call=True))
         warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
@@ -129,7 +141,9 @@ def install() -> None:
 
 def uninstall() -> None:
     """Stops naming modules (on stop())."""
+    global _set_module
     with _lock:
+        _set_module = _no_module
         for handle in _handles:
             handle.remove()
         _handles.clear()
