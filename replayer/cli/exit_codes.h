@@ -26,6 +26,8 @@ inline constexpr int kExitTorchMismatch = 9;
 // replay: the trace holds no op, so it can say nothing of the run (a --steps range the run never
 // reached, a recording that ended before the program's first op).
 inline constexpr int kExitEmpty = 10;
+// fix --check: the recorded command cannot be re-run here (not Python, its script missing).
+inline constexpr int kExitNotRerun = 11;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -36,7 +38,8 @@ struct ExitCodeMeaning {
 inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
     {kExitOk, "ok"},
     {kExitViolations,
-     "replay: violations found, or the program raised an error it does not explain"},
+     "replay: violations found, or the program raised an error it does not explain; fix: a "
+     "violation has no certain patch, or --check found one left"},
     {kExitUsage, "usage error"},
     {kExitNotATrace, "unreadable file, or not a torchrr trace"},
     {kExitTruncated, "trace truncated (data before the cut still used)"},
@@ -48,6 +51,7 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
     {kExitTorchMismatch,
      "record: the program's torch is not the one torchrr was built against, or unsupported"},
     {kExitEmpty, "replay: the trace holds no op, so it says nothing of the run"},
+    {kExitNotRerun, "fix --check: the recorded command cannot be re-run here"},
     {kExitNotRun, "record: the program could not be run"},
 };
 

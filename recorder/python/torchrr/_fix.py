@@ -1,0 +1,377 @@
+"""``torchrr fix TRACE``: a patch for each culprit line of a replay, as a unified diff against the
+recorded source (``--json``: the edits as data); ``--check`` proves it by re-running the recorded
+command on patched copies (_fix_check.py), ``--apply`` then writes it.
+
+The ``torchrr fix`` verb (replayer/cli/fix_command.cc) runs this module with ``python3 -m
+torchrr._fix``, because the rewrites need Python's own parser; the verb passes the CLI's path
+(TORCHRR_CLI) and its exit codes (TORCHRR_FIX_EXIT_CODES, from exit_codes.h). It reads the
+trace only through that CLI (``replay --json``, ``dump --json``, ``info --json``). Standard
+library only: importing it imports no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Optional
+
+from . import _fix_rewrite as rw
+from ._xxh64 import xxh64
+
+# exit_codes.h's, passed by the verb; these defaults are the same numbers.
+_DEFAULT_CODES = {"ok": 0, "violations": 1, "usage": 2, "other": 7, "no_fix": 1,
+                  "not_rerun": 11}
+
+
+def exit_codes() -> dict:
+    codes = dict(_DEFAULT_CODES)
+    for item in os.environ.get("TORCHRR_FIX_EXIT_CODES", "").split(","):
+        name, _, value = item.partition("=")
+        if name in codes and value.isdigit():
+            codes[name] = int(value)
+    return codes
+
+
+def cli_path() -> str:
+    env = os.environ.get("TORCHRR_CLI")
+    if env:
+        return env
+    from . import _native
+    return str(_native.cli_path())
+
+
+class TraceUnreadable(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([cli_path(), *args], capture_output=True, text=True)
+
+
+def replay_json(trace: str) -> tuple:
+    """(the replay JSON document, replay's exit code); raises TraceUnreadable with its code and
+    last error line when replay wrote no report."""
+    proc = run_cli("replay", "--json", trace)
+    try:
+        document = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        document = None
+    if not isinstance(document, dict) or "violations" not in document:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise TraceUnreadable(proc.returncode or 7,
+                              lines[-1] if lines else f"{trace}: no report")
+    return document, proc.returncode
+
+
+class RecordedSources:
+    """The source files a trace carries (format 1.4): each file's XXH64 and the lines kept."""
+
+    def __init__(self, trace: str):
+        strings, self.hashes, self.lines = {}, {}, {}
+        proc = run_cli("dump", "--json", trace)
+        for text in proc.stdout.splitlines():
+            if '"kind":"string"' not in text and '"kind":"source' not in text:
+                continue
+            record = json.loads(text)
+            if record["kind"] == "string":
+                strings[record["id"]] = record["text"]
+            elif record["kind"] == "source_file":
+                self.hashes[record["file"]] = record["hash"]
+            elif record["kind"] == "source_lines":
+                lines = self.lines.setdefault(record["file"], {})
+                for number, line in enumerate(record["text"], record["first_line"]):
+                    lines[number] = line
+        self.hashes = {strings.get(k, ""): v for k, v in self.hashes.items()}
+        self.lines = {strings.get(k, ""): v for k, v in self.lines.items()}
+
+
+class Workspace:
+    """The text each patch is made against: the local file when its hash is the recorded one;
+    else the local file, trusted only at lines that read as the trace recorded them; else the
+    recorded lines alone. Notes say which."""
+
+    def __init__(self, recorded: RecordedSources):
+        self.recorded = recorded
+        self.sources: dict = {}
+        self.notes: list = []
+        self.changed: set = set()
+
+    def source(self, path: str) -> Optional[rw.Source]:
+        if path in self.sources:
+            return self.sources[path]
+        source = None
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            data = None
+        recorded_hash = self.recorded.hashes.get(path)
+        if data is not None:
+            source = rw.Source(path, data.decode("utf-8", "replace"))
+            if recorded_hash is not None and xxh64(data) != recorded_hash:
+                self.changed.add(path)
+                self.notes.append(f"{path} changed since it was recorded: the patch is against "
+                                  "the file as it is now, where its lines read as recorded")
+        elif path in self.recorded.lines:
+            kept = self.recorded.lines[path]
+            text = "".join(kept.get(n, "") + "\n" for n in range(1, max(kept) + 1))
+            source = rw.Source(path, text)
+            self.notes.append(f"{path} is not on this machine: the patch is against the lines "
+                              "the trace recorded")
+        self.sources[path] = source
+        return source
+
+    def line_trusted(self, path: str, line: int) -> bool:
+        """Whether `line` of the local `path` reads as the trace recorded it."""
+        if path not in self.changed:
+            return True
+        recorded = self.recorded.lines.get(path, {}).get(line)
+        source = self.sources[path]
+        return recorded is not None and line <= len(source.lines) and \
+            source.lines[line - 1].rstrip("\r\n") == recorded
+
+
+def _base_op(op: Optional[str]) -> str:
+    return (op or "").split("::")[-1].split(".")[0]
+
+
+def _python_user_frame(op: dict) -> Optional[dict]:
+    frame = op.get("user_frame")
+    if not frame or not frame.get("file") or not frame.get("line"):
+        return None
+    for entry in op.get("stack") or []:
+        if entry.get("file") == frame["file"] and entry.get("line") == frame["line"]:
+            return frame if entry.get("python") else None
+    return frame if frame["file"].endswith(".py") else None
+
+
+def _uncertain(path: str, line: int, source: Optional[rw.Source], why: str,
+               choices: list) -> rw.Rewrite:
+    old = source.old(line, line) if source and 0 < line <= len(source.lines) else ""
+    return rw.Rewrite(path, line, line, old, None, False, why, choices)
+
+
+def _user_files(document: dict) -> list:
+    files = []
+    for v in document.get("violations", []):
+        for role in ("culprit", "victim", "changed_source"):
+            for frame in (v.get(role) or {}).get("stack") or []:
+                if frame.get("python") and not frame.get("framework") and frame.get("file") \
+                        and frame["file"] not in files:
+                    files.append(frame["file"])
+    return files
+
+
+def _module_fix(space: Workspace, document: dict, culprit: dict, op: str) -> Optional[rw.Rewrite]:
+    """The construction of the nn.Module whose forward wrote in place (nn.ReLU(inplace=True)),
+    found in the user's files and those beside them."""
+    classes = rw.module_classes(culprit.get("module"), op)
+    if not classes:
+        return None
+    files = _user_files(document)
+    for directory in sorted({os.path.dirname(f) for f in files}):
+        try:
+            names = sorted(os.listdir(directory))[:500]
+        except OSError:
+            continue
+        files += [os.path.join(directory, n) for n in names if n.endswith(".py") and
+                  os.path.join(directory, n) not in files]
+    found = []
+    for path in files:
+        source = space.source(path)
+        if source is not None:
+            found += [(source, *match) for match in rw.module_constructions(source, classes)]
+    path = culprit.get("module") or ""
+    attr = path.split(" ")[0].split(".")[-1] if path else None
+    named = [f for f in found if attr and f[2] == attr]
+    if len(found) == 1 or len(named) == 1:
+        source, node, _, flag = named[0] if len(named) == 1 else found[0]
+        return rw.construction_rewrite(source, node, flag, True)
+    if not found:
+        return None
+    choices = [f"{s.path}:{n.lineno}: {s.segment(n)} -> inplace=False" for s, n, _, _ in found]
+    source, node, _, flag = found[0]
+    return rw.construction_rewrite(source, node, flag, False, choices)
+
+
+def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
+    """The rewrite for violation `v` (a replay JSON violation)."""
+    culprit = v.get("changed_source") or v.get("culprit")
+    kind = v.get("kind")
+    if culprit is None or culprit.get("hook"):
+        frame = (culprit or v.get("victim") or {}).get("user_frame") or {}
+        return _uncertain(frame.get("file") or "", frame.get("line") or 0, None,
+                          f"no in-place op to rewrite ({kind})",
+                          ["see `torchrr replay`'s help: line for this violation"])
+    frame = _python_user_frame(culprit)
+    if frame is None:
+        f = culprit.get("user_frame") or {}
+        return _uncertain(f.get("file") or "", f.get("line") or 0, None,
+                          "the culprit's line is not Python: no rewrite",
+                          ["make the op out of place, or .clone() the tensor before it"])
+    path, line = frame["file"], frame["line"]
+    source = space.source(path)
+    if source is None or source.tree is None or not space.line_trusted(path, line):
+        return _uncertain(path, line, source, "the source of this line is not here as recorded",
+                          ["make the op out of place, or .clone() the tensor before it"])
+    if kind == "freed":
+        return _uncertain(path, line, source, "backward ran twice through a freed graph",
+                          ["pass retain_graph=True to the first backward()",
+                           "run the forward again before the second backward()"])
+    op = _base_op(culprit.get("op"))
+    leaf = bool((v.get("tensor") or {}).get("is_leaf"))
+    rewriter = rw.Rewriter(source, line, op, leaf=False)
+    optimizer = any("/torch/optim/" in (f.get("file") or "") for f in culprit.get("stack") or [])
+    text = source.old(rewriter.stmt.lineno, rewriter.stmt.end_lineno) if rewriter.stmt else ""
+    if v.get("changed_source") or optimizer or _under_no_grad(rewriter) or \
+            (leaf and ".data" in text):
+        moved = rewriter.after_backward()
+        if moved is not None:
+            return moved
+    rewrite = rewriter.statement()
+    if rewrite is None:
+        rewrite = _module_fix(space, document, culprit, op)
+    stack = culprit.get("stack") or []
+    victim_frame = (v.get("victim") or {}).get("user_frame") or {}
+    if rewrite is None and stack and stack[0].get("framework") and \
+            (v.get("tensor") or {}).get("is_output") and victim_frame.get("file"):
+        victim_source = space.source(victim_frame["file"])
+        if victim_source is not None and victim_source.tree is not None and \
+                space.line_trusted(victim_frame["file"], victim_frame["line"]):
+            rewrite = rw.clone_at_victim(victim_source, victim_frame["line"])
+    return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
+                                 [f"make {op} out of place", ".clone() the tensor before it is "
+                                  "modified"])
+
+
+def _under_no_grad(rewriter: rw.Rewriter) -> bool:
+    node = rewriter.stmt
+    while node is not None:
+        if isinstance(node, rw.ast.With) and any(rw._is_no_grad(i.context_expr)
+                                                 for i in node.items):
+            return True
+        node = rewriter.src.parents.get(node)
+    return False
+
+
+def plan(space: Workspace, document: dict) -> list:
+    """One fix per distinct culprit line: [{"rewrite": Rewrite, "violations": [indices]}], in the
+    order of their files and lines."""
+    fixes: dict = {}
+    for index, v in enumerate(document.get("violations", [])):
+        rewrite = fix_for(space, document, v)
+        key = (rewrite.file, rewrite.first_line, rewrite.last_line, rewrite.new)
+        fixes.setdefault(key, {"rewrite": rewrite, "violations": []})["violations"].append(index)
+    return sorted(fixes.values(), key=lambda f: (f["rewrite"].file, f["rewrite"].first_line))
+
+
+def patched_texts(space: Workspace, fixes: list) -> dict:
+    """{path: the file's text with every certain edit applied}; overlapping edits keep the
+    first."""
+    by_file: dict = {}
+    for fix in fixes:
+        r = fix["rewrite"]
+        if r.certain:
+            by_file.setdefault(r.file, []).append(r)
+    texts = {}
+    for path, rewrites in by_file.items():
+        lines = list(space.sources[path].lines)
+        taken: list = []
+        for r in sorted(rewrites, key=lambda r: r.first_line):
+            if any(r.first_line <= last and first <= r.last_line for first, last in taken):
+                continue
+            taken.append((r.first_line, r.last_line))
+        for first, last in sorted(taken, reverse=True):
+            r = next(r for r in rewrites if (r.first_line, r.last_line) == (first, last))
+            lines[first - 1:last] = r.new.splitlines(keepends=True)
+        texts[path] = "".join(lines)
+    return texts
+
+
+def _diff_name(path: str) -> str:
+    """`path` as `patch -p1` finds it from the working directory."""
+    here = os.getcwd()
+    if os.path.commonpath([here, path]) == here:
+        return os.path.relpath(path, here)
+    return path.lstrip("/")
+
+
+def unified_diff(space: Workspace, texts: dict) -> str:
+    out = []
+    for path, text in texts.items():
+        name = _diff_name(path)
+        out += difflib.unified_diff(space.sources[path].lines, text.splitlines(keepends=True),
+                                    f"a/{name}", f"b/{name}")
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in out)
+
+
+def describe(fixes: list) -> list:
+    """One block of text per fix: which violations, where, why, and the choices when it is not
+    certain."""
+    lines = []
+    for fix in fixes:
+        r = fix["rewrite"]
+        which = ", ".join(str(i) for i in fix["violations"])
+        label = "violation" if len(fix["violations"]) == 1 else "violations"
+        where = f"{r.file}:{r.first_line}" if r.file else "(no line)"
+        if r.certain:
+            lines.append(f"{label} {which}: {where}: {r.why}")
+        else:
+            lines.append(f"{label} {which}: {where}: not certain: {r.why}; choose:")
+            lines += [f"  - {choice}" for choice in r.choices]
+    return lines
+
+
+def as_json(fixes: list, notes: list, diff: str) -> dict:
+    edits = []
+    for fix in fixes:
+        edit = asdict(fix["rewrite"])
+        edit["violations"] = fix["violations"]
+        edits.append(edit)
+    return {"edits": edits, "notes": notes, "diff": diff}
+
+
+def main(argv: Optional[list] = None) -> int:
+    codes = exit_codes()
+    parser = argparse.ArgumentParser(prog="torchrr fix")
+    parser.add_argument("trace")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--apply", action="store_true")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    try:
+        document, _ = replay_json(args.trace)
+    except TraceUnreadable as error:
+        sys.stderr.write(f"torchrr: error: {error}\n")
+        return error.code
+    space = Workspace(RecordedSources(args.trace))
+    fixes = plan(space, document)
+    texts = patched_texts(space, fixes)
+    diff = unified_diff(space, texts)
+    all_certain = all(f["rewrite"].certain for f in fixes)
+    if args.json and not (args.check or args.apply):
+        print(json.dumps(as_json(fixes, space.notes, diff), indent=2))
+    elif not (args.check or args.apply) or not args.json:
+        for note in space.notes:
+            print(f"note: {note}")
+        if not fixes:
+            print(f"torchrr: no violation in {args.trace}: nothing to fix")
+        for line in describe(fixes):
+            print(line)
+        sys.stdout.write(diff)
+    if not (args.check or args.apply):
+        return codes["ok"] if all_certain else codes["no_fix"]
+    from ._fix_check import check
+    return check(args, document, space, texts, codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""The rewrites behind ``torchrr fix``: a culprit's Python statement made out of place, found and
+edited with Python's own ``ast`` so that the rest of the line (formatting, comments) survives.
+
+Each rule returns a Rewrite: the lines it replaces and their new text, ``certain`` when the new
+program computes what the old one meant without the in-place write, else the ``choices`` the user
+must pick from (then no patch is proposed). Every edit is a set of spans replaced in the original
+text, so nothing outside the spans changes. Standard library only: no torch.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Optional
+
+# In-place methods whose out-of-place twin is not the name without "_", and how to write it
+# (None: no single twin, the rewrite is the user's choice).
+_NO_TWIN = {"zero_": "torch.zeros_like({r})", "fill_": "torch.full_like({r}, {a})",
+            "copy_": None, "set_": None, "resize_": None, "resize_as_": None, "uniform_": None,
+            "normal_": None, "random_": None, "bernoulli_": None, "exponential_": None,
+            "geometric_": None, "cauchy_": None, "log_normal_": None}
+# nn modules that take inplace=, and the position of inplace among their positional arguments.
+_INPLACE_MODULES = {"ReLU": 0, "ReLU6": 0, "SELU": 0, "Hardswish": 0, "Hardsigmoid": 0,
+                    "SiLU": 0, "Mish": 0, "LeakyReLU": 1, "ELU": 1, "CELU": 1, "Dropout": 1,
+                    "Dropout1d": 1, "Dropout2d": 1, "Dropout3d": 1, "AlphaDropout": 1,
+                    "FeatureAlphaDropout": 1, "Threshold": 2, "Hardtanh": 2, "RReLU": 2}
+# The module classes whose forward runs each in-place op (when the trace names no module).
+_OP_MODULES = {"relu_": ["ReLU"], "leaky_relu_": ["LeakyReLU"], "hardtanh_": ["Hardtanh", "ReLU6"],
+               "elu_": ["ELU", "CELU", "SELU"], "celu_": ["CELU"], "selu_": ["SELU"],
+               "silu_": ["SiLU"], "mish_": ["Mish"], "hardswish_": ["Hardswish"],
+               "hardsigmoid_": ["Hardsigmoid"], "threshold_": ["Threshold"], "rrelu_": ["RReLU"],
+               "rrelu_with_noise_": ["RReLU"], "dropout_": ["Dropout"],
+               "feature_dropout_": ["Dropout1d", "Dropout2d", "Dropout3d"],
+               "alpha_dropout_": ["AlphaDropout"], "feature_alpha_dropout_":
+               ["FeatureAlphaDropout"], "bernoulli_": ["Dropout", "Dropout1d", "Dropout2d",
+                                                       "Dropout3d"]}
+_AUG_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+            ast.Mod: "%", ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|",
+            ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
+# Expressions that need parentheses as the right operand of a binary operator.
+_LOOSE = (ast.BinOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Lambda, ast.NamedExpr, ast.UnaryOp)
+
+
+@dataclass
+class Rewrite:
+    """An edit of lines first_line..last_line (1-based, inclusive) of a file: ``old`` is their
+    text, ``new`` what replaces it (None when not certain). ``why`` says the rule in one line."""
+    file: str
+    first_line: int
+    last_line: int
+    old: str
+    new: Optional[str]
+    certain: bool
+    why: str
+    choices: list = field(default_factory=list)
+
+
+class Source:
+    """A Python file's text, its parse (None when it does not parse) and each line's bytes, so
+    that ast's UTF-8 column offsets address the text."""
+
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.text = text
+        self.lines = text.splitlines(keepends=True)
+        try:
+            self.tree: Optional[ast.Module] = ast.parse(text)
+        except (SyntaxError, ValueError):
+            self.tree = None
+        self.parents: dict = {}
+        if self.tree is not None:
+            for node in ast.walk(self.tree):
+                for child in ast.iter_child_nodes(node):
+                    self.parents[child] = node
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.text, node) or ""
+
+    def statement_at(self, line: int) -> Optional[ast.stmt]:
+        """The innermost statement spanning `line`, or None."""
+        best = None
+        for node in ast.walk(self.tree) if self.tree else ():
+            if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or 0):
+                if best is None or node.lineno >= best.lineno and self._depth(node) >= \
+                        self._depth(best):
+                    best = node
+        return best
+
+    def _depth(self, node: ast.AST) -> int:
+        depth = 0
+        while node in self.parents:
+            node, depth = self.parents[node], depth + 1
+        return depth
+
+    def indent(self, line: int) -> str:
+        text = self.lines[line - 1]
+        return text[:len(text) - len(text.lstrip())]
+
+    def edit(self, first: int, last: int, spans: list, before: str = "", after: str = "") -> str:
+        """Lines first..last with each (line, col, end_line, end_col, text) span replaced (ast's
+        byte columns), `before` prepended and `after` appended."""
+        raw = [line.encode() for line in self.lines[first - 1:last]]
+        for line, col, end_line, end_col, text in sorted(spans, reverse=True,
+                                                         key=lambda s: (s[0], s[1])):
+            head = raw[line - first][:col]
+            tail = raw[end_line - first][end_col:]
+            raw[line - first:end_line - first + 1] = [head + text.encode() + tail]
+        return before + b"".join(raw).decode() + after
+
+    def old(self, first: int, last: int) -> str:
+        return "".join(self.lines[first - 1:last])
+
+
+def _start(node: ast.AST, text: str) -> tuple:
+    return (node.lineno, node.col_offset, node.lineno, node.col_offset, text)
+
+
+def _end(node: ast.AST, text: str) -> tuple:
+    return (node.end_lineno, node.end_col_offset, node.end_lineno, node.end_col_offset, text)
+
+
+def _attr_name_span(func: ast.Attribute, text: str) -> tuple:
+    """Replaces the attribute name at the end of `func` (`mul_` of `y.mul_`)."""
+    width = len(func.attr.encode())
+    return (func.end_lineno, func.end_col_offset - width, func.end_lineno, func.end_col_offset,
+            text)
+
+
+def _keyword(call: ast.Call, name: str) -> Optional[ast.keyword]:
+    return next((k for k in call.keywords if k.arg == name), None)
+
+
+def _is_true(node: Optional[ast.AST]) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def _calls(node: ast.AST) -> list:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+
+
+def _strip_data(node: ast.AST) -> tuple:
+    """(the tensor written, whether it was written through .data)."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        return node.value, True
+    return node, False
+
+
+class Rewriter:
+    """Finds the rewrite of one culprit line: `op` is the in-place op's base name (`mul_` of
+    `aten::mul_`), `leaf` whether the tensor written is a leaf (a parameter: making it out of
+    place would cut it from the optimizer)."""
+
+    def __init__(self, source: Source, line: int, op: str, leaf: bool):
+        self.src = source
+        self.line = line
+        self.op = op
+        self.leaf = leaf
+        self.stmt = source.statement_at(line)
+
+    def _rewrite(self, new: Optional[str], why: str, certain: bool = True, choices=(),
+                 first: Optional[int] = None, last: Optional[int] = None) -> Rewrite:
+        first = first or self.stmt.lineno
+        last = last or self.stmt.end_lineno
+        return Rewrite(self.src.path, first, last, self.src.old(first, last),
+                       new if certain else None, certain, why, list(choices))
+
+    def _stmt_edit(self, spans: list, before: str = "") -> str:
+        return self.src.edit(self.stmt.lineno, self.stmt.end_lineno, spans, before)
+
+    def statement(self) -> Optional[Rewrite]:
+        """The out-of-place rewrite of the statement itself, or None when no rule matches."""
+        if self.stmt is None:
+            return None
+        for rule in (self._aug_assign, self._subscript_assign, self._data_assign,
+                     self._inplace_keyword, self._method):
+            rewrite = rule()
+            if rewrite is not None:
+                return rewrite
+        return None
+
+    def _aug_assign(self) -> Optional[Rewrite]:
+        s = self.stmt
+        if not isinstance(s, ast.AugAssign) or type(s.op) not in _AUG_OPS:
+            return None
+        if isinstance(s.target, ast.Subscript):
+            return self._clone_before(s.target.value, "an indexed write")
+        target = self.src.segment(s.target)
+        loose = isinstance(s.value, _LOOSE)
+        spans = [(s.target.end_lineno, s.target.end_col_offset, s.value.lineno,
+                  s.value.col_offset, f" = {target} {_AUG_OPS[type(s.op)]} " + "(" * loose)]
+        if loose:
+            spans.append(_end(s.value, ")"))
+        why = f"`{target} {_AUG_OPS[type(s.op)]}=` writes in place: assign the out-of-place result"
+        if not isinstance(s.target, ast.Name):
+            return self._rewrite(None, why, False, [f"{target} = {target} "
+                                                   f"{_AUG_OPS[type(s.op)]} ..., if {target} is "
+                                                   "a plain tensor attribute",
+                                                   f"{target} = {target}.clone() before"])
+        return self._rewrite(self._stmt_edit(spans), why)
+
+    def _clone_before(self, base: ast.AST, what: str, spans=()) -> Rewrite:
+        tensor, through_data = _strip_data(base)
+        name = self.src.segment(tensor)
+        why = f"{what} into `{name}`, which autograd saved: clone it first"
+        if not isinstance(tensor, ast.Name) or self.leaf:
+            return self._rewrite(None, why, False, [
+                f"{name} = {name}.clone() before the write",
+                "move the write after backward()" if self.leaf else
+                "write into a new tensor and use it from here on"])
+        if through_data:
+            spans = [*spans, (tensor.end_lineno, tensor.end_col_offset, base.end_lineno,
+                              base.end_col_offset, "")]
+        before = f"{self.src.indent(self.stmt.lineno)}{name} = {name}.clone()\n"
+        return self._rewrite(self._stmt_edit(list(spans), before), why)
+
+    def _subscript_assign(self) -> Optional[Rewrite]:
+        s = self.stmt
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and \
+                isinstance(s.targets[0], ast.Subscript):
+            return self._clone_before(s.targets[0].value, "an indexed write")
+        return None
+
+    def _data_assign(self) -> Optional[Rewrite]:
+        s = self.stmt
+        if not (isinstance(s, ast.Assign) and len(s.targets) == 1 and
+                isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr == "data"):
+            return None
+        name = self.src.segment(s.targets[0].value)
+        return self._rewrite(None, f"`{name}.data = ...` swaps the storage autograd saved",
+                             False, [f"assign {name}.data after backward()",
+                                     f"with torch.no_grad(): {name}.copy_(...)",
+                                     f"{name} = ... (a new tensor) instead of writing .data"])
+
+    def _inplace_keyword(self) -> Optional[Rewrite]:
+        """`F.relu(x, inplace=True)` -> inplace=False, the result assigned when it was not."""
+        for call in _calls(self.stmt):
+            keyword = _keyword(call, "inplace")
+            if keyword is None or not _is_true(keyword.value):
+                continue
+            spans = [(keyword.value.lineno, keyword.value.col_offset, keyword.value.end_lineno,
+                      keyword.value.end_col_offset, "False")]
+            why = "inplace=True writes into the input autograd saved"
+            return self._assign_result(call, call.args[0] if call.args else None, spans, why)
+        return None
+
+    def _assign_result(self, call: ast.Call, tensor: Optional[ast.AST], spans: list,
+                       why: str) -> Rewrite:
+        """The statement with `spans` applied, its call's result assigned to `tensor` (what the
+        in-place call wrote) where the program goes on to use `tensor`."""
+        s = self.stmt
+        written = tensor
+        tensor, through_data = _strip_data(tensor) if tensor is not None else (None, False)
+        name = self.src.segment(tensor) if tensor is not None else "the tensor"
+        if through_data:
+            spans = [*spans, (tensor.end_lineno, tensor.end_col_offset, written.end_lineno,
+                              written.end_col_offset, "")]
+        if self.leaf:
+            return self._rewrite(None, why, False, [
+                "move the write after backward() (the tensor is a leaf: a parameter)",
+                f"{name} = {name}.clone() before the write"])
+        whole = isinstance(s, ast.Expr) and s.value is call
+        assigned = isinstance(s, ast.Assign) and s.value is call
+        if isinstance(tensor, ast.Name) and whole:
+            return self._rewrite(self._stmt_edit([*spans, _start(call, f"{name} = ")]), why)
+        if isinstance(tensor, ast.Name) and assigned:
+            names = [self.src.segment(t) for t in s.targets]
+            extra = [] if name in names else [_start(call, f"{name} = ")]
+            return self._rewrite(self._stmt_edit([*spans, *extra]), why)
+        new = self._stmt_edit(spans)
+        return self._rewrite(None, why, False, [new.strip() + f"  (then use the result where "
+                                                f"{name} was used)",
+                                                f"{name} = {name}.clone() before this line"])
+
+    def _method(self) -> Optional[Rewrite]:
+        """`y.mul_(g)` -> `y = y.mul(g)`; `torch.relu_(x)` -> `x = torch.relu(x)`."""
+        for call in _calls(self.stmt):
+            func = call.func
+            if not (isinstance(func, ast.Attribute) and func.attr == self.op):
+                continue
+            why = f"`{self.op}` writes in place into a tensor autograd saved"
+            module_call = isinstance(func.value, ast.Name) and func.value.id in (
+                "torch", "F", "functional", "nn") or isinstance(func.value, ast.Attribute) and \
+                func.value.attr == "functional"
+            tensor = (call.args[0] if call.args else None) if module_call else func.value
+            if self.op in _NO_TWIN:
+                return self._no_twin(call, tensor, module_call, why)
+            return self._assign_result(call, tensor, [_attr_name_span(func, self.op[:-1])], why)
+        return None
+
+    def _no_twin(self, call: ast.Call, tensor, module_call: bool, why: str) -> Rewrite:
+        form = _NO_TWIN[self.op]
+        name = self.src.segment(_strip_data(tensor)[0]) if tensor is not None else "the tensor"
+        choices = [f"{name} = {name}.clone() before the write"]
+        if form and not module_call and isinstance(self.stmt, ast.Expr) and \
+                self.stmt.value is call and isinstance(_strip_data(tensor)[0], ast.Name) and \
+                not self.leaf:
+            args = ", ".join(self.src.segment(a) for a in call.args)
+            new = self.src.edit(self.stmt.lineno, self.stmt.end_lineno, [
+                (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset,
+                 f"{name} = " + form.format(r=name, a=args))])
+            return self._rewrite(new, why)
+        return self._rewrite(None, why + " and has no out-of-place twin", False, choices)
+
+    # -- Moving a parameter write after backward() --------------------------------------------
+
+    def after_backward(self) -> Optional[Rewrite]:
+        """The statement (or the `with torch.no_grad():` block around it) moved after the next
+        backward() of the same block, or None when it is not in a block with one."""
+        if self.stmt is None:
+            return None
+        unit = self.stmt
+        node = unit
+        while node in self.src.parents and not isinstance(node, (ast.FunctionDef, ast.Module)):
+            node = self.src.parents[node]
+            if isinstance(node, ast.With) and any(_is_no_grad(i.context_expr)
+                                                  for i in node.items):
+                unit = node
+        parent = self.src.parents.get(unit)
+        body = next((b for b in (getattr(parent, f, None) for f in ("body", "orelse",
+                                                                    "finalbody"))
+                     if isinstance(b, list) and unit in b), None)
+        why = "the parameter is written between the forward and backward() that uses it: " \
+              "write it after backward()"
+        if body is None:
+            return None
+        backward = next((s for s in body[body.index(unit) + 1:] if _calls_backward(s)), None)
+        if backward is None:
+            return self._rewrite(None, why, False, ["move this line after the backward() call "
+                                                    "that runs the graph it changes"])
+        first, last = unit.lineno, unit.end_lineno
+        if self.src.old(first, last).strip() != self.src.segment(unit).strip() and \
+                not _own_lines(self.src, unit):
+            return self._rewrite(None, why, False, ["move this statement after backward()"])
+        moved = self.src.old(first, last)
+        between = self.src.old(last + 1, backward.end_lineno)
+        return self._rewrite(between + moved, why, first=first, last=backward.end_lineno)
+
+
+def _own_lines(src: Source, node: ast.stmt) -> bool:
+    """Whether `node` alone fills its lines (nothing before it on its first line, nothing but a
+    comment after it on its last)."""
+    head = src.lines[node.lineno - 1].encode()[:node.col_offset]
+    tail = src.lines[node.end_lineno - 1].encode()[node.end_col_offset:].strip()
+    return not head.strip() and (not tail or tail.startswith(b"#"))
+
+
+def _is_no_grad(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("no_grad", "inference_mode")
+
+
+def _calls_backward(stmt: ast.stmt) -> bool:
+    for call in _calls(stmt):
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name == "backward" or name == "grad" and "autograd" in ast.unparse(func):
+            return True
+    return False
+
+
+def module_constructions(source: Source, classes: list) -> list:
+    """(Call node, the name it is assigned to or None, the inplace argument node) of every
+    construction in `source` of a class in `classes` with inplace=True."""
+    found = []
+    for node in ast.walk(source.tree) if source.tree else ():
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in classes:
+            continue
+        keyword = _keyword(node, "inplace")
+        position = _INPLACE_MODULES.get(name, -1)
+        flag = keyword.value if keyword is not None else (
+            node.args[position] if 0 <= position < len(node.args) else None)
+        if not _is_true(flag):
+            continue
+        parent = source.parents.get(node)
+        target = None
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            names = [t.attr if isinstance(t, ast.Attribute) else getattr(t, "id", None)
+                     for t in targets]
+            target = names[0] if len(names) == 1 else None
+        elif isinstance(parent, ast.keyword):
+            target = parent.arg
+        found.append((node, target, flag))
+    return found
+
+
+def module_classes(module: Optional[str], op: str) -> list:
+    """The classes that ran the culprit: the one the trace names ("layers.1.act (ReLU)"), else
+    those whose forward runs `op` in place."""
+    if module and module.endswith(")") and "(" in module:
+        name = module[module.rindex("(") + 1:-1]
+        if name in _INPLACE_MODULES:
+            return [name]
+        return []
+    return _OP_MODULES.get(op, [])
+
+
+def construction_rewrite(source: Source, node: ast.Call, flag: ast.AST, certain: bool,
+                         choices=()) -> Rewrite:
+    """The construction with its inplace argument False."""
+    stmt = node
+    while stmt in source.parents and not isinstance(stmt, ast.stmt):
+        stmt = source.parents[stmt]
+    first, last = stmt.lineno, stmt.end_lineno
+    new = source.edit(first, last, [(flag.lineno, flag.col_offset, flag.end_lineno,
+                                     flag.end_col_offset, "False")])
+    name = source.segment(node.func)
+    return Rewrite(source.path, first, last, source.old(first, last), new if certain else None,
+                   certain, f"{name}(inplace=True) writes into its input, which autograd saved",
+                   list(choices))
+
+
+def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
+    """`y = f(x)` at the victim's line -> `y = f(x).clone()`, so that what autograd saved is not
+    the tensor the library writes into; None when the line is not one such assignment."""
+    stmt = source.statement_at(line)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
+            isinstance(stmt.targets[0], ast.Name)):
+        return None
+    value = stmt.value
+    loose = not isinstance(value, (ast.Call, ast.Name, ast.Attribute, ast.Subscript))
+    spans = [_end(value, ")" * loose + ".clone()")]
+    if loose:
+        spans.append(_start(value, "("))
+    first, last = stmt.lineno, stmt.end_lineno
+    return Rewrite(source.path, first, last, source.old(first, last),
+                   source.edit(first, last, spans), True,
+                   f"library code writes in place into `{stmt.targets[0].id}`, which autograd "
+                   "saved: hand it a clone")

@@ -1,0 +1,182 @@
+"""`torchrr fix`: planted bugs recorded with the CLI get the patch of their culprit line, and
+`fix --check` proves it by re-running the program on patched copies (clean replay, exit 0)."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import cli, needs_build, record
+
+pytestmark = needs_build
+
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+
+# name: (the program, the lines the patch removes, the lines it adds).
+PLANTED = {
+    "mul_after_sigmoid": (
+        """
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x)
+        y.mul_(2)  # scale
+        y.sum().backward()
+        """, ["y.mul_(2)  # scale"], ["y = y.mul(2)  # scale"]),
+    "iadd": (
+        """
+        a = torch.randn(4, requires_grad=True)
+        x = torch.exp(a)
+        x += a * 2
+        x.sum().backward()
+        """, ["x += a * 2"], ["x = x + (a * 2)"]),
+    "relu_module": (
+        """
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(4, 4)
+                self.act = nn.ReLU(inplace=True)  # the activation
+
+            def forward(self, x):
+                return self.act(torch.sigmoid(self.lin(x)))
+
+
+        Net()(torch.randn(2, 4)).sum().backward()
+        """, ["        self.act = nn.ReLU(inplace=True)  # the activation"],
+        ["        self.act = nn.ReLU(inplace=False)  # the activation"]),
+    "data_write": (
+        """
+        x = torch.randn(8, requires_grad=True)
+        y = torch.sigmoid(x)
+        y.data.mul_(2)
+        y.sum().backward()
+        """, ["y.data.mul_(2)"], ["y = y.mul(2)"]),
+    "functional_inplace": (
+        """
+        x = torch.randn(4, requires_grad=True)
+        h = torch.tanh(x)
+        F.relu(h, inplace=True)
+        h.sum().backward()
+        """, ["F.relu(h, inplace=True)"], ["h = F.relu(h, inplace=False)"]),
+    "indexed_write": (
+        """
+        x = torch.randn(4, requires_grad=True)
+        y = torch.exp(x)
+        y[0] = 0
+        y.sum().backward()
+        """, [], ["y = y.clone()"]),
+    "two_culprits": (
+        """
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x)
+        z = torch.tanh(x)
+        y.mul_(2)
+        z.add_(1)
+        (y + z).sum().backward()
+        """, ["y.mul_(2)", "z.add_(1)"], ["y = y.mul(2)", "z = z.add(1)"]),
+}
+
+
+def write_program(tmp_path, name, body):
+    directory = tmp_path / name
+    directory.mkdir()
+    script = directory / f"{name}.py"
+    script.write_text(HEADER + textwrap.dedent(body).lstrip("\n"))
+    return script
+
+
+def record_program(tmp_path, name, body):
+    script = write_program(tmp_path, name, body)
+    trace = tmp_path / f"{name}.trr"
+    proc = record(trace, [sys.executable, script.name], cwd=script.parent)
+    assert trace.exists(), proc.stderr
+    return script, trace
+
+
+def fix(*args, cwd=None, timeout=300):
+    return subprocess.run([cli(), "fix", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout)
+
+
+def changed_lines(diff):
+    removed = [line[1:] for line in diff.splitlines()
+               if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in diff.splitlines()
+             if line.startswith("+") and not line.startswith("+++")]
+    return removed, added
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_patch_rewrites_the_culprit_line_and_the_check_is_clean(tmp_path, name):
+    body, removed, added = PLANTED[name]
+    script, trace = record_program(tmp_path, name, body)
+    before = script.read_text()
+
+    proc = fix(trace, cwd=script.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"a/{script.name}" in proc.stdout, proc.stdout
+    diff_removed, diff_added = changed_lines(proc.stdout)
+    assert diff_removed == removed, proc.stdout
+    assert all(line in diff_added for line in added), proc.stdout
+
+    check = fix("--check", trace, cwd=script.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "with this patch: backward ran" in check.stdout and "0 violations" in check.stdout
+    assert script.read_text() == before, "--check wrote the user's file"
+
+
+def test_json_gives_the_edits_as_data(tmp_path):
+    script, trace = record_program(tmp_path, "two", PLANTED["two_culprits"][0])
+    proc = fix("--json", trace)
+    assert proc.returncode == 0, proc.stderr
+    edits = json.loads(proc.stdout)["edits"]
+    assert [(e["first_line"], e["old"], e["new"], e["certain"]) for e in edits] == [
+        (8, "y.mul_(2)\n", "y = y.mul(2)\n", True), (9, "z.add_(1)\n", "z = z.add(1)\n", True)]
+    assert all(e["file"] == str(script) for e in edits)
+    assert sorted(i for e in edits for i in e["violations"]) == [0, 1]
+
+
+def test_a_legal_program_gets_no_patch(tmp_path):
+    script, trace = record_program(tmp_path, "legal", """
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x).clone()
+        y.mul_(2)
+        y.sum().backward()
+        """)
+    proc = fix(trace)
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to fix" in proc.stdout and "---" not in proc.stdout
+
+
+def test_a_rewrite_that_is_not_certain_lists_the_choices(tmp_path):
+    script, trace = record_program(tmp_path, "nested", """
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x)
+        z = torch.cos(y.mul_(2))
+        (y + z).sum().backward()
+        """)
+    proc = fix(trace)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "not certain" in proc.stdout and "  - " in proc.stdout
+    assert "---" not in proc.stdout, "an uncertain rewrite must not be proposed as a patch"
+
+
+def test_apply_writes_the_checked_patch_with_a_backup(tmp_path):
+    body, _, _ = PLANTED["mul_after_sigmoid"]
+    script, trace = record_program(tmp_path, "apply", body)
+    before = script.read_text()
+    proc = fix("--apply", trace, cwd=script.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "y = y.mul(2)  # scale" in script.read_text()
+    assert (script.parent / "apply.py.orig").read_text() == before
+
+
+def test_check_refuses_when_the_script_is_gone(tmp_path):
+    body, _, _ = PLANTED["mul_after_sigmoid"]
+    script, trace = record_program(tmp_path, "gone", body)
+    proc = fix(trace)  # The patch is made from the recorded lines alone.
+    assert proc.returncode == 0 and "y = y.mul(2)" in proc.stdout, proc.stdout + proc.stderr
+    script.unlink()
+    proc = fix("--check", trace)
+    assert proc.returncode == 11, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "cannot re-run" in proc.stderr, proc.stderr
