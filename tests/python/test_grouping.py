@@ -129,3 +129,49 @@ def test_compiled_modules_are_unchanged_and_eager_ops_named(tmp_path):
     assert violation.culprit.module == "(Net)"
     assert violation.victim.module == "(Net)"
     assert report.raw["violations"][0]["tensor"]["shape"] == [4, 1]
+
+
+# Activation checkpointing recomputes a layer from backward, with no module running on the
+# thread: its ops are named as in the forward, not by the layer's class alone.
+CHECKPOINTED = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+        def forward(self, x):
+            return torch.sigmoid(self.fc(x))
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([Layer(), Layer()])
+        def forward(self, x):
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=False)
+            return x
+    Net()(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    """)
+
+
+def test_recomputed_layers_keep_their_module_paths(tmp_path):
+    script = tmp_path / "checkpointed.py"
+    script.write_text(CHECKPOINTED)
+    trace = tmp_path / "checkpointed.trr"
+    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    assert proc.returncode == 0, proc.stderr
+    dump = subprocess.run([cli(), "dump", "--json", str(trace)], capture_output=True, text=True,
+                          timeout=60)
+    strings, after_backward, sigmoids = {}, False, []
+    for line in dump.stdout.splitlines()[1:]:
+        record_ = json.loads(line)
+        if record_["kind"] == "string":
+            strings[record_["id"]] = record_["text"]
+        elif record_["kind"] == "op":
+            after_backward |= record_["scope"] == "backward_function"
+            if strings.get(record_["name"]) == "aten::sigmoid":
+                sigmoids.append((after_backward, strings.get(record_["module_path"])))
+    # Two in the forward, two recomputed in backward, each under its own layer.
+    assert sorted(sigmoids) == [(False, "layers.0 (Layer)"), (False, "layers.1 (Layer)"),
+                                (True, "layers.0 (Layer)"), (True, "layers.1 (Layer)")], sigmoids

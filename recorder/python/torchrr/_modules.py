@@ -28,6 +28,8 @@ _generation = 0
 # entry only misnames.
 _entries: dict = {}
 _MAX_ENTRIES = 1 << 16
+# id(module) -> the entry of its latest call under another module.
+_paths: dict = {}
 # torch warns at every call of a torch.compile'd module while global module hooks exist (they
 # fire once more for its wrapper): these are torchrr's, so the warning is not the program's.
 _COMPILE_WARNING = r"Using `torch.compile\(module\)` when there are global hooks on modules"
@@ -64,14 +66,20 @@ def _entry(stack: list, module) -> tuple:
     inner = module.__dict__.get("_modules", {}).get("_orig_mod", module)
     cls = type(inner).__name__
     name = _name_under(stack[-1][0], module) if stack else ""
-    if not name:  # The outermost, or called by a module that does not own it.
+    if not name and not stack and id(module) in _paths:
+        # Called with no module running, after a call under its model: activation
+        # checkpointing's recomputation of a layer, run by backward. Named as in the forward.
+        entry = _paths[id(module)]
+    elif not name:  # The outermost, or called by a module that does not own it.
         entry = ("", f"({cls})".encode())
     else:
         parent_path = stack[-1][1]
         path = f"{parent_path}.{name}" if parent_path else name
         entry = (path, f"{path} ({cls})".encode())
+        _paths[id(module)] = entry
     if len(_entries) >= _MAX_ENTRIES:
         _entries.clear()
+        _paths.clear()
     _entries[key] = entry
     return entry
 
@@ -133,6 +141,7 @@ def install() -> None:
         _set_module = lib.torchrr_set_module
         _generation += 1
         _entries.clear()
+        _paths.clear()
         _handles.append(nn_module.register_module_forward_pre_hook(_pre_hook))
         _handles.append(nn_module.register_module_forward_hook(_post_hook, always_call=True))
         warnings.filterwarnings("ignore", message=_COMPILE_WARNING, category=UserWarning)
