@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from typing import Optional
 
 from . import _modules, _native
@@ -118,6 +119,7 @@ def start_from_environment() -> bool:
         return False
     _close_in_forked_children()
     _close_before_exit_and_exec()
+    _warn_about_python_children()
     _modules.install()
     return True
 
@@ -169,6 +171,56 @@ def _close_in_forked_children():
         import sys
 
         sys.stderr.write(f"torchrr: warning: multiprocessing children: {error}\n")
+
+
+_children_watched = False
+
+
+def _is_python(argv) -> bool:
+    """Whether an exec of `argv` starts a Python interpreter (this one, or any python*)."""
+    if not argv:
+        return False
+    program = os.fsdecode(argv[0])
+    name = os.path.basename(program)
+    return name.startswith("python") or (
+        os.path.sep in program and os.path.realpath(program) == os.path.realpath(sys.executable))
+
+
+def _warn_about_python_children():
+    """Under `torchrr record` without --follow-forks, a Python process this one starts
+    (subprocess, torch.multiprocessing.spawn, a DataLoader worker with the spawn method) records
+    nothing, and a bug there would go unseen: the first one started says so, once. Both
+    subprocess and multiprocessing start them through _posixsubprocess.fork_exec (subprocess
+    through the reference it took at import); the wrapper reads its arguments only."""
+    global _children_watched
+    follows = os.environ.get("TORCHRR_FOLLOW_FORKS", "").strip().lower() in ("1", "true", "yes",
+                                                                            "on")
+    if _children_watched or follows:
+        return
+    _children_watched = True
+    try:
+        import _posixsubprocess
+    except ImportError:
+        return
+    real_fork_exec = _posixsubprocess.fork_exec
+    warned = []
+
+    def fork_exec(*args, **kwargs):
+        try:
+            if not warned and recording() and args and _is_python(args[0]):
+                warned.append(True)
+                shown = " ".join(os.fsdecode(a) for a in list(args[0])[:3])
+                sys.stderr.write(
+                    f"torchrr: warning: this program started another Python process ({shown}), "
+                    "which is not recorded: `torchrr record --follow-forks` records each into "
+                    "a trace of its own (FILE.pidN.trr)\n")
+        except Exception:  # Never in the way of starting the process.
+            pass
+        return real_fork_exec(*args, **kwargs)
+
+    _posixsubprocess.fork_exec = fork_exec
+    if getattr(subprocess, "_fork_exec", None) is real_fork_exec:
+        subprocess._fork_exec = fork_exec
 
 
 _exit_hooks_installed = False

@@ -12,10 +12,12 @@ recorder reads (torchrr_start_from_environment in c_api.h says which, and their 
 - Which process records: the first Python process of the run that is not a launcher; under a
   launcher (torchrun, ``python -m torch.distributed.run``, ``accelerate launch``, deepspeed's)
   every worker (RANK set), each into FILE.rankN.trr, the launcher itself nothing. Processes the
-  recording process starts (DataLoader workers, subprocesses) record nothing, but for forked ones
-  under ``--follow-forks``, whose recording the recorder starts itself (FILE.pidN.trr), and for
-  distributed workers of another rank than its own (a launcher torchrr does not know: RANK set,
-  and not the recording process's).
+  recording process starts (DataLoader workers, subprocesses, torch.multiprocessing.spawn's
+  workers) record nothing, but under ``--follow-forks`` (forked ones, whose recording the
+  recorder starts itself, and Python ones started afresh, which start their own here: each into
+  FILE.pidN.trr), and for distributed workers of another rank than its own (a launcher torchrr
+  does not know: RANK set, and not the recording process's). Without ``--follow-forks``, the
+  recording process warns once when it starts a Python process (torchrr._recording).
 - An exec keeps recording: the image it starts records into FILE.execN.trr (torchrr._recording).
 - The program's uncaught exception is recorded as an error (kind 1, its type and message) by a
   sys.excepthook that then calls the previous hook; the trace is closed at exit (atexit).
@@ -30,6 +32,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _RECORDER_PID_ENV = "TORCHRR_RECORDER_PID"
 # The recording process's RANK ("" without one): a child of another rank records all the same.
 _RECORDER_RANK_ENV = "TORCHRR_RECORDER_RANK"
+# --follow-forks: children record too, each into a trace of its own.
+_FOLLOW_ENV = "TORCHRR_FOLLOW_FORKS"
 
 
 def _warn(message):
@@ -84,12 +88,24 @@ def _is_launcher():
     return False
 
 
+def _own_trace():
+    """Points TORCHRR_OUTPUT (FILE.EXT) at FILE.pidN.EXT for this process, as the recorder names
+    a forked child's trace."""
+    stem, ext = os.path.splitext(os.environ.get("TORCHRR_OUTPUT", ""))
+    os.environ["TORCHRR_OUTPUT"] = f"{stem}.pid{os.getpid()}{ext or '.trr'}"
+
+
 def _should_record():
     """Whether this process records (the module's docstring says which do)."""
     if os.environ.get(_RECORDER_PID_ENV):
         rank = os.environ.get("RANK")
         if rank is None or rank == os.environ.get(_RECORDER_RANK_ENV, ""):
-            return False
+            if os.environ.get(_FOLLOW_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+                return False
+            if _is_launcher():
+                return False
+            _own_trace()
+            return True
     return not _is_launcher()
 
 
