@@ -25,6 +25,7 @@ void RegisterExportCommand(CLI::App& app, int* exit_code);
 void RegisterRedactCommand(CLI::App& app, int* exit_code);
 void RegisterReportCommand(CLI::App& app, int* exit_code);
 void RegisterFixCommand(CLI::App& app, int* exit_code);
+void RegisterReproCommand(CLI::App& app, int* exit_code);
 
 // Every JSON output of the command line goes through format::JsonText (valid UTF-8 whatever its
 // strings hold).

@@ -28,6 +28,9 @@ inline constexpr int kExitTorchMismatch = 9;
 inline constexpr int kExitEmpty = 10;
 // fix --check: the recorded command cannot be re-run here (not Python, its script missing).
 inline constexpr int kExitNotRerun = 11;
+// repro: no violation to reproduce, or one whose slice holds what a script cannot express (an
+// autograd.Function, a compiled region, an op outside aten): no script is written.
+inline constexpr int kExitNoRepro = 12;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -52,6 +55,7 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
      "record: the program's torch is not the one torchrr was built against, or unsupported"},
     {kExitEmpty, "replay: the trace holds no op, so it says nothing of the run"},
     {kExitNotRerun, "fix --check: the recorded command cannot be re-run here"},
+    {kExitNoRepro, "repro: no violation to reproduce, or one a script cannot express"},
     {kExitNotRun, "record: the program could not be run"},
 };
 

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   torchrr::cli::RegisterRedactCommand(app, &exit_code);
   torchrr::cli::RegisterReportCommand(app, &exit_code);
   torchrr::cli::RegisterFixCommand(app, &exit_code);
+  torchrr::cli::RegisterReproCommand(app, &exit_code);
 
   try {
     app.parse(argc, argv);

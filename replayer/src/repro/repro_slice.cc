@@ -1,0 +1,249 @@
+#include "repro/repro_slice.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace torchrr::replayer::repro {
+
+using format::OpRecord;
+using format::OpScope;
+using format::TensorUse;
+
+TraceIndex::TraceIndex(const std::vector<format::Record>& records) : records_(records) {
+  for (size_t i = 0; i < records.size(); ++i) {
+    const format::Record& r = records[i];
+    if (auto* s = std::get_if<format::StringDef>(&r)) {
+      strings_[s->id] = s->text;
+    } else if (auto* f = std::get_if<format::FrameDef>(&r)) {
+      frames_[f->id] = f;
+    } else if (auto* s = std::get_if<format::StackDef>(&r)) {
+      stacks_[s->id] = s;
+    } else if (auto* op = std::get_if<OpRecord>(&r)) {
+      op_at_.emplace(op->op, i);
+    } else if (auto* n = std::get_if<format::NodeRecord>(&r)) {
+      nodes_.emplace(n->node, n);
+    } else if (auto* t = std::get_if<format::TensorInfo>(&r)) {
+      infos_[t->tensor].push_back(i);
+    }
+  }
+  // Ops are written at their end, children before parents: the nesting is known only now.
+  for (size_t i = 0; i < records.size(); ++i) {
+    auto* op = std::get_if<OpRecord>(&records[i]);
+    if (op == nullptr || op->scope != OpScope::kFunction || Outermost(op->op) != op->op) continue;
+    bool in_backward = false;
+    ObjectId up = op->parent;
+    for (int depth = 0; up != 0 && depth < 256; ++depth) {
+      const OpRecord* parent = Op(up);
+      if (parent == nullptr) break;
+      if (parent->scope == OpScope::kBackwardFunction) in_backward = true;
+      up = parent->parent;
+    }
+    if (!in_backward) forward_ops_.push_back(op->op);
+  }
+}
+
+const OpRecord* TraceIndex::Op(ObjectId op) const {
+  auto it = op_at_.find(op);
+  return it == op_at_.end() ? nullptr : &std::get<OpRecord>(records_[it->second]);
+}
+
+const format::NodeRecord* TraceIndex::Node(ObjectId node) const {
+  auto it = nodes_.find(node);
+  return it == nodes_.end() ? nullptr : it->second;
+}
+
+const format::TensorInfo* TraceIndex::InfoBefore(ObjectId tensor, size_t index) const {
+  auto it = infos_.find(tensor);
+  if (it == infos_.end()) return nullptr;
+  auto after = std::lower_bound(it->second.begin(), it->second.end(), index);
+  if (after == it->second.begin()) return nullptr;
+  return &std::get<format::TensorInfo>(records_[*(after - 1)]);
+}
+
+ObjectId TraceIndex::Outermost(ObjectId op) const {
+  ObjectId outer = op;
+  for (int depth = 0; depth < 256; ++depth) {
+    const OpRecord* record = Op(outer);
+    if (record == nullptr || record->parent == 0) break;
+    const OpRecord* parent = Op(record->parent);
+    if (parent == nullptr || parent->scope != OpScope::kFunction ||
+        Str(parent->name).starts_with("autograd::")) {
+      break;
+    }
+    outer = record->parent;
+  }
+  return outer;
+}
+
+const std::string& TraceIndex::Str(format::InternId id) const {
+  static const std::string kEmpty;
+  auto it = strings_.find(id);
+  return it == strings_.end() ? kEmpty : it->second;
+}
+
+std::string TraceIndex::UserLine(const OpRecord& op) const {
+  auto stack = stacks_.find(op.stack);
+  if (stack == stacks_.end()) return "";
+  for (format::InternId id : stack->second->frames) {
+    auto frame = frames_.find(id);
+    if (frame == frames_.end() || frame->second->framework) continue;
+    const format::FrameDef& f = *frame->second;
+    if (Str(f.file).empty()) continue;
+    return Str(f.file) + ":" + std::to_string(f.line) + " in " + Str(f.function);
+  }
+  return "";
+}
+
+namespace {
+
+bool Wrote(const TensorUse& use) { return use.version_after != use.version_before; }
+
+bool Has(const std::vector<TensorUse>& uses, ObjectId tensor) {
+  return std::any_of(uses.begin(), uses.end(),
+                     [&](const TensorUse& u) { return u.tensor == tensor; });
+}
+
+// The saved tensor and its views (the tensors of its version counter) the slice rebuilds, grown as
+// ops join it. Every other operand is made up as a leaf: its values are random anyway, and
+// PyTorch's message names only the saved tensor's shape, versions and grad_fn.
+struct Needed {
+  std::unordered_set<ObjectId> tensors;
+
+  void Add(const TraceIndex& index, const OpRecord& op, ObjectId saved_counter) {
+    const size_t at = index.IndexOf(op.op);
+    for (const TensorUse& use : op.inputs) {
+      const format::TensorInfo* info = index.InfoBefore(use.tensor, at);
+      if (info != nullptr && info->version_counter == saved_counter) tensors.insert(use.tensor);
+    }
+  }
+};
+
+// Whether the slice needs `op`, an op before the culprit: it makes the saved tensor or a view of
+// it (its producer chain), or writes it in place before the save (the versions the message
+// names).
+bool NeededOp(const TraceIndex& index, const OpRecord& op, const Needed& needed,
+              ObjectId saved_counter) {
+  const size_t at = index.IndexOf(op.op);
+  for (const TensorUse& use : op.inputs) {
+    if (!Wrote(use)) continue;
+    const format::TensorInfo* info = index.InfoBefore(use.tensor, at);
+    if (info != nullptr && info->version_counter == saved_counter) return true;
+  }
+  // An op with no tensor operand (randn, zeros, empty) makes values the script draws itself.
+  if (op.inputs.empty()) return false;
+  for (const TensorUse& use : op.outputs) {
+    if (needed.tensors.contains(use.tensor) && !Has(op.inputs, use.tensor)) return true;
+  }
+  return false;
+}
+
+// The reason the saved tensor, which no op of the slice makes, carries autograd history that a
+// leaf would not (a Python autograd.Function's output, a compiled region's, an op the trace did
+// not record), or "".
+std::string ForeignHistory(const TraceIndex& index, const format::TensorInfo& info) {
+  if (info.grad_fn == 0) return "";
+  const format::NodeRecord* node = index.Node(info.grad_fn);
+  const std::string name = node != nullptr ? index.Str(node->name) : "an unrecorded node";
+  if (node == nullptr || node->created_by == 0 ||
+      name.find("CompiledFunction") != std::string::npos ||
+      name.find("CompiledFunction") != std::string::npos ||
+      (node != nullptr && node->saved_kind == format::SavedSetKind::kCustom)) {
+    return "a tensor it uses comes out of " + name +
+           ", which the reproducer cannot express (an autograd.Function, a compiled region, or "
+           "an op the trace did not record)";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culprit,
+                       const std::vector<ObjectId>& later_writes, ObjectId saved_counter,
+                       Slice* slice) {
+  const std::vector<ObjectId>& forward = index.ForwardOps();
+  auto victim_at = std::find(forward.begin(), forward.end(), victim);
+  auto culprit_at = std::find(forward.begin(), forward.end(), culprit);
+  if (victim_at == forward.end() || culprit_at == forward.end()) {
+    return "the victim or the culprit is not an op of the forward the trace recorded";
+  }
+  if (victim_at >= culprit_at) return "the culprit does not come after the victim in the trace";
+
+  Needed needed;
+  needed.Add(index, *index.Op(victim), saved_counter);
+  needed.Add(index, *index.Op(culprit), saved_counter);
+  std::set<ObjectId> in_slice = {victim, culprit};
+  // The later writes before the use: the version backward finds is theirs.
+  for (ObjectId write : later_writes) {
+    const ObjectId outer = index.Outermost(write);
+    if (std::find(culprit_at, forward.end(), outer) == forward.end()) continue;
+    if (in_slice.insert(outer).second) needed.Add(index, *index.Op(outer), saved_counter);
+  }
+  for (auto it = culprit_at; it != forward.begin();) {
+    --it;
+    if (in_slice.contains(*it)) continue;
+    const OpRecord& op = *index.Op(*it);
+    if (!NeededOp(index, op, needed, saved_counter)) continue;
+    in_slice.insert(op.op);
+    needed.Add(index, op, saved_counter);
+  }
+
+  *slice = Slice{};
+  slice->victim = victim;
+  slice->culprit = culprit;
+  for (ObjectId id : forward) {
+    if (in_slice.contains(id)) slice->ops.push_back(id);
+  }
+  // Which tensors are made up: those no earlier op of the slice made.
+  std::unordered_set<ObjectId> defined;
+  std::multimap<ObjectId, ObjectId> by_storage;  // Storage -> slice tensors over it, made so far.
+  for (size_t k = 0; k < slice->ops.size(); ++k) {
+    const OpRecord& op = *index.Op(slice->ops[k]);
+    const size_t at = index.IndexOf(op.op);
+    for (const TensorUse& use : op.inputs) {
+      const format::TensorInfo* info = index.InfoBefore(use.tensor, at);
+      if (info == nullptr) return "the trace holds no metadata for a tensor the slice uses";
+      if (defined.contains(use.tensor)) continue;
+      // The saved tensor made by what the slice cannot call.
+      if (info->version_counter == saved_counter) {
+        if (std::string why = ForeignHistory(index, *info); !why.empty()) return why;
+      }
+      defined.insert(use.tensor);
+      slice->leaves.push_back(use.tensor);
+      slice->leaf_use[use.tensor] = k;
+      // `.data` (not an op): the same bytes as a tensor the slice made, another counter.
+      if (!info->requires_grad) {
+        for (auto [s, e] = by_storage.equal_range(info->storage); s != e; ++s) {
+          const format::TensorInfo* base = index.InfoBefore(s->second, at);
+          if (base != nullptr && base->version_counter != info->version_counter &&
+              base->dtype == info->dtype && base->storage_nbytes == info->storage_nbytes) {
+            slice->data_of[use.tensor] = s->second;
+            break;
+          }
+        }
+      }
+      by_storage.emplace(info->storage, use.tensor);
+    }
+    for (const TensorUse& use : op.outputs) {
+      if (defined.insert(use.tensor).second) {
+        if (const format::TensorInfo* info = index.InfoBefore(use.tensor, at + 1)) {
+          by_storage.emplace(info->storage, use.tensor);
+        }
+      }
+    }
+  }
+  for (const TensorUse& use : index.Op(culprit)->inputs) {
+    if (Wrote(use)) slice->written.insert(use.tensor);
+  }
+  const OpRecord& made = *index.Op(victim);
+  for (const TensorUse& use : made.outputs) {
+    const format::TensorInfo* info = index.InfoBefore(use.tensor, index.IndexOf(victim) + 1);
+    if (info != nullptr && info->requires_grad &&
+        std::find(slice->uses.begin(), slice->uses.end(), use.tensor) == slice->uses.end()) {
+      slice->uses.push_back(use.tensor);
+    }
+  }
+  if (slice->uses.empty()) return "the victim's outputs do not require grad: no backward to run";
+  return "";
+}
+
+}  // namespace torchrr::replayer::repro

@@ -1,0 +1,78 @@
+// The slice of a trace that a reproducer replays: the forward ops that rebuild a violation's saved
+// tensor and the culprit's operands from leaves, the victim, the culprit, and which tensors the
+// script makes up as seeded random leaves.
+#ifndef TORCHRR_REPLAYER_REPRO_REPRO_SLICE_H_
+#define TORCHRR_REPLAYER_REPRO_REPRO_SLICE_H_
+
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "torchrr/format/records.h"
+
+namespace torchrr::replayer::repro {
+
+using format::ObjectId;
+
+// What the slice and the script look up in the records, by id. Points into `records`, which must
+// outlive it.
+class TraceIndex {
+ public:
+  explicit TraceIndex(const std::vector<format::Record>& records);
+
+  const format::OpRecord* Op(ObjectId op) const;
+  size_t IndexOf(ObjectId op) const { return op_at_.at(op); }
+  const format::NodeRecord* Node(ObjectId node) const;
+  // The tensor's last TensorInfo written before record `index`; nullptr when none.
+  const format::TensorInfo* InfoBefore(ObjectId tensor, size_t index) const;
+  // The op the user called that `op` ran inside (itself when it is one): its ancestors while they
+  // are ATen ops, not the autograd engine's.
+  ObjectId Outermost(ObjectId op) const;
+  // The outermost forward ops (not inside a backward function), in file order: their ids.
+  const std::vector<ObjectId>& ForwardOps() const { return forward_ops_; }
+  const std::string& Str(format::InternId id) const;
+  // "path:line in function" of the op's first user frame (the innermost not in framework code);
+  // "" when the trace has no stack for it.
+  std::string UserLine(const format::OpRecord& op) const;
+  uint64_t ops() const { return op_at_.size(); }
+
+ private:
+  const std::vector<format::Record>& records_;
+  std::unordered_map<format::InternId, std::string> strings_;
+  std::unordered_map<format::InternId, const format::FrameDef*> frames_;
+  std::unordered_map<format::InternId, const format::StackDef*> stacks_;
+  std::unordered_map<ObjectId, size_t> op_at_;
+  std::unordered_map<ObjectId, const format::NodeRecord*> nodes_;
+  std::unordered_map<ObjectId, std::vector<size_t>> infos_;  // Record indices, ascending.
+  std::vector<ObjectId> forward_ops_;
+};
+
+struct Slice {
+  std::vector<ObjectId> ops;  // Outermost forward ops, in file order; victim and culprit among them.
+  ObjectId victim = 0;
+  ObjectId culprit = 0;
+  // Tensors no op of the slice produces, in the order of their first use: made up as leaves.
+  std::vector<ObjectId> leaves;
+  std::map<ObjectId, size_t> leaf_use;     // Leaf -> the op (index into `ops`) that first uses it.
+  // A leaf over another slice tensor's bytes with a counter of its own (`.data`): leaf -> that
+  // tensor.
+  std::map<ObjectId, ObjectId> data_of;
+  std::set<ObjectId> written;  // The culprit's inputs whose version it moved.
+  std::vector<ObjectId> uses;  // The victim's outputs that require grad: what backward starts from.
+};
+
+// The slice for a violation whose victim and culprit are the outermost ops `victim` and
+// `culprit`, `later_writes` the ops that wrote the saved tensor after the culprit and before the
+// use, and `saved_counter` the saved tensor's version counter. It keeps the ops that make the
+// saved tensor and its views, those that write it, the victim and the culprit; every other
+// operand becomes a leaf. Returns "" and fills *slice, or the reason, one line, that the slice
+// holds what a script cannot express.
+std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culprit,
+                       const std::vector<ObjectId>& later_writes, ObjectId saved_counter,
+                       Slice* slice);
+
+}  // namespace torchrr::replayer::repro
+
+#endif  // TORCHRR_REPLAYER_REPRO_REPRO_SLICE_H_

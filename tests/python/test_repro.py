@@ -1,0 +1,137 @@
+"""`torchrr repro`: a recorded planted bug becomes a script that, under plain torch and without the
+program, raises PyTorch's message for a raising violation (the same words, shape and versions),
+or shows the gradient difference for a silent write; what it cannot express it refuses."""
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import PYTORCH_INPLACE, cli, needs_build, record
+
+pytestmark = needs_build
+
+# The catalog's autograd.Function case: it saves what its forward chose, no ATen op to call.
+CUSTOM_FUNCTION = (Path(__file__).parent / "cases" / "custom_function.py").read_text()
+
+SIGMOID_MUL = textwrap.dedent("""\
+    import torch
+    x = torch.randn(4, 3, requires_grad=True)
+    y = torch.sigmoid(x @ torch.randn(3, 3))
+    y.mul_(2)
+    y.sum().backward()
+    """)
+
+# nn.Linear saves its input for the weight's gradient; relu(inplace=True) writes that input.
+LINEAR_RELU = textwrap.dedent("""\
+    import torch
+    lin1, lin2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+    h = lin1(torch.randn(2, 8))
+    y = lin2(h)
+    torch.nn.functional.relu(h, inplace=True)
+    y.sum().backward()
+    """)
+
+# A write through .data: another version counter over the saved weight's bytes, so PyTorch raises
+# nothing and the input's gradient is computed from the doubled weight.
+DATA_WRITE = textwrap.dedent("""\
+    import torch
+    w = torch.randn(3, 3, requires_grad=True)
+    x = torch.randn(4, 3, requires_grad=True)
+    y = x @ w
+    w.data.mul_(2)
+    y.sum().backward()
+    """)
+
+# PyTorch's message, less the hint whose wording changes across releases.
+MESSAGE = re.compile(r"RuntimeError: (one of the variables needed for gradient computation .*? "
+                     r"expected version \d+ instead)")
+
+
+def _recorded(tmp_path, source):
+    script = tmp_path / "bug.py"
+    script.write_text(source)
+    trace = tmp_path / "bug.trr"
+    proc = record(trace, [sys.executable, script])
+    return trace, proc
+
+
+def _repro(trace, out, *flags):
+    return subprocess.run([cli(), "repro", str(trace), "-o", str(out), *flags],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _run(script):
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _raises_the_recorded_message(tmp_path, source):
+    trace, proc = _recorded(tmp_path, source)
+    recorded = MESSAGE.search(proc.stderr)
+    assert recorded, proc.stderr
+    out = tmp_path / "repro.py"
+    made = _repro(trace, out)
+    assert made.returncode == 0, made.stderr
+    text = out.read_text()
+    assert text.startswith("# torchrr repro: ")
+    assert "import torchrr" not in text and "bug.py" in text
+    ran = _run(out)
+    assert ran.returncode == 1, ran.stderr
+    got = MESSAGE.search(ran.stderr)
+    assert got, f"the script did not raise PyTorch's error:\n{ran.stderr}"
+    assert got.group(1) == recorded.group(1)
+    return text
+
+
+def test_sigmoid_then_mul_in_place_raises_the_same_message(tmp_path):
+    text = _raises_the_recorded_message(tmp_path, SIGMOID_MUL)
+    assert "aten.sigmoid.default" in text and "aten.mul_.Tensor" in text
+    assert "bug.py:3" in text and "bug.py:4" in text
+
+
+def test_linear_then_relu_in_place_raises_the_same_message(tmp_path):
+    text = _raises_the_recorded_message(tmp_path, LINEAR_RELU)
+    assert "aten.relu_.default" in text
+
+
+def test_a_silent_data_write_shows_the_gradient_difference(tmp_path):
+    trace, proc = _recorded(tmp_path, DATA_WRITE)
+    assert PYTORCH_INPLACE not in proc.stderr
+    out = tmp_path / "repro.py"
+    made = _repro(trace, out)
+    assert made.returncode == 0, made.stderr
+    assert ".data" in out.read_text()
+    ran = _run(out)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "the gradients differ" in ran.stdout
+
+
+def test_an_autograd_function_is_refused_with_its_own_exit_code(tmp_path):
+    trace, proc = _recorded(tmp_path, CUSTOM_FUNCTION)
+    assert PYTORCH_INPLACE in proc.stderr
+    out = tmp_path / "repro.py"
+    made = _repro(trace, out)
+    assert made.returncode == 12, made.stderr
+    assert made.stderr.count("\n") == 1 and "no reproducer" in made.stderr
+    assert not out.exists()
+
+
+def test_a_file_it_did_not_write_is_not_replaced(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    out = tmp_path / "mine.py"
+    out.write_text("print('my own script')\n")
+    made = _repro(trace, out)
+    assert made.returncode == 2 and "--force" in made.stderr
+    assert out.read_text() == "print('my own script')\n"
+    assert _repro(trace, out).returncode == 2
+    assert _repro(trace, out, "--force").returncode == 0
+    assert _repro(trace, out).returncode == 0  # Its own script now: replaced without --force.
+
+
+def test_device_flag_is_what_the_script_runs_on(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    out = tmp_path / "repro.py"
+    assert _repro(trace, out, "--device", "cpu").returncode == 0
+    assert "DEVICE = 'cpu'" in out.read_text()
+    assert _repro(trace, out, "--violation", "5").returncode == 12

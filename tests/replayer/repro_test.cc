@@ -1,0 +1,106 @@
+// torchrr repro's script (replayer/include/torchrr/replayer/repro.h) for hand-built traces: which
+// ops the slice keeps, how they are called, what is made up, and what is refused.
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "torchrr/replayer/repro.h"
+#include "trace_builder.h"
+
+namespace torchrr::replayer {
+namespace {
+
+using testing::kOutput;
+using testing::TraceBuilder;
+
+Repro ReproOf(const TraceBuilder& b) {
+  Report report = Analyze(b.records);
+  format::FileInfo info;
+  info.torch_version = "2.15.0";
+  ReproOptions options;
+  options.trace_name = "run.trr";
+  return WriteRepro(b.records, report, info, options);
+}
+
+// x = leaf; h = x.exp(); x.tanh() (unrelated); y = h.sigmoid(); y.mul_(2); backward. The
+// sigmoid saved its result: h, made by exp, is not the saved tensor and becomes a leaf.
+TEST(ReproTest, KeepsTheVictimAndTheCulpritAndMakesUpTheOtherOperands) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto h = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  auto other = b.Forward("aten::tanh", "TanhBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {h.out}, {{"result", kOutput}}, b.At(12));
+  auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(13));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(14), {});
+  b.Backward({loss.node, mul.node, y.node}, y.node);
+  (void)other;
+
+  Repro repro = ReproOf(b);
+  ASSERT_TRUE(repro.ok) << repro.error;
+  EXPECT_EQ(repro.slice_ops, 2u);  // sigmoid, mul_.
+  EXPECT_EQ(repro.trace_ops, 8u);  // Five forward ops and three backward functions.
+  const std::string& s = repro.script;
+  EXPECT_TRUE(s.starts_with(kReproPrefix)) << s;
+  EXPECT_NE(s.find("Recorded with torch 2.15.0"), std::string::npos);
+  EXPECT_NE(s.find("t" + std::to_string(h.out) + " = leaf(gen, [4, 8], torch.float32, 'cpu', "
+                   "requires_grad=True)"), std::string::npos) << s;
+  EXPECT_NE(s.find("t" + std::to_string(y.out) + " = call(aten.sigmoid.default, t" +
+                   std::to_string(h.out) + ")[0]"), std::string::npos) << s;
+  EXPECT_EQ(s.find("aten.exp"), std::string::npos) << s;
+  EXPECT_NE(s.find("call(aten.mul_.default"), std::string::npos);
+  EXPECT_EQ(s.find("aten.tanh"), std::string::npos) << s;
+  EXPECT_NE(s.find("# train.py:12 in forward -- the victim: SigmoidBackward0 saves result"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("torch.autograd.backward([t" + std::to_string(y.out) + ".sum()])"),
+            std::string::npos);
+  EXPECT_NE(s.find("backward did not raise: not reproduced"), std::string::npos);
+}
+
+// w = leaf; y = x @ w; w.data.mul_(2): the write goes through a tensor with its own counter.
+TEST(ReproTest, SilentDataWriteComparesTheGradientsWithTheWriteOnACopy) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 3});
+  auto w = b.Leaf({3, 3});
+  auto y = b.Forward("aten::mm", "MmBackward0", {x, w}, {{"self", x}, {"mat2", w}}, b.At(5),
+                     {4, 3});
+  auto data = b.Data(w);
+  b.Inplace("aten::mul_", data, {}, b.At(6));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(7), {});
+  b.Backward({loss.node, y.node});
+
+  Repro repro = ReproOf(b);
+  ASSERT_TRUE(repro.ok) << repro.error;
+  const std::string& s = repro.script;
+  const std::string var = "t" + std::to_string(data);
+  EXPECT_NE(s.find(var + " = t" + std::to_string(w) + ".data\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("if not recorded_write:"), std::string::npos) << s;
+  EXPECT_NE(s.find(var + " = " + var + ".clone()"), std::string::npos) << s;
+  EXPECT_NE(s.find("the gradients differ"), std::string::npos);
+}
+
+TEST(ReproTest, RefusesAnOpOutsideAten) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("mylib::fused", "FusedBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(12));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+  b.Backward({loss.node, mul.node, y.node}, y.node);
+
+  Repro repro = ReproOf(b);
+  EXPECT_FALSE(repro.ok);
+  EXPECT_NE(repro.error.find("mylib::fused is not an ATen op"), std::string::npos) << repro.error;
+}
+
+TEST(ReproTest, RefusesATraceWithoutViolationsAndAnIndexPastThem) {
+  TraceBuilder b;
+  auto x = b.Leaf({4});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(1));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(2), {});
+  b.Backward({loss.node, y.node});
+  Repro repro = ReproOf(b);
+  EXPECT_FALSE(repro.ok);
+  EXPECT_EQ(repro.error, "the trace holds no violation to reproduce");
+}
+
+}  // namespace
+}  // namespace torchrr::replayer
