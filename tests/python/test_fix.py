@@ -1,6 +1,7 @@
 """`torchrr fix`: planted bugs recorded with the CLI get the patch of their culprit line, and
 `fix --check` proves it by re-running the program on patched copies (clean replay, exit 0)."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,27 @@ PLANTED = {
         y[0] = 0
         y.sum().backward()
         """, [], ["y = y.clone()"]),
+    "helper_argument": (
+        """
+        def rescale(t):
+            t.mul_(0.5)
+
+
+        x = torch.randn(4, requires_grad=True)
+        e = torch.exp(x)
+        rescale(e)
+        e.sum().backward()
+        """, ["e = torch.exp(x)"], ["e = torch.exp(x).clone()"]),
+    "optimizer_between": (
+        """
+        model = nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(3, 4, requires_grad=True)
+        model(x).sum().backward()
+        loss = model(x).sum()
+        opt.step()
+        loss.backward()
+        """, ["loss.backward()"], ["loss.backward()"]),
     "two_culprits": (
         """
         x = torch.randn(4, requires_grad=True)
@@ -93,9 +115,9 @@ def record_program(tmp_path, name, body):
     return script, trace
 
 
-def fix(*args, cwd=None, timeout=300):
+def fix(*args, cwd=None, env=None, timeout=300):
     return subprocess.run([cli(), "fix", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+                          cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def changed_lines(diff):
@@ -125,6 +147,29 @@ def test_the_patch_rewrites_the_culprit_line_and_the_check_is_clean(tmp_path, na
     assert script.read_text() == before, "--check wrote the user's file"
 
 
+def test_a_culprit_in_library_code_gets_a_clone_at_the_users_line(tmp_path):
+    library = tmp_path / "lib" / "site-packages"
+    library.mkdir(parents=True)
+    (library / "scalelib.py").write_text("def mul_(t):\n    t.mul_(0.5)\n")
+    script = write_program(tmp_path, "user", """
+        import scalelib
+
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x)
+        scalelib.mul_(y)
+        y.sum().backward()
+        """)
+    trace = tmp_path / "user.trr"
+    record(trace, [sys.executable, script.name], cwd=script.parent,
+           env={"PYTHONPATH": str(library)})
+    # The re-run finds the library as the recorded run did.
+    proc = fix("--check", trace, cwd=script.parent, env={"PYTHONPATH": str(library)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert changed_lines(proc.stdout) == (["y = torch.sigmoid(x)"],
+                                          ["y = torch.sigmoid(x).clone()"]), proc.stdout
+    assert "0 violations" in proc.stdout
+
+
 def test_json_gives_the_edits_as_data(tmp_path):
     script, trace = record_program(tmp_path, "two", PLANTED["two_culprits"][0])
     proc = fix("--json", trace)
@@ -149,11 +194,11 @@ def test_a_legal_program_gets_no_patch(tmp_path):
 
 
 def test_a_rewrite_that_is_not_certain_lists_the_choices(tmp_path):
-    script, trace = record_program(tmp_path, "nested", """
+    script, trace = record_program(tmp_path, "twice", """
         x = torch.randn(4, requires_grad=True)
-        y = torch.sigmoid(x)
-        z = torch.cos(y.mul_(2))
-        (y + z).sum().backward()
+        y = torch.sigmoid(x).sum()
+        y.backward()
+        y.backward()
         """)
     proc = fix(trace)
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -235,19 +235,27 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
         if moved is not None:
             return moved
     rewrite = rewriter.statement()
-    if rewrite is None:
-        rewrite = _module_fix(space, document, culprit, op)
-    stack = culprit.get("stack") or []
-    victim_frame = (v.get("victim") or {}).get("user_frame") or {}
-    if rewrite is None and stack and stack[0].get("framework") and \
-            (v.get("tensor") or {}).get("is_output") and victim_frame.get("file"):
-        victim_source = space.source(victim_frame["file"])
-        if victim_source is not None and victim_source.tree is not None and \
-                space.line_trusted(victim_frame["file"], victim_frame["line"]):
-            rewrite = rw.clone_at_victim(victim_source, victim_frame["line"])
+    if rewrite is None or not rewrite.certain:
+        rewrite = _module_fix(space, document, culprit, op) or rewrite
+    if rewrite is None or not rewrite.certain:
+        rewrite = _clone_at_victim(space, v) or rewrite
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])
+
+
+def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:
+    """A clone of the saved output at the victim's line, for a write the culprit's line cannot
+    undo (library code, a helper's argument): a clone changes no value and no gradient, so the
+    rewrite is safe even where it does not suffice (--check says)."""
+    frame = (v.get("victim") or {}).get("user_frame") or {}
+    if not (v.get("tensor") or {}).get("is_output") or not frame.get("file"):
+        return None
+    source = space.source(frame["file"])
+    if source is None or source.tree is None or not space.line_trusted(frame["file"],
+                                                                        frame["line"]):
+        return None
+    return rw.clone_at_victim(source, frame["line"])
 
 
 def _under_no_grad(rewriter: rw.Rewriter) -> bool:

@@ -67,8 +67,11 @@ class Source:
         except (SyntaxError, ValueError):
             self.tree = None
         self.parents: dict = {}
+        self.imported: set = set()  # The names imports bind: modules, not tensors.
         if self.tree is not None:
             for node in ast.walk(self.tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    self.imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
                 for child in ast.iter_child_nodes(node):
                     self.parents[child] = node
 
@@ -259,6 +262,12 @@ class Rewriter:
                 f"{name} = {name}.clone() before the write"])
         whole = isinstance(s, ast.Expr) and s.value is call
         assigned = isinstance(s, ast.Assign) and s.value is call
+        shared = self._shared(tensor)
+        if shared:
+            return self._rewrite(None, why, False, [
+                f"{name} {shared}, so the in-place write is seen there: .clone() the tensor "
+                "where autograd saves it (the victim's line)",
+                f"return the out-of-place result and use it in place of {name} there"])
         if isinstance(tensor, ast.Name) and whole:
             return self._rewrite(self._stmt_edit([*spans, _start(call, f"{name} = ")]), why)
         if isinstance(tensor, ast.Name) and assigned:
@@ -270,6 +279,32 @@ class Rewriter:
                                                 f"{name} was used)",
                                                 f"{name} = {name}.clone() before this line"])
 
+    def _shared(self, tensor: Optional[ast.AST]) -> Optional[str]:
+        """Why rebinding the name `tensor` would hide the write from other code that holds the
+        tensor (a parameter of the function it is in, a global, another name bound to it), or
+        None when the name is the only holder that the source shows."""
+        if not isinstance(tensor, ast.Name):
+            return None
+        scope = self.stmt
+        while scope in self.src.parents and not isinstance(
+                scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            scope = self.src.parents[scope]
+        name = tensor.id
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = scope.args
+            params = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+            params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+            if name in params:
+                return f"is an argument of {getattr(scope, 'name', 'a lambda')}(), whose " \
+                       "caller holds it too"
+        for node in ast.walk(scope):
+            if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+                return "is global"
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and \
+                    node.value.id == name:
+                return f"is bound to another name too (line {node.lineno})"
+        return None
+
     def _method(self) -> Optional[Rewrite]:
         """`y.mul_(g)` -> `y = y.mul(g)`; `torch.relu_(x)` -> `x = torch.relu(x)`."""
         for call in _calls(self.stmt):
@@ -280,6 +315,9 @@ class Rewriter:
             module_call = isinstance(func.value, ast.Name) and func.value.id in (
                 "torch", "F", "functional", "nn") or isinstance(func.value, ast.Attribute) and \
                 func.value.attr == "functional"
+            if not module_call and isinstance(func.value, ast.Name) and \
+                    func.value.id in self.src.imported:
+                continue  # A library's function named like the op (`mylib.mul_(t)`).
             tensor = (call.args[0] if call.args else None) if module_call else func.value
             if self.op in _NO_TWIN:
                 return self._no_twin(call, tensor, module_call, why)
@@ -418,7 +456,7 @@ def construction_rewrite(source: Source, node: ast.Call, flag: ast.AST, certain:
 
 def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
     """`y = f(x)` at the victim's line -> `y = f(x).clone()`, so that what autograd saved is not
-    the tensor the library writes into; None when the line is not one such assignment."""
+    the tensor written later; None when the line is not one such assignment."""
     stmt = source.statement_at(line)
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
             isinstance(stmt.targets[0], ast.Name)):
@@ -431,5 +469,6 @@ def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
     first, last = stmt.lineno, stmt.end_lineno
     return Rewrite(source.path, first, last, source.old(first, last),
                    source.edit(first, last, spans), True,
-                   f"library code writes in place into `{stmt.targets[0].id}`, which autograd "
-                   "saved: hand it a clone")
+                   f"`{stmt.targets[0].id}` is written in place where no rewrite of that line "
+                   "can undo it (library code, a helper's argument, a hook): clone it where it "
+                   "is made, so that what autograd saved is not what is written")
