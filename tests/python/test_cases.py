@@ -136,7 +136,9 @@ def test_case(script, all_ops, tmp_path):
         assert v.fingerprint and v.fingerprint["at_save"] != v.fingerprint["at_use"]
         lines = [c.op.user_frame.line for c in v.candidates if c.op.user_frame and
                  same_file(c.op.user_frame.file, script)]
-        assert marker_line(script, "CANDIDATE") in lines, v.candidates
+        # A write through data_ptr() (ctypes, a kernel) made no tensor over the bytes: none.
+        candidates = marker_lines(script, "CANDIDATE")
+        assert lines == [] if not candidates else candidates[0] in lines, v.candidates
         return
 
     if expect.get("culprit") == "none":
