@@ -171,6 +171,10 @@ def _user_files(document: dict) -> list:
 def _module_fix(space: Workspace, document: dict, culprit: dict, op: str) -> Optional[rw.Rewrite]:
     """The construction of the nn.Module whose forward wrote in place (nn.ReLU(inplace=True)),
     found in the user's files and those beside them."""
+    stack = culprit.get("stack") or []
+    # The module's own forward wrote (torch's code is innermost), not a line of the user's.
+    if not stack or "/torch/nn/" not in (stack[0].get("file") or ""):
+        return None
     classes = rw.module_classes(culprit.get("module"), op)
     if not classes:
         return None
@@ -206,9 +210,18 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     kind = v.get("kind")
     if culprit is None or culprit.get("hook"):
         frame = (culprit or v.get("victim") or {}).get("user_frame") or {}
+        hook = kind == "unpack_hook" or (culprit or {}).get("hook") or \
+            v.get("evidence") == "unpack_hook"
+        choices = ["make the unpack hook return a tensor of the saved one's shape, dtype and "
+                   "device (cast back what the pack hook converted)"] if hook else \
+            ["find what writes into the saved tensor's memory outside autograd (numpy, DLPack, "
+             "an extension) and write into a .clone() instead"]
+        if not hook:
+            rewrite = _clone_at_victim(space, v)
+            if rewrite is not None:
+                return rewrite
         return _uncertain(frame.get("file") or "", frame.get("line") or 0, None,
-                          f"no in-place op to rewrite ({kind})",
-                          ["see `torchrr replay`'s help: line for this violation"])
+                          f"no in-place op to rewrite ({kind})", choices)
     frame = _python_user_frame(culprit)
     if frame is None:
         f = culprit.get("user_frame") or {}

@@ -28,15 +28,20 @@ class NotRerunnable(Exception):
     """The recorded command cannot be re-run here; the message says why, in one line."""
 
 
-def _command(trace: str) -> list:
+def _command(trace: str) -> tuple:
+    """(the recorded command, the `torchrr record` flags its recording needs again)."""
     proc = _fix.run_cli("info", "--json", trace)
     try:
-        command = json.loads(proc.stdout)["info"]["command_line"]
+        info = json.loads(proc.stdout)
+        command = info["info"]["command_line"]
     except (json.JSONDecodeError, KeyError, TypeError):
-        command = None
+        info, command = {}, None
     if not command:
         raise NotRerunnable("the trace does not record the command that ran")
-    return list(command)
+    # Fingerprints are written only under --verify-saved: without it the re-run could not see
+    # the silent writes the trace found, and would look clean.
+    fingerprints = (info.get("records_per_kind") or {}).get("fingerprint", 0)
+    return list(command), ["--verify-saved"] if fingerprints else []
 
 
 def _script(command: list, user_files: list) -> tuple:
@@ -82,7 +87,7 @@ def _copy_size(root: str) -> int:
 def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str) -> tuple:
     """Runs the recorded command under `torchrr record` on patched copies in `workdir`. Returns
     (the new trace, the CompletedProcess, a map from copied paths back to the user's)."""
-    command = _command(trace)
+    command, flags = _command(trace)
     index, script, cwd = _script(command, list(texts) + _fix._user_files(document))
     root = os.path.dirname(script)
     outside = [p for p in texts if os.path.commonpath([root, p]) != root]
@@ -102,7 +107,7 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str)
     new_trace = os.path.join(workdir, "check.trr")
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES")}
-    proc = subprocess.run([_fix.cli_path(), "record", "-o", new_trace, "--", *command],
+    proc = subprocess.run([_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command],
                           capture_output=True, text=True, cwd=run_cwd, env=env, timeout=timeout)
     return new_trace, proc, {os.path.realpath(copy): root}
 
