@@ -351,6 +351,12 @@ def describe(fixes: list) -> list:
 
 
 def as_json(fixes: list, notes: list, diff: str) -> dict:
+    """`fix --json`'s document: {"edits": [...], "notes": [...], "diff": "..."}. Each edit is one
+    culprit line's fix: `file`, `first_line` and `last_line` (1-based, inclusive: the lines it
+    replaces), `old` (their text), `new` (what replaces them; null when not certain), `certain`,
+    `why` (one line), `choices` (what the user must pick from when not certain) and `violations`
+    (indices into the replay JSON's "violations"). `notes` say where the source differs from the
+    recorded one; `diff` is the unified diff of the certain edits."""
     edits = []
     for fix in fixes:
         edit = asdict(fix["rewrite"])

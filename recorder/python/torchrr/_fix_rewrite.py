@@ -300,8 +300,10 @@ class Rewriter:
         for node in ast.walk(scope):
             if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
                 return "is global"
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and \
-                    node.value.id == name:
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)):
+                continue
+            if node.value.id == name or any(isinstance(t, ast.Name) and t.id == name
+                                            for t in node.targets):
                 return f"is bound to another name too (line {node.lineno})"
         return None
 

@@ -1,0 +1,95 @@
+"""The rewrites behind `torchrr fix` on source text alone (no torch, no trace): each rule's patch,
+and the places where no rewrite is certain."""
+import textwrap
+
+import pytest
+
+from torchrr import _fix_rewrite as rw
+
+
+def source(text):
+    return rw.Source("/src/train.py", textwrap.dedent(text).lstrip("\n"))
+
+
+def rewrite_at(text, line, op, leaf=False):
+    return rw.Rewriter(source(text), line, op, leaf).statement()
+
+
+@pytest.mark.parametrize("text, op, new", [
+    ("y.mul_(2)  # keep\n", "mul_", "y = y.mul(2)  # keep\n"),
+    ("h += a if c else b\n", "add_", "h = h + (a if c else b)\n"),
+    ("out = y.add_(1)\n", "add_", "out = y = y.add(1)\n"),
+    ("y = torch.relu_(y)\n", "relu_", "y = torch.relu(y)\n"),
+    ("F.relu(h, inplace=True)\n", "relu_", "h = F.relu(h, inplace=False)\n"),
+    ("y.data.mul_(2)\n", "mul_", "y = y.mul(2)\n"),
+    ("y.zero_()\n", "zero_", "y = torch.zeros_like(y)\n"),
+    ("y[0] = 1\n", "fill_", "y = y.clone()\ny[0] = 1\n"),
+    ("y.data[0] = 1\n", "fill_", "y = y.clone()\ny[0] = 1\n"),
+    ("p = p.masked_fill_(m,\n                    0.0)\n", "masked_fill_",
+     "p = p.masked_fill(m,\n                    0.0)\n"),
+])
+def test_the_statement_made_out_of_place(text, op, new):
+    rewrite = rewrite_at(text, 1, op)
+    assert rewrite.certain, rewrite
+    assert rewrite.new == new
+
+
+@pytest.mark.parametrize("text, line, op, why", [
+    ("def f(t):\n    t.mul_(2)\n", 2, "mul_", "argument of f()"),
+    ("a = b\na.mul_(2)\n", 2, "mul_", "another name"),
+    ("z = torch.cos(y.mul_(2))\n", 1, "mul_", "then use the result"),
+    ("self.h.mul_(2)\n", 1, "mul_", "then use the result"),
+    ("y.copy_(z)\n", 1, "copy_", "no out-of-place twin"),
+])
+def test_no_certain_rewrite_where_rebinding_would_change_the_program(text, line, op, why):
+    rewrite = rewrite_at(text, line, op)
+    assert not rewrite.certain and rewrite.new is None
+    assert any(why in choice for choice in rewrite.choices) or why in rewrite.why, rewrite
+
+
+def test_a_library_call_named_like_the_op_is_not_a_tensor_method():
+    assert rewrite_at("import mylib\nmylib.mul_(y)\n", 2, "mul_") is None
+
+
+def test_a_parameter_write_under_no_grad_moves_after_backward():
+    src = source("""
+        loss = model(x).sum()
+        with torch.no_grad():
+            w.clamp_(-1, 1)  # constrain
+        loss.backward()
+        print(loss)
+        """)
+    rewrite = rw.Rewriter(src, 3, "clamp_", False).after_backward()
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (2, 4)
+    assert rewrite.new == ("loss.backward()\nwith torch.no_grad():\n"
+                           "    w.clamp_(-1, 1)  # constrain\n")
+
+
+def test_no_move_without_a_backward_in_the_same_block():
+    src = source("""
+        if bug:
+            opt.step()
+        loss.backward()
+        """)
+    rewrite = rw.Rewriter(src, 2, "add_", False).after_backward()
+    assert not rewrite.certain and rewrite.new is None
+
+
+def test_the_module_construction_the_path_names():
+    src = source("""
+        self.act1 = nn.ReLU(inplace=True)
+        self.act2 = nn.ReLU(True)
+        self.drop = nn.Dropout(0.1, inplace=True)
+        """)
+    found = rw.module_constructions(src, rw.module_classes("layers.1.act2 (ReLU)", "relu_"))
+    assert [(node.lineno, target) for node, target, _ in found] == [(1, "act1"), (2, "act2")]
+    node, _, flag = found[1]
+    assert rw.construction_rewrite(src, node, flag, True).new == "self.act2 = nn.ReLU(False)\n"
+    assert rw.module_classes(None, "bernoulli_")[0] == "Dropout"
+
+
+def test_a_clone_at_the_victim_keeps_precedence():
+    src = source("y = a * b  # saved\nz = torch.exp(x)\n")
+    assert rw.clone_at_victim(src, 1).new == "y = (a * b).clone()  # saved\n"
+    assert rw.clone_at_victim(src, 2).new == "z = torch.exp(x).clone()\n"
+    assert rw.clone_at_victim(source("y, z = f(x)\n"), 1) is None
