@@ -77,7 +77,7 @@ void RegisterReproCommand(CLI::App& app, int* exit_code) {
   command->add_option("FILE", options->path, "Trace file (.trr)")->required();
   command->add_option("-o,--output", options->output, "Output script (.py)")->required();
   command->add_option("--violation", options->violation,
-                      "Which violation, as `torchrr replay --all` numbers them from 0 "
+                      "Which violation, from 0 in the order of `torchrr replay --json` "
                       "(default: the first)");
   command->add_option("--device", options->device,
                       "Where the script runs the recorded non-CPU tensors (default: the recorded "

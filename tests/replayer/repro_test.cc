@@ -13,6 +13,15 @@ namespace {
 using testing::kOutput;
 using testing::TraceBuilder;
 
+// Gives the recorded op `op` a non-tensor argument (TraceBuilder records none).
+void AddValue(TraceBuilder& b, format::ObjectId op, format::Value value) {
+  for (format::Record& r : b.records) {
+    if (auto* record = std::get_if<format::OpRecord>(&r); record != nullptr && record->op == op) {
+      record->values.push_back(value);
+    }
+  }
+}
+
 Repro ReproOf(const TraceBuilder& b) {
   Report report = Analyze(b.records);
   format::FileInfo info;
@@ -31,6 +40,7 @@ TEST(ReproTest, KeepsTheVictimAndTheCulpritAndMakesUpTheOtherOperands) {
   auto other = b.Forward("aten::tanh", "TanhBackward0", {x}, {{"result", kOutput}}, b.At(11));
   auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {h.out}, {{"result", kOutput}}, b.At(12));
   auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(13));
+  AddValue(b, mul.op, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
   auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(14), {});
   b.Backward({loss.node, mul.node, y.node}, y.node);
   (void)other;
@@ -47,7 +57,8 @@ TEST(ReproTest, KeepsTheVictimAndTheCulpritAndMakesUpTheOtherOperands) {
   EXPECT_NE(s.find("t" + std::to_string(y.out) + " = call(aten.sigmoid.default, t" +
                    std::to_string(h.out) + ")[0]"), std::string::npos) << s;
   EXPECT_EQ(s.find("aten.exp"), std::string::npos) << s;
-  EXPECT_NE(s.find("call(aten.mul_.default"), std::string::npos);
+  EXPECT_NE(s.find("t" + std::to_string(y.out) + " = call(aten.mul_.default, t" +
+                   std::to_string(y.out) + ", 2.0)[0]"), std::string::npos) << s;
   EXPECT_EQ(s.find("aten.tanh"), std::string::npos) << s;
   EXPECT_NE(s.find("# train.py:12 in forward -- the victim: SigmoidBackward0 saves result"),
             std::string::npos) << s;
@@ -64,7 +75,8 @@ TEST(ReproTest, SilentDataWriteComparesTheGradientsWithTheWriteOnACopy) {
   auto y = b.Forward("aten::mm", "MmBackward0", {x, w}, {{"self", x}, {"mat2", w}}, b.At(5),
                      {4, 3});
   auto data = b.Data(w);
-  b.Inplace("aten::mul_", data, {}, b.At(6));
+  auto write = b.Inplace("aten::mul_", data, {}, b.At(6));
+  AddValue(b, write, {.position = 1, .kind = format::ValueKind::kInt, .i = 2});
   auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(7), {});
   b.Backward({loss.node, y.node});
 
@@ -78,17 +90,34 @@ TEST(ReproTest, SilentDataWriteComparesTheGradientsWithTheWriteOnACopy) {
   EXPECT_NE(s.find("the gradients differ"), std::string::npos);
 }
 
-TEST(ReproTest, RefusesAnOpOutsideAten) {
-  TraceBuilder b;
+// x = leaf; y = op(x), saving its result; y.mul_(2); backward raises. Returns the mul_'s op.
+format::ObjectId SavesThenWrites(TraceBuilder& b, const std::string& op, const std::string& node) {
   auto x = b.Leaf({4, 8});
-  auto y = b.Forward("mylib::fused", "FusedBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto y = b.Forward(op, node, {x}, {{"result", kOutput}}, b.At(11));
   auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(12));
   auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
   b.Backward({loss.node, mul.node, y.node}, y.node);
+  return mul.op;
+}
+
+TEST(ReproTest, RefusesAnOpOutsideAten) {
+  TraceBuilder b;
+  auto mul = SavesThenWrites(b, "mylib::fused", "FusedBackward0");
+  AddValue(b, mul, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
 
   Repro repro = ReproOf(b);
   EXPECT_FALSE(repro.ok);
   EXPECT_NE(repro.error.find("mylib::fused is not an ATen op"), std::string::npos) << repro.error;
+}
+
+// redact --drop-values leaves no op an argument: a script would call every op short of them.
+TEST(ReproTest, RefusesATraceWhoseArgumentsWereDropped) {
+  TraceBuilder b;
+  SavesThenWrites(b, "aten::sigmoid", "SigmoidBackward0");
+
+  Repro repro = ReproOf(b);
+  EXPECT_FALSE(repro.ok);
+  EXPECT_NE(repro.error.find("--drop-values"), std::string::npos) << repro.error;
 }
 
 TEST(ReproTest, RefusesATraceWithoutViolationsAndAnIndexPastThem) {

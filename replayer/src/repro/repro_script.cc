@@ -272,6 +272,11 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
                 std::to_string(report.violations.size());
     return out;
   }
+  if (!index.has_values()) {
+    out.error = "the trace holds no op's arguments (redact --drop-values): nothing to call its ops "
+                "with";
+    return out;
+  }
   const Violation& v = report.violations[options.violation];
   if (std::string why = Unsupported(v); !why.empty()) {
     out.error = why;

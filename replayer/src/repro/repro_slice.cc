@@ -20,6 +20,7 @@ TraceIndex::TraceIndex(const std::vector<format::Record>& records) : records_(re
       stacks_[s->id] = s;
     } else if (auto* op = std::get_if<OpRecord>(&r)) {
       op_at_.emplace(op->op, i);
+      has_values_ = has_values_ || !op->values.empty();
     } else if (auto* n = std::get_if<format::NodeRecord>(&r)) {
       nodes_.emplace(n->node, n);
     } else if (auto* t = std::get_if<format::TensorInfo>(&r)) {

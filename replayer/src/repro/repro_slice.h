@@ -37,6 +37,8 @@ class TraceIndex {
   // "" when the trace has no stack for it.
   std::string UserLine(const format::OpRecord& op) const;
   uint64_t ops() const { return op_at_.size(); }
+  // Whether any op has a non-tensor argument: none has in a trace redacted with --drop-values.
+  bool has_values() const { return has_values_; }
 
  private:
   const std::vector<format::Record>& records_;
@@ -47,6 +49,7 @@ class TraceIndex {
   std::unordered_map<ObjectId, const format::NodeRecord*> nodes_;
   std::unordered_map<ObjectId, std::vector<size_t>> infos_;  // Record indices, ascending.
   std::vector<ObjectId> forward_ops_;
+  bool has_values_ = false;
 };
 
 struct Slice {
