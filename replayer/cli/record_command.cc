@@ -48,6 +48,9 @@ struct RecordArgs {
   bool force_python = false;
   bool force_native = false;
   bool quiet = false;  // No verdict after the program ends.
+  // A trace of an earlier run whose raw write (a silent violation found by fingerprint) this run
+  // locates to its line (torchrr/_locate.py); empty: none.
+  std::string locate_write;
   std::vector<std::string> command;
 };
 
@@ -210,6 +213,10 @@ int RunRecord(const RecordArgs& args) {
     unsetenv("TORCHRR_EXEC_BASE");
     unsetenv("TORCHRR_EXEC_COUNT");
     SetOptionVariables(resolved);
+    unsetenv("TORCHRR_LOCATE_WRITE");
+    if (!args.locate_write.empty()) {
+      setenv("TORCHRR_LOCATE_WRITE", fs::absolute(args.locate_write).c_str(), 1);
+    }
     if (python) {
       PrependEnv("PYTHONPATH", site_dir.string(), ':');
       // AOTAutograd's cache hands back compiled regions without the backward graph that says
@@ -294,6 +301,12 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--quiet", args->quiet,
                 "Print no verdict after the program ends (by default, a trace with a violation "
                 "gets its culprit and victim lines and the fix)");
+  cmd->add_option("--locate-write", args->locate_write,
+                  "A trace of an earlier run of this program whose write into a saved tensor no "
+                  "op made (--verify-saved's evidence fingerprint): this run watches that tensor's "
+                  "bytes line by line from its save to its use and names the line after which "
+                  "they changed (Python programs on the CPU)")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--python", args->force_python, "The command is a Python program");
   cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");
   cmd->add_option("command", args->command, "The program and its arguments, after --")

@@ -100,7 +100,8 @@ std::string FixHint(const Violation& v) {
   }
   if (silent && v.evidence == SilentEvidence::kFingerprint) {
     return "find what writes into this memory between the two points (a raw kernel, numpy, an "
-           "extension on data_ptr); write into a .clone() instead";
+           "extension on data_ptr): `torchrr record --locate-write TRACE -- CMD` runs the "
+           "program again and names the line; write into a .clone() instead";
   }
   if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
     return "make the in-place op out of place, or .clone() the tensor before modifying it; "

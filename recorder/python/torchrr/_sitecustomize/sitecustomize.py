@@ -134,6 +134,14 @@ def _start_recording():
         return
     if not started:
         return  # The recorder printed why.
+    locate = os.environ.pop("TORCHRR_LOCATE_WRITE", "")
+    if locate:
+        try:
+            from torchrr import _locate
+
+            _locate.install(locate)
+        except Exception as error:
+            _warn(f"--locate-write: {error}")
     os.environ[_RECORDER_PID_ENV] = str(os.getpid())
     os.environ[_RECORDER_RANK_ENV] = os.environ.get("RANK", "")
 
