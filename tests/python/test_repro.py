@@ -7,12 +7,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import PYTORCH_INPLACE, cli, needs_build, record
 
 pytestmark = needs_build
 
+CASES = Path(__file__).parent / "cases"
 # The catalog's autograd.Function case: it saves what its forward chose, no ATen op to call.
-CUSTOM_FUNCTION = (Path(__file__).parent / "cases" / "custom_function.py").read_text()
+CUSTOM_FUNCTION = (CASES / "custom_function.py").read_text()
 
 SIGMOID_MUL = textwrap.dedent("""\
     import torch
@@ -135,3 +138,13 @@ def test_device_flag_is_what_the_script_runs_on(tmp_path):
     assert _repro(trace, out, "--device", "cpu").returncode == 0
     assert "DEVICE = 'cpu'" in out.read_text()
     assert _repro(trace, out, "--violation", "5").returncode == 12
+
+
+# Catalog cases whose slices need what the planted ones above do not: an optimizer step inside
+# its record_function scope writing a parameter view's base twice, ops under autocast (a bfloat16
+# saved tensor from float32 operands), a saved input written by `+=`, a masked_fill_ on softmax's
+# result.
+@pytest.mark.parametrize("case", ["optimizer_between", "autocast_output_write", "saved_input_iadd",
+                                  "softmax_masked_fill"])
+def test_catalog_cases_raise_the_same_message(tmp_path, case):
+    _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())

@@ -110,6 +110,18 @@ TEST(ReproTest, RefusesAnOpOutsideAten) {
   EXPECT_NE(repro.error.find("mylib::fused is not an ATen op"), std::string::npos) << repro.error;
 }
 
+// The script is run, and a trace is anyone's: an op name that is no identifier could be code.
+TEST(ReproTest, RefusesAnOpNameThatIsNoIdentifier) {
+  TraceBuilder b;
+  auto mul = SavesThenWrites(b, "aten::sigmoid(__import__('os'))", "SigmoidBackward0");
+  AddValue(b, mul, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
+
+  Repro repro = ReproOf(b);
+  EXPECT_FALSE(repro.ok);
+  EXPECT_NE(repro.error.find("is not an ATen op"), std::string::npos) << repro.error;
+  EXPECT_EQ(repro.script, "");
+}
+
 // redact --drop-values leaves no op an argument: a script would call every op short of them.
 TEST(ReproTest, RefusesATraceWhoseArgumentsWereDropped) {
   TraceBuilder b;

@@ -1,8 +1,10 @@
 // WriteRepro: the checks on the violation, then the Python script of its slice (repro_slice.h).
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "repro/repro_slice.h"
 #include "torchrr/replayer/printable.h"
@@ -91,7 +93,11 @@ std::string Literal(const Value& v, const TraceIndex& index) {
       for (size_t i = 0; i < v.doubles.size(); ++i) text += (i ? ", " : "") + Double(v.doubles[i]);
       return text + "]";
     }
-    case ValueKind::kDType: return TorchDType(static_cast<format::DType>(v.i));
+    case ValueKind::kDType:
+      return v.i >= 0 && v.i < 128 && std::string_view(DTypeName(static_cast<format::DType>(v.i))) !=
+                                           "unknown"
+                 ? TorchDType(static_cast<format::DType>(v.i))
+                 : "";
     case ValueKind::kDevice: return v.i / 256 == 0 ? "torch.device('cpu')" : "torch.device(DEVICE)";
     case ValueKind::kLayout: return v.i == 0 ? "torch.strided" : "";
     case ValueKind::kMemoryFormat: {
@@ -131,12 +137,25 @@ bool PlainLayout(const format::TensorInfo& info) {
   return info.storage_offset == 0;
 }
 
-// The Python call of a recorded op, "aten.mul_.Tensor"; "" for an op outside aten.
+// Whether `text` is a Python identifier of ASCII letters, digits and underscores. A trace is
+// untrusted and the script is run: a name of anything else could be code.
+bool Identifier(std::string_view text) {
+  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  for (char c : text) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+// The Python call of a recorded op, "aten.mul_.Tensor"; "" for an op outside aten, or a name that
+// is no identifier.
 std::string Overload(const OpRecord& op, const TraceIndex& index) {
   const std::string& name = index.Str(op.name);
   if (!name.starts_with("aten::")) return "";
   const std::string& overload = index.Str(op.overload);
-  return "aten." + name.substr(6) + "." + (overload.empty() ? "default" : overload);
+  const std::string method = name.substr(6);
+  if (!Identifier(method) || (!overload.empty() && !Identifier(overload))) return "";
+  return "aten." + method + "." + (overload.empty() ? "default" : overload);
 }
 
 // The statements that run one op: `t14 = call(aten.mm.default, t6, t2)[0]`. Returns "" and sets
@@ -144,7 +163,9 @@ std::string Overload(const OpRecord& op, const TraceIndex& index) {
 std::string OpCall(const OpRecord& op, const TraceIndex& index, std::string* why) {
   const std::string overload = Overload(op, index);
   if (overload.empty()) {
-    *why = Printable(index.Str(op.name)) + " is not an ATen op, which the reproducer cannot call";
+    const std::string& overload_name = index.Str(op.overload);
+    *why = Printable(index.Str(op.name)) + (overload_name.empty() ? "" : ".") +
+           Printable(overload_name) + " is not an ATen op, which the reproducer cannot call";
     return "";
   }
   // Arguments by schema position; a Tensor[] argument's members by their index in it.
@@ -331,6 +352,12 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     return line + ")\n";
   };
   for (ObjectId tensor : slice.leaves) {
+    const format::TensorInfo* t =
+        index.InfoBefore(tensor, index.IndexOf(slice.ops[slice.leaf_use.at(tensor)]));
+    if (std::string_view(DTypeName(t->dtype)) == "unknown") {
+      out.error = "an operand's dtype (" + std::to_string(t->dtype) + ") is not one torch names";
+      return out;
+    }
     if (!slice.data_of.contains(tensor)) body += define_leaf(tensor);
   }
   for (size_t k = 0; k < slice.ops.size(); ++k) {
