@@ -100,23 +100,23 @@ format::ObjectId SavesThenWrites(TraceBuilder& b, const std::string& op, const s
   return mul.op;
 }
 
-TEST(ReproTest, RefusesAnOpOutsideAten) {
+// The reproducer of SavesThenWrites(op) whose mul_ has its argument.
+Repro ReproOfSaveBy(const std::string& op) {
   TraceBuilder b;
-  auto mul = SavesThenWrites(b, "mylib::fused", "FusedBackward0");
+  auto mul = SavesThenWrites(b, op, "SigmoidBackward0");
   AddValue(b, mul, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
+  return ReproOf(b);
+}
 
-  Repro repro = ReproOf(b);
+TEST(ReproTest, RefusesAnOpOutsideAten) {
+  Repro repro = ReproOfSaveBy("mylib::fused");
   EXPECT_FALSE(repro.ok);
   EXPECT_NE(repro.error.find("mylib::fused is not an ATen op"), std::string::npos) << repro.error;
 }
 
 // The script is run, and a trace is anyone's: an op name that is no identifier could be code.
 TEST(ReproTest, RefusesAnOpNameThatIsNoIdentifier) {
-  TraceBuilder b;
-  auto mul = SavesThenWrites(b, "aten::sigmoid(__import__('os'))", "SigmoidBackward0");
-  AddValue(b, mul, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
-
-  Repro repro = ReproOf(b);
+  Repro repro = ReproOfSaveBy("aten::sigmoid(__import__('os'))");
   EXPECT_FALSE(repro.ok);
   EXPECT_NE(repro.error.find("is not an ATen op"), std::string::npos) << repro.error;
   EXPECT_EQ(repro.script, "");
