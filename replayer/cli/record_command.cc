@@ -305,7 +305,7 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
                   "A trace of an earlier run of this program whose write into a saved tensor no "
                   "op made (--verify-saved's evidence fingerprint): this run watches that tensor's "
                   "bytes line by line from its save to its use and names the line after which "
-                  "they changed (Python programs on the CPU)")
+                  "they changed (Python programs)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--python", args->force_python, "The command is a Python program");
   cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");

@@ -115,6 +115,46 @@ def records(path):
     return [json.loads(line) for line in out.splitlines()]
 
 
+# A raw write into a saved CUDA tensor (a CuPy kernel: no op, no version bump), for
+# `torchrr record --locate-write`.
+LOCATE_PROGRAM = """\
+import cupy
+import torch
+x = torch.randn(1 << 16, device="cuda", requires_grad=True)
+y = torch.sigmoid(x)
+cupy.asarray(y.detach()).__imul__(0.5)  # WRITE
+torch.cuda.synchronize()
+y.sum().backward()
+"""
+
+
+def check_locate_write(tmp):
+    """--locate-write on CUDA: the second run hashes the watched bytes on the device at every
+    line and names the line of the write (LOCATE_PROGRAM's WRITE line)."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        print("SKIP --locate-write on CUDA: no CuPy to write outside PyTorch's ops")
+        return
+    line = next(i for i, text in enumerate(LOCATE_PROGRAM.splitlines(), 1) if "# WRITE" in text)
+    script = os.path.join(tmp, "locate.py")
+    with open(script, "w") as f:
+        f.write(LOCATE_PROGRAM)
+    first, second = os.path.join(tmp, "locate1.trr"), os.path.join(tmp, "locate2.trr")
+    cli = _native.cli_path()
+    subprocess.run([cli, "record", "--verify-saved", "--quiet", "-o", first, "--", sys.executable,
+                    script], capture_output=True, text=True, timeout=300)
+    v = torchrr.replay(first).violations
+    if not v or v[0].evidence != "fingerprint":
+        print(f"SKIP --locate-write on CUDA: the write is not one by fingerprint here: "
+              f"{[(x.kind, x.evidence) for x in v]}")
+        return
+    proc = subprocess.run([cli, "record", "--locate-write", first, "--quiet", "-o", second, "--",
+                           sys.executable, script], capture_output=True, text=True, timeout=300)
+    check("--locate-write names the line of a raw write on CUDA",
+          f"locate.py:{line} in <module>" in proc.stderr, proc.stderr[-2000:])
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="torchrr_gpu_")
     if not torch.cuda.is_available():
@@ -207,6 +247,8 @@ def main():
     record(none_trace, clean, verify_saved=True)
     check("--verify-saved: a clean CUDA step reports nothing",
           torchrr.replay(none_trace).violations == [], "violations found")
+
+    check_locate_write(tmp)
 
     cpu_amp = check_amp(tmp, "cpu", [torch.bfloat16])
     check_amp(tmp, "cuda", [torch.float16, torch.bfloat16], want=cpu_amp)

@@ -44,6 +44,13 @@ int torchrr_describe_options(const torchrr_options* options, char* out, size_t s
 /* Marks the start of a training step in the active recording (Recorder::Step). */
 void torchrr_step(void);
 
+/* The fingerprint (kernels/fingerprint.h, as --verify-saved takes them) of `bytes` bytes at `data`:
+ * host memory when `device` is -1, else memory of CUDA device `device`, hashed on its current
+ * stream after the work queued there. Returns 0, or 1 when a CUDA call failed or the build has no
+ * CUDA. torchrr record --locate-write compares a saved tensor's bytes with it (torchrr/_locate.py).
+ */
+int torchrr_fingerprint(const void* data, size_t bytes, int device, uint64_t* fingerprint);
+
 /* Names the nn.Module whose forward now runs on the calling thread (OpRecord.module_path:
  * "layers.1.mlp (LlamaMLP)"), for the ops it starts until the next call; NULL or "" for none.
  * Ignored when nothing records. Python's module hooks call it (torchrr/_modules.py). */

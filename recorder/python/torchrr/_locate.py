@@ -6,17 +6,17 @@ EARLIER.trr's first silent violation found by fingerprint (``--verify-saved``: i
 between the save and the use, and no recorded op wrote them) names the victim: the line that
 saved the tensor, its shape and dtype. In this run a default saved-tensors pack hook sees what
 autograd saves on the main thread; the first tensor of that shape and dtype saved from the
-victim's line is watched: its bytes are copied, and from then on a line tracer (``sys.settrace``,
-this thread) compares them at every line and return event until backward unpacks the tensor.
+victim's line is watched: its bytes' fingerprint is taken (kernels/fingerprint.h, on a CUDA
+tensor's device and stream), and from then on a line tracer (``sys.settrace``, this thread)
+takes it again at every line and return event until backward unpacks the tensor.
 The first event that finds them changed names the line that ran just before it, which wrote them
 or called what did, with its callers, on stderr. At exit, a run that never saved such a tensor,
 or whose watched bytes did not change, says so.
 
 A diagnostic run, not a recording to trust for other verdicts: the pack hook hands autograd the
 tensor itself, so PyTorch checks no saved tensor's version in this run, and every line between
-the save and the use pays for a comparison of the watched bytes. CPU tensors only (a CUDA
-tensor's bytes are not read from the host here); a write from another thread is named by the
-line this thread was running.
+the save and the use pays for a hash of the watched bytes (on CUDA, a kernel and a wait for the
+stream). A write from another thread is named by the line this thread was running.
 """
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ class _Watch:
         self.tensor = None
         self.ptr = 0
         self.size = 0
-        self.before = b""
+        self.device = -1
+        self.before = 0
+        self.lib = None
         self.last = None  # (file, line, function, frame) of the latest line event.
         self.found = False
         self.done = False
@@ -56,7 +58,7 @@ class _Watch:
                 f"{self.violation.victim.user_frame.file}:{self.line})")
 
     def matches(self, tensor) -> bool:
-        if self.tensor is not None or self.done or tensor.device.type != "cpu":
+        if self.tensor is not None or self.done or tensor.device.type not in ("cpu", "cuda"):
             return False
         if tuple(tensor.shape) != self.shape or str(tensor.dtype) != self.dtype:
             return False
@@ -69,13 +71,25 @@ class _Watch:
         return False
 
     def start(self, tensor) -> None:
+        from . import _native
+        self.lib = _native.loaded()
+        if self.lib is None:
+            return
         self.tensor = tensor  # Kept alive: its memory must not be reused while watched.
-        if tensor.is_contiguous():
-            self.ptr, self.size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-        else:
-            storage = tensor.untyped_storage()
-            self.ptr, self.size = storage.data_ptr(), storage.nbytes()
-        self.before = ctypes.string_at(self.ptr, self.size)
+        # The bytes from its first element to its last, gaps of a strided view included, as
+        # --verify-saved hashes them.
+        last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+        self.ptr = tensor.data_ptr()
+        self.size = 0 if tensor.numel() == 0 else (last + 1) * tensor.element_size()
+        self.device = tensor.device.index if tensor.device.type == "cuda" else -1
+        if self.device is None:
+            self.device = 0
+        before = self.fingerprint()
+        if before is None:
+            _say(f"cannot read {self.what()}: nothing to locate")
+            self.done = True
+            return
+        self.before = before
         # The frames already running get the tracer too: the write may come later in them.
         frame = sys._getframe(2)
         while frame is not None:
@@ -85,8 +99,15 @@ class _Watch:
             frame = frame.f_back
         sys.settrace(self.trace)
 
+    def fingerprint(self):
+        value = ctypes.c_uint64()
+        if self.lib.torchrr_fingerprint(self.ptr, self.size, self.device, ctypes.byref(value)):
+            return None
+        return value.value
+
     def changed(self) -> bool:
-        return ctypes.string_at(self.ptr, self.size) != self.before
+        now = self.fingerprint()
+        return now is not None and now != self.before
 
     def trace(self, frame, event, arg):
         if self.done:

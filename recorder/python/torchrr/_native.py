@@ -232,6 +232,9 @@ def library() -> ctypes.CDLL:
         lib.torchrr_describe_options.restype = ctypes.c_int
         lib.torchrr_step.argtypes = []
         lib.torchrr_step.restype = None
+        lib.torchrr_fingerprint.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                            ctypes.POINTER(ctypes.c_uint64)]
+        lib.torchrr_fingerprint.restype = ctypes.c_int
         lib.torchrr_set_module.argtypes = [ctypes.c_char_p]
         lib.torchrr_set_module.restype = None
         lib.torchrr_flush.argtypes = []

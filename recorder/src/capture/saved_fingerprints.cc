@@ -44,24 +44,35 @@ FingerprintResult FingerprintTensorBytes(const at::Tensor& tensor, format::Finge
     if (length > 0 && base == nullptr) return FingerprintResult::kNotReadable;
     out->byte_offset = first;
     out->byte_length = length;
-    if (device.type() == c10::DeviceType::CPU) {
-      out->hash = kernels::FingerprintHost(length > 0 ? base + first : nullptr, length);
-      return FingerprintResult::kDone;
+    const int index = device.type() == c10::DeviceType::CPU ? -1
+                      : device.has_index()                 ? device.index()
+                                                           : 0;
+    return FingerprintBytes(length > 0 ? base + first : nullptr, length, index, &out->hash, error)
+               ? FingerprintResult::kDone
+               : FingerprintResult::kFailed;
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return FingerprintResult::kFailed;
+  }
+}
+
+bool FingerprintBytes(const void* data, size_t bytes, int device, uint64_t* fingerprint,
+                      std::string* error) {
+  try {
+    if (device < 0) {
+      *fingerprint = kernels::FingerprintHost(data, bytes);
+      return true;
     }
     // CUDA: on the stream the program's kernels are queued on, so the hash sees their results.
     // The stream comes through c10's device-guard interface: no link to c10_cuda.
     const c10::impl::DeviceGuardImplInterface* guard =
         c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    c10::Device on = device.has_index() ? device : c10::Device(c10::DeviceType::CUDA, 0);
+    const c10::Device on(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
     void* stream = compat::StreamToFollow(*guard, on);
-    if (!kernels::FingerprintCuda(length > 0 ? base + first : nullptr, length, on.index(), stream,
-                                  &out->hash, error)) {
-      return FingerprintResult::kFailed;
-    }
-    return FingerprintResult::kDone;
+    return kernels::FingerprintCuda(data, bytes, device, stream, fingerprint, error);
   } catch (const std::exception& e) {
     *error = e.what();
-    return FingerprintResult::kFailed;
+    return false;
   }
 }
 

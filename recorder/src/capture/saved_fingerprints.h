@@ -35,6 +35,12 @@ enum class FingerprintResult {
 FingerprintResult FingerprintTensorBytes(const at::Tensor& tensor, format::FingerprintRecord* out,
                                          std::string* error);
 
+// The fingerprint of `bytes` bytes at `data`: host memory when `device` is -1, else memory of CUDA
+// device `device`, hashed on that device's current stream after the work queued there (the call
+// waits). False, with *error, when a CUDA call fails or this build has no CUDA. Never throws.
+bool FingerprintBytes(const void* data, size_t bytes, int device, uint64_t* fingerprint,
+                      std::string* error);
+
 // The fingerprints a recording takes: queued while the session's lock is held (where the saved
 // tensors are found), computed after it is released (hashing bytes, on CUDA a kernel and a wait,
 // blocks no other thread). Queues are the calling thread's (ThreadState::fingerprints). A failure

@@ -15,6 +15,7 @@
 #include "stacks/python_stacks.h"
 #include "session/session.h"
 #include "session/thread_state.h"
+#include "capture/saved_fingerprints.h"
 #include "torchrr/recording_options.h"
 
 namespace {
@@ -98,6 +99,16 @@ extern "C" int torchrr_flush(void) {
 
 extern "C" void torchrr_step(void) {
   if (auto session = torchrr::recorder::Session::Active()) session->MarkStep();
+}
+
+extern "C" int torchrr_fingerprint(const void* data, size_t bytes, int device,
+                                   uint64_t* fingerprint) {
+  std::string error;
+  if (fingerprint == nullptr ||
+      !torchrr::recorder::FingerprintBytes(data, bytes, device, fingerprint, &error)) {
+    return 1;
+  }
+  return 0;
 }
 
 extern "C" void torchrr_set_module(const char* module) {
