@@ -37,6 +37,8 @@ def test_the_statement_made_out_of_place(text, op, new):
 @pytest.mark.parametrize("text, line, op, why", [
     ("def f(t):\n    t.mul_(2)\n", 2, "mul_", "argument of f()"),
     ("a = b\na.mul_(2)\n", 2, "mul_", "another name"),
+    ("def f(t):\n    r = t\n    r += 1\n", 3, "add_", "another name"),
+    ("def f(t):\n    t[0] = 1\n", 2, "fill_", "argument of f()"),
     ("z = torch.cos(y.mul_(2))\n", 1, "mul_", "then use the result"),
     ("self.h.mul_(2)\n", 1, "mul_", "then use the result"),
     ("y.copy_(z)\n", 1, "copy_", "no out-of-place twin"),

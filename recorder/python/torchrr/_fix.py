@@ -377,7 +377,9 @@ def main(argv: Optional[list] = None) -> int:
     try:
         document, _ = replay_json(args.trace)
     except TraceUnreadable as error:
-        sys.stderr.write(f"torchrr: error: {error}\n")
+        message = str(error)  # replay's own line when it wrote one ("torchrr: error: ...").
+        sys.stderr.write((message if message.startswith("torchrr:") else
+                          f"torchrr: error: {message}") + "\n")
         return error.code
     space = Workspace(RecordedSources(args.trace))
     fixes = plan(space, document)

@@ -193,19 +193,22 @@ class Rewriter:
         if loose:
             spans.append(_end(s.value, ")"))
         why = f"`{target} {_AUG_OPS[type(s.op)]}=` writes in place: assign the out-of-place result"
-        if not isinstance(s.target, ast.Name):
-            return self._rewrite(None, why, False, [f"{target} = {target} "
-                                                   f"{_AUG_OPS[type(s.op)]} ..., if {target} is "
-                                                   "a plain tensor attribute",
-                                                   f"{target} = {target}.clone() before"])
-        return self._rewrite(self._stmt_edit(spans), why)
+        new = self._stmt_edit(spans)
+        shared = self._shared(s.target)
+        if shared or not isinstance(s.target, ast.Name):
+            return self._rewrite(None, why, False, [
+                f"{new.strip()}, if nothing else needs to see the write"
+                + (f" ({target} {shared})" if shared else ""),
+                ".clone() the tensor where autograd saves it (the victim's line)"])
+        return self._rewrite(new, why)
 
     def _clone_before(self, base: ast.AST, what: str, spans=()) -> Rewrite:
         tensor, through_data = _strip_data(base)
         name = self.src.segment(tensor)
         why = f"{what} into `{name}`, which autograd saved: clone it first"
-        if not isinstance(tensor, ast.Name) or self.leaf:
-            return self._rewrite(None, why, False, [
+        shared = self._shared(tensor)
+        if not isinstance(tensor, ast.Name) or self.leaf or shared:
+            return self._rewrite(None, why + (f" ({name} {shared})" if shared else ""), False, [
                 f"{name} = {name}.clone() before the write",
                 "move the write after backward()" if self.leaf else
                 "write into a new tensor and use it from here on"])
