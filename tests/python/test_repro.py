@@ -46,9 +46,11 @@ DATA_WRITE = textwrap.dedent("""\
     y.sum().backward()
     """)
 
-# PyTorch's message, less the hint whose wording changes across releases.
+# PyTorch's message, less the hint whose wording changes across releases; or its first sentence
+# for a saved tensor detached in place or freed by an earlier backward pass.
 MESSAGE = re.compile(r"RuntimeError: (one of the variables needed for gradient computation .*? "
-                     r"expected version \d+ instead)")
+                     r"expected version \d+ instead|Trying to use a saved tensor that has been "
+                     r"detached in-place|Trying to backward through the graph a second time)")
 
 
 def _recorded(tmp_path, source):
@@ -143,8 +145,8 @@ def test_device_flag_is_what_the_script_runs_on(tmp_path):
 # Catalog cases whose slices need what the planted ones above do not: an optimizer step inside
 # its record_function scope writing a parameter view's base twice, ops under autocast (a bfloat16
 # saved tensor from float32 operands), a saved input written by `+=`, a masked_fill_ on softmax's
-# result.
+# result; a saved tensor detach_()ed; a second backward pass through a graph the first freed.
 @pytest.mark.parametrize("case", ["optimizer_between", "autocast_output_write", "saved_input_iadd",
-                                  "softmax_masked_fill"])
+                                  "softmax_masked_fill", "detach_inplace", "freed_second_backward"])
 def test_catalog_cases_raise_the_same_message(tmp_path, case):
     _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())

@@ -262,11 +262,13 @@ std::string Unsupported(const Violation& v) {
     return std::string("a silent violation found by ") + SilentEvidenceName(v.evidence) +
            " has no reproducer yet (only writes through another tensor, like .data)";
   }
-  if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent) {
+  if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent &&
+      v.kind != ViolationKind::kDetached && v.kind != ViolationKind::kFreed) {
     return std::string("a violation of kind ") + ViolationKindName(v.kind) +
            " has no reproducer yet";
   }
-  if (!v.culprit || v.culprit->id == 0 || v.culprit->hook) {
+  // kFreed's culprit is the earlier backward pass, not a forward op: the script runs two.
+  if (v.kind != ViolationKind::kFreed && (!v.culprit || v.culprit->id == 0 || v.culprit->hook)) {
     return "the trace did not record the write (no culprit op)";
   }
   if (!v.victim || v.victim->id == 0) return "the trace does not name the op that saved the tensor";
@@ -313,7 +315,8 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   }
   Slice slice;
   const ObjectId victim = index.Outermost(v.victim->id);
-  const ObjectId culprit = index.Outermost(v.culprit->id);
+  const bool freed = v.kind == ViolationKind::kFreed;
+  const ObjectId culprit = freed ? 0 : index.Outermost(v.culprit->id);
   std::vector<ObjectId> later_writes;
   for (const OpRef& write : v.later_culprits) later_writes.push_back(write.id);
   if (std::string why = repro::BuildSlice(index, victim, culprit, later_writes,
@@ -386,7 +389,10 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     std::string where = Printable(index.UserLine(op));
     std::string role = op.op == victim    ? "the victim: " + Printable(v.backward_node.name) +
                                              " saves " + Printable(v.tensor.saved_name)
-                       : op.op == culprit ? std::string("the culprit: writes the saved tensor")
+                       : op.op == culprit ? std::string("the culprit: ") +
+                                                (v.kind == ViolationKind::kDetached
+                                                     ? "detaches the saved tensor in place"
+                                                     : "writes the saved tensor")
                                           : "";
     if (!where.empty() || !role.empty()) {
       body += "# " + where + (where.empty() || role.empty() ? "" : " -- ") + role + "\n";
@@ -412,18 +418,26 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
           Printable(v.backward_node.name) + "\n";
   std::string sums;
   for (ObjectId tensor : slice.uses) sums += (sums.empty() ? "" : ", ") + Var(tensor) + ".sum()";
+  if (freed) {
+    body += "torch.autograd.backward([" + sums + "])  # the first pass frees what it saved\n";
+  }
   body += "torch.autograd.backward([" + sums + "])\n";
   std::string returned;
   for (ObjectId tensor : grads) returned += (returned.empty() ? "" : ", ") + Var(tensor) + ".grad";
   body += "return [" + returned + "]\n";
 
-  const std::string culprit_line = Printable(index.UserLine(*index.Op(culprit)));
   const std::string victim_line = Printable(index.UserLine(*index.Op(victim)));
   std::string script = std::string(kReproPrefix) + Printable(options.trace_name) + ", violation " +
                        std::to_string(options.violation) + " (" + ViolationKindName(v.kind) +
                        ")\n";
-  script += "# The write at " + culprit_line + "\n# into what " + Printable(v.backward_node.name) +
-            " saved at " + victim_line + ".\n";
+  const std::string saved = "what " + Printable(v.backward_node.name) + " saved at " + victim_line;
+  if (freed) {
+    script += "# A second backward pass through " + saved + ",\n# which the first freed.\n";
+  } else {
+    script += "# The " + std::string(v.kind == ViolationKind::kDetached ? "detach_()" : "write") +
+              " at " + Printable(index.UserLine(*index.Op(culprit))) + "\n# into " + saved +
+              ".\n";
+  }
   script += "# Recorded with torch " + Printable(info.torch_version) + "; " +
             std::to_string(out.slice_ops) + " of the trace's " + std::to_string(out.trace_ops) +
             " ops, called through their ATen overloads, on seeded random inputs.\n";

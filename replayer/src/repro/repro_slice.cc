@@ -163,16 +163,22 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
                        Slice* slice) {
   const std::vector<ObjectId>& forward = index.ForwardOps();
   auto victim_at = std::find(forward.begin(), forward.end(), victim);
-  auto culprit_at = std::find(forward.begin(), forward.end(), culprit);
-  if (victim_at == forward.end() || culprit_at == forward.end()) {
+  // No culprit (a second backward pass): the slice ends at the victim.
+  auto culprit_at = culprit == 0 && victim_at != forward.end()
+                        ? victim_at + 1
+                        : std::find(forward.begin(), forward.end(), culprit);
+  if (victim_at == forward.end() || (culprit != 0 && culprit_at == forward.end())) {
     return "the victim or the culprit is not an op of the forward the trace recorded";
   }
   if (victim_at >= culprit_at) return "the culprit does not come after the victim in the trace";
 
   Needed needed;
   needed.Add(index, *index.Op(victim), saved_counter);
-  needed.Add(index, *index.Op(culprit), saved_counter);
-  std::set<ObjectId> in_slice = {victim, culprit};
+  std::set<ObjectId> in_slice = {victim};
+  if (culprit != 0) {
+    needed.Add(index, *index.Op(culprit), saved_counter);
+    in_slice.insert(culprit);
+  }
   // The later writes before the use: the version backward finds is theirs.
   for (ObjectId write : later_writes) {
     const ObjectId outer = index.Outermost(write);
@@ -232,8 +238,10 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
       }
     }
   }
-  for (const TensorUse& use : index.Op(culprit)->inputs) {
-    if (Wrote(use)) slice->written.insert(use.tensor);
+  if (culprit != 0) {
+    for (const TensorUse& use : index.Op(culprit)->inputs) {
+      if (Wrote(use)) slice->written.insert(use.tensor);
+    }
   }
   const OpRecord& made = *index.Op(victim);
   for (const TensorUse& use : made.outputs) {

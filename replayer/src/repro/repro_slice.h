@@ -67,7 +67,8 @@ struct Slice {
 };
 
 // The slice for a violation whose victim and culprit are the outermost ops `victim` and
-// `culprit`, `later_writes` the ops that wrote the saved tensor after the culprit and before the
+// `culprit` (0 for none: a second backward pass through what the victim saved), `later_writes`
+// the ops that wrote the saved tensor after the culprit and before the
 // use, and `saved_counter` the saved tensor's version counter. It keeps the ops that make the
 // saved tensor and its views, those that write it, the victim and the culprit; every other
 // operand becomes a leaf. Returns "" and fills *slice, or the reason, one line, that the slice
