@@ -150,3 +150,25 @@ def test_device_flag_is_what_the_script_runs_on(tmp_path):
                                   "softmax_masked_fill", "detach_inplace", "freed_second_backward"])
 def test_catalog_cases_raise_the_same_message(tmp_path, case):
     _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())
+
+
+def test_a_redacted_trace_gives_a_script_without_the_redacted_strings(tmp_path):
+    secret = tmp_path / "acme_secret"
+    secret.mkdir()
+    trace, _ = _recorded(secret, SIGMOID_MUL)
+    shared = tmp_path / "shared.trr"
+    redacted = subprocess.run([cli(), "redact", str(trace), "-o", str(shared),
+                               "--map", "acme_secret=project"], capture_output=True, text=True)
+    assert redacted.returncode == 0, redacted.stderr
+    out = tmp_path / "repro.py"
+    assert _repro(shared, out).returncode == 0
+    text = out.read_text()
+    assert "acme_secret" not in text and "project/bug.py:4" in text
+    assert MESSAGE.search(_run(out).stderr)
+    # Without the ops' arguments the script could not call them: refused, nothing written.
+    bare = tmp_path / "bare.trr"
+    subprocess.run([cli(), "redact", str(trace), "-o", str(bare), "--drop-values"], check=True,
+                   capture_output=True)
+    made = _repro(bare, tmp_path / "bare.py")
+    assert made.returncode == 12 and "--drop-values" in made.stderr
+    assert not (tmp_path / "bare.py").exists()
