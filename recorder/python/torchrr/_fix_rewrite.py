@@ -300,14 +300,26 @@ class Rewriter:
             if name in params:
                 return f"is an argument of {getattr(scope, 'name', 'a lambda')}(), whose " \
                        "caller holds it too"
+        binding = None  # The last assignment to the name before this statement.
         for node in ast.walk(scope):
             if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
                 return "is global"
-            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)):
+            if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension, ast.withitem)):
+                target = getattr(node, "target", None) or getattr(node, "optional_vars", None)
+                if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target)) \
+                        if target is not None else False:
+                    return "is a loop's or a with's variable, which other code may hold too"
+            if not isinstance(node, ast.Assign):
                 continue
-            if node.value.id == name or any(isinstance(t, ast.Name) and t.id == name
-                                            for t in node.targets):
+            assigned = any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            if isinstance(node.value, ast.Name) and (node.value.id == name or assigned):
                 return f"is bound to another name too (line {node.lineno})"
+            if assigned and node.lineno < self.stmt.lineno and \
+                    (binding is None or node.lineno > binding.lineno):
+                binding = node
+        if binding is not None and _is_view(binding.value):
+            return f"is a view of another tensor (line {binding.lineno}), which the write " \
+                   "changes too"
         return None
 
     def _method(self) -> Optional[Rewrite]:
@@ -376,6 +388,31 @@ class Rewriter:
         moved = self.src.old(first, last)
         between = self.src.old(last + 1, backward.end_lineno)
         return self._rewrite(between + moved, why, first=first, last=backward.end_lineno)
+
+
+# Methods and functions whose result shares the memory of their input: a write into it is a write
+# into that input, which rebinding the name would drop.
+_VIEWS = {"view", "view_as", "reshape", "reshape_as", "t", "transpose", "permute", "select",
+          "narrow", "expand", "expand_as", "squeeze", "unsqueeze", "flatten", "unflatten",
+          "diagonal", "as_strided", "detach", "from_dlpack", "from_numpy", "split", "chunk",
+          "unbind", "movedim", "moveaxis", "swapaxes", "swapdims", "real", "imag",
+          "view_as_real", "view_as_complex", "unfold", "indices", "values", "contiguous",
+          "to", "type_as", "float", "half", "double", "bfloat16", "cpu", "cuda", "data", "T",
+          "mT", "H", "mH", "numpy", "as_tensor", "asarray"}
+
+
+def _is_view(value: ast.AST) -> bool:
+    """Whether `value` may share its memory with another tensor (a view, an alias, an indexing,
+    a conversion that returns its input when nothing changes)."""
+    if isinstance(value, ast.Subscript):
+        return True
+    if isinstance(value, ast.Attribute):
+        return value.attr in _VIEWS
+    if isinstance(value, ast.Call):
+        func = value.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in _VIEWS
+    return False
 
 
 def _own_lines(src: Source, node: ast.stmt) -> bool:
