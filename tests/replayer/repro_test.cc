@@ -122,6 +122,26 @@ TEST(ReproTest, RefusesAnOpNameThatIsNoIdentifier) {
   EXPECT_EQ(repro.script, "");
 }
 
+// A trace's file names end up in the script's comments: a line break or an escape in one stays
+// escaped, so that no line of the script is the trace's.
+TEST(ReproTest, KeepsATracesStringsInsideItsComments) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  const std::string file = "/tmp/\x1b]0;pwned\x07train.py\nimport os; os.system('pwned')";
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}},
+                     b.At(11, file));
+  auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(12, file));
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+  b.Backward({loss.node, mul.node, y.node}, y.node);
+  AddValue(b, mul.op, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
+
+  Repro repro = ReproOf(b);
+  ASSERT_TRUE(repro.ok) << repro.error;
+  EXPECT_EQ(repro.script.find("\nimport os"), std::string::npos) << repro.script;
+  EXPECT_EQ(repro.script.find('\x1b'), std::string::npos);
+  EXPECT_NE(repro.script.find("train.py\\nimport os"), std::string::npos) << repro.script;
+}
+
 // redact --drop-values leaves no op an argument: a script would call every op short of them.
 TEST(ReproTest, RefusesATraceWhoseArgumentsWereDropped) {
   TraceBuilder b;
