@@ -87,6 +87,14 @@ PLANTED = {
         opt.step()
         loss.backward()
         """, ["loss.backward()"], ["loss.backward()"]),
+    "clamp_under_no_grad": (
+        """
+        w = torch.randn(4, requires_grad=True)
+        loss = (w * w).sum()
+        with torch.no_grad():
+            w.clamp_(-1, 1)  # a parameter constraint
+        loss.backward()
+        """, ["loss.backward()"], ["loss.backward()"]),
     "two_culprits": (
         """
         x = torch.randn(4, requires_grad=True)

@@ -242,7 +242,7 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     rewriter = rw.Rewriter(source, line, op, leaf=False)
     optimizer = any("/torch/optim/" in (f.get("file") or "") for f in culprit.get("stack") or [])
     text = source.old(rewriter.stmt.lineno, rewriter.stmt.end_lineno) if rewriter.stmt else ""
-    if v.get("changed_source") or optimizer or _under_no_grad(rewriter) or \
+    if v.get("changed_source") or optimizer or rewriter.under_no_grad() or \
             (leaf and ".data" in text):
         moved = rewriter.after_backward()
         if moved is not None:
@@ -269,16 +269,6 @@ def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:
                                                                         frame["line"]):
         return None
     return rw.clone_at_victim(source, frame["line"])
-
-
-def _under_no_grad(rewriter: rw.Rewriter) -> bool:
-    node = rewriter.stmt
-    while node is not None:
-        if isinstance(node, rw.ast.With) and any(rw._is_no_grad(i.context_expr)
-                                                 for i in node.items):
-            return True
-        node = rewriter.src.parents.get(node)
-    return False
 
 
 def plan(space: Workspace, document: dict) -> list:

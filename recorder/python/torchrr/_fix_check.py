@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Optional
 
 from . import _fix
 

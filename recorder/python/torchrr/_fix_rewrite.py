@@ -357,6 +357,16 @@ class Rewriter:
 
     # -- Moving a parameter write after backward() --------------------------------------------
 
+    def under_no_grad(self) -> bool:
+        """Whether the statement runs inside `with torch.no_grad():` (or inference_mode)."""
+        node = self.stmt
+        while node is not None:
+            if isinstance(node, ast.With) and any(_is_no_grad(i.context_expr)
+                                                  for i in node.items):
+                return True
+            node = self.src.parents.get(node)
+        return False
+
     def after_backward(self) -> Optional[Rewrite]:
         """The statement (or the `with torch.no_grad():` block around it) moved after the next
         backward() of the same block, or None when it is not in a block with one."""
