@@ -188,6 +188,11 @@ def test_json_gives_the_edits_as_data(tmp_path):
     assert all(e["file"] == str(script) for e in edits)
     assert sorted(i for e in edits for i in e["violations"]) == [0, 1]
 
+    checked = fix("--json", "--check", trace, cwd=script.parent)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    check = json.loads(checked.stdout)["check"]
+    assert check["exit_code"] == 0 and "0 violations" in check["lines"][0], check
+
 
 def test_a_legal_program_gets_no_patch(tmp_path):
     script, trace = record_program(tmp_path, "legal", """

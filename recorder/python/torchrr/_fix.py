@@ -346,7 +346,8 @@ def as_json(fixes: list, notes: list, diff: str) -> dict:
     replaces), `old` (their text), `new` (what replaces them; null when not certain), `certain`,
     `why` (one line), `choices` (what the user must pick from when not certain) and `violations`
     (indices into the replay JSON's "violations"). `notes` say where the source differs from the
-    recorded one; `diff` is the unified diff of the certain edits."""
+    recorded one; `diff` is the unified diff of the certain edits. With --check, "check" holds
+    its exit code and the lines the text output would print."""
     edits = []
     for fix in fixes:
         edit = asdict(fix["rewrite"])
@@ -376,9 +377,7 @@ def main(argv: Optional[list] = None) -> int:
     texts = patched_texts(space, fixes)
     diff = unified_diff(space, texts)
     all_certain = all(f["rewrite"].certain for f in fixes)
-    if args.json and not (args.check or args.apply):
-        print(json.dumps(as_json(fixes, space.notes, diff), indent=2))
-    elif not (args.check or args.apply) or not args.json:
+    if not args.json:
         for note in space.notes:
             print(f"note: {note}")
         if not fixes:
@@ -386,10 +385,19 @@ def main(argv: Optional[list] = None) -> int:
         for line in describe(fixes):
             print(line)
         sys.stdout.write(diff)
-    if not (args.check or args.apply):
-        return codes["ok"] if all_certain else codes["no_fix"]
-    from ._fix_check import check
-    return check(args, document, space, texts, codes)
+    code = codes["ok"] if all_certain else codes["no_fix"]
+    checked: list = []
+    if args.check or args.apply:
+        from ._fix_check import check
+        sys.stdout.flush()
+        code = check(args, document, space, texts, codes, all_certain,
+                     checked.append if args.json else print)
+    if args.json:
+        document = as_json(fixes, space.notes, diff)
+        if args.check or args.apply:
+            document["check"] = {"exit_code": code, "lines": checked}
+        print(json.dumps(document, indent=2))
+    return code
 
 
 if __name__ == "__main__":

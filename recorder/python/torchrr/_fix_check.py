@@ -165,10 +165,14 @@ def apply(space: "_fix.Workspace", texts: dict) -> list:
     return lines
 
 
-def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dict) -> int:
+def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dict,
+          all_certain: bool, say) -> int:
+    """Checks the patch (`texts`, the patched files), calling `say` with each line of the
+    verdict, then with --apply writes it. Returns the exit code: ok only when the re-run is clean
+    and every violation had a certain patch."""
     if not texts:
-        print("torchrr: nothing to check: no certain patch" if document.get("violations") else
-              "torchrr: nothing to check: no violation")
+        say("torchrr: nothing to check: no certain patch" if document.get("violations") else
+            "torchrr: nothing to check: no violation")
         return codes["no_fix"] if document.get("violations") else codes["ok"]
     with tempfile.TemporaryDirectory(prefix="torchrr-fix-") as workdir:
         try:
@@ -177,19 +181,18 @@ def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dic
             sys.stderr.write(f"torchrr: cannot re-run the recorded command: {error}\n")
             return codes["not_rerun"]
         except subprocess.TimeoutExpired:
-            print(f"with this patch: the program ran past --timeout {args.timeout:g}s")
+            say(f"with this patch: the program ran past --timeout {args.timeout:g}s")
             return codes["violations"]
         clean, lines = verdict(new_trace, proc, paths)
     for line in lines:
-        print(line)
+        say(line)
     if not clean:
         return codes["violations"]
     if args.apply:
         try:
             for line in apply(space, texts):
-                print(line)
+                say(line)
         except (NotRerunnable, OSError) as error:
             sys.stderr.write(f"torchrr: error: {error}\n")
             return codes["other"]
-    return codes["ok"] if all(f["rewrite"].certain for f in _fix.plan(space, document)) else \
-        codes["no_fix"]
+    return codes["ok"] if all_certain else codes["no_fix"]
