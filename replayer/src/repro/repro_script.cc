@@ -258,9 +258,11 @@ std::string Indent(const std::string& lines, const std::string& by) {
 
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.
 std::string Unsupported(const Violation& v) {
-  if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite) {
+  if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite &&
+      v.evidence != SilentEvidence::kUncheckedSave) {
     return std::string("a silent violation found by ") + SilentEvidenceName(v.evidence) +
-           " has no reproducer yet (only writes through another tensor, like .data)";
+           " has no reproducer yet (only writes through another tensor, like .data, and saves "
+           "whose hooks packed the tensor itself)";
   }
   if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent &&
       v.kind != ViolationKind::kDetached && v.kind != ViolationKind::kFreed) {
@@ -327,6 +329,22 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   }
   out.slice_ops = slice.ops.size();
   const bool silent = v.kind == ViolationKind::kSilent;
+  // An unchecked save: a saved_tensors_hooks pack that kept the tensor itself turned PyTorch's
+  // version check off; the script saves it through identity hooks, which do the same.
+  const bool identity_hooks = silent && v.evidence == SilentEvidence::kUncheckedSave;
+  if (identity_hooks) {
+    const format::SavedTensor* saved = nullptr;
+    for (const format::SavedTensor& s : node->saved) {
+      if (index.Str(s.name) == v.tensor.saved_name && s.list_index == v.tensor.list_index) {
+        saved = &s;
+      }
+    }
+    if (saved == nullptr || saved->hook != format::SavedHook::kPackedTensor) {
+      out.error = "the tensor was saved through hooks that did not pack the tensor itself "
+                  "(checkpointing, a compiled region), which the reproducer cannot express";
+      return out;
+    }
+  }
 
   // The body of run(): leaves, then the ops, then backward.
   std::string body = "gen = torch.Generator().manual_seed(0)\n";
@@ -376,6 +394,12 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     if (call.empty()) {
       out.error = why;
       return out;
+    }
+    if (identity_hooks && op.op == victim) {
+      call = "# The recorded save's hooks packed the tensor itself: no version check at unpack.\n"
+             "with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):\n" +
+             Indent(call, "    ");
+      call.pop_back();
     }
     const size_t at = index.IndexOf(op.op);
     for (const TensorUse& use : op.inputs) {
