@@ -178,6 +178,17 @@ def test_a_culprit_in_library_code_gets_a_clone_at_the_users_line(tmp_path):
     assert "0 violations" in proc.stdout
 
 
+def test_a_file_edited_since_the_recording_is_patched_where_the_line_went(tmp_path):
+    body, _, _ = PLANTED["mul_after_sigmoid"]
+    script, trace = record_program(tmp_path, "edited", body)
+    script.write_text("# a line added since\n" + script.read_text())
+    proc = fix(trace, cwd=script.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "changed since it was recorded" in proc.stdout
+    assert f"{script}:7 as recorded is line 8 now" in proc.stdout, proc.stdout
+    assert changed_lines(proc.stdout) == (["y.mul_(2)  # scale"], ["y = y.mul(2)  # scale"])
+
+
 def test_json_gives_the_edits_as_data(tmp_path):
     script, trace = record_program(tmp_path, "two", PLANTED["two_culprits"][0])
     proc = fix("--json", trace)

@@ -127,14 +127,25 @@ class Workspace:
         self.sources[path] = source
         return source
 
-    def line_trusted(self, path: str, line: int) -> bool:
-        """Whether `line` of the local `path` reads as the trace recorded it."""
+    def locate(self, path: str, line: int) -> Optional[int]:
+        """Where the recorded `line` of `path` is in the local file: `line` itself when the file
+        is the recorded one or that line reads as recorded, else the one local line that reads
+        as it did (lines added or removed above it); None when no line or several do."""
         if path not in self.changed:
-            return True
+            return line
         recorded = self.recorded.lines.get(path, {}).get(line)
-        source = self.sources[path]
-        return recorded is not None and line <= len(source.lines) and \
-            source.lines[line - 1].rstrip("\r\n") == recorded
+        if recorded is None:
+            return None
+        local = [text.rstrip("\r\n") for text in self.sources[path].lines]
+        if line <= len(local) and local[line - 1] == recorded:
+            return line
+        matches = [n for n, text in enumerate(local, 1) if text == recorded]
+        if len(matches) != 1:
+            return None
+        note = f"{path}:{line} as recorded is line {matches[0]} now"
+        if note not in self.notes:
+            self.notes.append(note)
+        return matches[0]
 
 
 def _base_op(op: Optional[str]) -> str:
@@ -228,10 +239,12 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
         return _uncertain(f.get("file") or "", f.get("line") or 0, None,
                           "the culprit's line is not Python: no rewrite",
                           ["make the op out of place, or .clone() the tensor before it"])
-    path, line = frame["file"], frame["line"]
+    path = frame["file"]
     source = space.source(path)
-    if source is None or source.tree is None or not space.line_trusted(path, line):
-        return _uncertain(path, line, source, "the source of this line is not here as recorded",
+    line = space.locate(path, frame["line"]) if source is not None else None
+    if source is None or source.tree is None or line is None:
+        return _uncertain(path, frame["line"], source,
+                          "the source of this line is not here as recorded",
                           ["make the op out of place, or .clone() the tensor before it"])
     if kind == "freed":
         return _uncertain(path, line, source, "backward ran twice through a freed graph",
@@ -265,10 +278,10 @@ def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:
     if not (v.get("tensor") or {}).get("is_output") or not frame.get("file"):
         return None
     source = space.source(frame["file"])
-    if source is None or source.tree is None or not space.line_trusted(frame["file"],
-                                                                        frame["line"]):
+    line = space.locate(frame["file"], frame["line"]) if source is not None else None
+    if source is None or source.tree is None or line is None:
         return None
-    return rw.clone_at_victim(source, frame["line"])
+    return rw.clone_at_victim(source, line)
 
 
 def plan(space: Workspace, document: dict) -> list:
