@@ -1,4 +1,5 @@
 // WriteRepro: the checks on the violation, then the Python script of its slice (repro_slice.h).
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -6,6 +7,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "repro/python_call.h"
 #include "repro/repro_slice.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/repro.h"
@@ -18,8 +20,16 @@ using format::OpRecord;
 using format::TensorUse;
 using format::Value;
 using format::ValueKind;
+using repro::AutocastOf;
+using repro::DeviceExpr;
+using repro::Indent;
+using repro::Ints;
+using repro::OpCall;
+using repro::PlainLayout;
 using repro::Slice;
+using repro::TorchDType;
 using repro::TraceIndex;
+using repro::Var;
 
 // Helpers every script carries: `call` binds the recorded arguments, which come in schema order,
 // to an overload whose schema makes some keyword-only; `leaf` draws a made-up input.
@@ -52,210 +62,6 @@ def leaf(gen, shape, dtype, device, stride=None, requires_grad=False):
     return out.requires_grad_(requires_grad)
 )";
 
-std::string Ints(const std::vector<int64_t>& values, bool as_bools = false) {
-  std::string text = "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i != 0) text += ", ";
-    text += as_bools ? (values[i] != 0 ? "True" : "False") : std::to_string(values[i]);
-  }
-  return text + "]";
-}
-
-std::string Double(double d) {
-  if (std::isnan(d)) return "float('nan')";
-  if (std::isinf(d)) return d > 0 ? "float('inf')" : "float('-inf')";
-  char buffer[40];
-  std::snprintf(buffer, sizeof buffer, "%.17g", d);
-  std::string text = buffer;
-  if (text.find_first_of(".e") == std::string::npos) text += ".0";
-  return text;
-}
-
-std::string TorchDType(format::DType dtype) { return std::string("torch.") + DTypeName(dtype); }
-
-// Where a recorded device runs in the script: the CPU stays, any other is DEVICE.
-std::string DeviceExpr(const format::Device& device) {
-  return device.type == 0 ? "'cpu'" : "DEVICE";
-}
-
-// A Python literal of a recorded non-tensor argument; "" when it has none.
-std::string Literal(const Value& v, const TraceIndex& index) {
-  switch (v.kind) {
-    case ValueKind::kNone: return "None";
-    case ValueKind::kBool: return v.i != 0 ? "True" : "False";
-    case ValueKind::kInt: return std::to_string(v.i);
-    case ValueKind::kDouble: return Double(v.d);
-    case ValueKind::kComplex: return "complex(" + Double(v.d) + ", " + Double(v.d_imag) + ")";
-    case ValueKind::kIntList: return Ints(v.ints);
-    case ValueKind::kBoolList: return Ints(v.ints, true);
-    case ValueKind::kDoubleList: {
-      std::string text = "[";
-      for (size_t i = 0; i < v.doubles.size(); ++i) text += (i ? ", " : "") + Double(v.doubles[i]);
-      return text + "]";
-    }
-    case ValueKind::kDType:
-      return v.i >= 0 && v.i < 128 && std::string_view(DTypeName(static_cast<format::DType>(v.i))) !=
-                                           "unknown"
-                 ? TorchDType(static_cast<format::DType>(v.i))
-                 : "";
-    case ValueKind::kDevice: return v.i / 256 == 0 ? "torch.device('cpu')" : "torch.device(DEVICE)";
-    case ValueKind::kLayout: return v.i == 0 ? "torch.strided" : "";
-    case ValueKind::kMemoryFormat: {
-      static const char* kFormats[] = {"torch.contiguous_format", "torch.preserve_format",
-                                       "torch.channels_last", "torch.channels_last_3d"};
-      return v.i >= 0 && v.i < 4 ? kFormats[v.i] : "";
-    }
-    case ValueKind::kString: {
-      const std::string& s = index.Str(v.s);
-      for (char c : s) {
-        // Only the plain identifiers ATen takes ("mean", "floor", "tanh") are written out.
-        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) {
-          return "";
-        }
-      }
-      return "'" + s + "'";
-    }
-    default: return "";
-  }
-}
-
-std::string Var(ObjectId tensor) { return "t" + std::to_string(tensor); }
-
-// Whether a made-up leaf is drawn contiguous: it is, or its strides cannot be drawn (a zero
-// stride, an expand's, whose elements share memory that the copy into it refuses).
-bool PlainLayout(const format::TensorInfo& info) {
-  for (size_t d = 0; d < info.shape.size(); ++d) {
-    if (info.strides.size() != info.shape.size() || (info.strides[d] == 0 && info.shape[d] > 1)) {
-      return true;
-    }
-  }
-  int64_t expected = 1;
-  for (size_t d = info.shape.size(); d-- > 0;) {
-    if (info.shape[d] != 1 && info.strides[d] != expected) return false;
-    expected *= info.shape[d];
-  }
-  return info.storage_offset == 0;
-}
-
-// Whether `text` is a Python identifier of ASCII letters, digits and underscores. A trace is
-// untrusted and the script is run: a name of anything else could be code.
-bool Identifier(std::string_view text) {
-  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
-  for (char c : text) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
-  }
-  return true;
-}
-
-// The Python call of a recorded op, "aten.mul_.Tensor"; "" for an op outside aten, or a name that
-// is no identifier.
-std::string Overload(const OpRecord& op, const TraceIndex& index) {
-  const std::string& name = index.Str(op.name);
-  if (!name.starts_with("aten::")) return "";
-  const std::string& overload = index.Str(op.overload);
-  const std::string method = name.substr(6);
-  if (!Identifier(method) || (!overload.empty() && !Identifier(overload))) return "";
-  return "aten." + method + "." + (overload.empty() ? "default" : overload);
-}
-
-// The statements that run one op: `t14 = call(aten.mm.default, t6, t2)[0]`. Returns "" and sets
-// *why when an argument cannot be written.
-std::string OpCall(const OpRecord& op, const TraceIndex& index, std::string* why) {
-  const std::string overload = Overload(op, index);
-  if (overload.empty()) {
-    const std::string& overload_name = index.Str(op.overload);
-    *why = Printable(index.Str(op.name)) + (overload_name.empty() ? "" : ".") +
-           Printable(overload_name) + " is not an ATen op, which the reproducer cannot call";
-    return "";
-  }
-  // Arguments by schema position; a Tensor[] argument's members by their index in it.
-  std::map<uint16_t, std::map<uint16_t, ObjectId>> tensors;
-  std::map<uint16_t, std::string> values;
-  size_t count = 0;
-  for (const TensorUse& use : op.inputs) {
-    tensors[use.position][use.list_index] = use.tensor;
-    count = std::max<size_t>(count, use.position + 1);
-  }
-  for (const Value& v : op.values) {
-    std::string literal = Literal(v, index);
-    if (literal.empty()) {
-      *why = "an argument of " + overload + " is one the trace could not keep";
-      return "";
-    }
-    values[v.position] = literal;
-    count = std::max<size_t>(count, v.position + 1);
-  }
-  std::string args = overload;
-  for (uint16_t p = 0; p < count; ++p) {
-    args += ", ";
-    if (auto t = tensors.find(p); t != tensors.end()) {
-      if (t->second.size() == 1 && t->second.begin()->first == TensorUse::kNotInList) {
-        args += Var(t->second.begin()->second);
-      } else {
-        args += "[";
-        for (auto [i, tensor] : t->second) args += (i ? ", " : "") + Var(tensor);
-        args += "]";
-      }
-    } else if (auto v = values.find(p); v != values.end()) {
-      args += v->second;
-    } else {
-      args += "None";  // An undefined optional tensor: the recorder keeps no use of it.
-    }
-  }
-  // Outputs by their place in the flat list `call` returns.
-  std::map<std::pair<uint16_t, uint16_t>, ObjectId> outputs;
-  for (const TensorUse& use : op.outputs) outputs[{use.position, use.list_index}] = use.tensor;
-  std::string targets, sources;
-  size_t flat = 0;
-  uint16_t position = 0;
-  for (auto [place, tensor] : outputs) {
-    while (position < place.first) ++position, ++flat;
-    const size_t at = flat + (place.second == TensorUse::kNotInList ? 0 : place.second);
-    targets += (targets.empty() ? "" : ", ") + Var(tensor);
-    sources += (sources.empty() ? "" : ", ") + ("_out[" + std::to_string(at) + "]");
-    if (place.second == TensorUse::kNotInList) ++position, ++flat;
-  }
-  if (outputs.empty()) return "call(" + args + ")";
-  if (outputs.size() == 1) return targets + " = call(" + args + ")" + sources.substr(4);
-  return "_out = call(" + args + ")\n" + targets + " = " + sources;
-}
-
-bool Floating(format::DType dtype) { return dtype == 5 || dtype == 6 || dtype == 7 || dtype == 15; }
-bool Reduced(format::DType dtype) { return dtype == 5 || dtype == 15; }  // float16, bfloat16.
-
-// The `torch.autocast(...)` an op ran under, "" when none shows: autocast casts inside the op the
-// user called, so the trace shows that op turning float32 operands into a float16 or bfloat16
-// result with no dtype argument asking for it.
-std::string AutocastOf(const OpRecord& op, const TraceIndex& index) {
-  const size_t at = index.IndexOf(op.op);
-  for (const Value& v : op.values) {
-    if (v.kind == ValueKind::kDType) return "";
-  }
-  bool wide_input = false;
-  for (const TensorUse& use : op.inputs) {
-    const format::TensorInfo* t = index.InfoBefore(use.tensor, at);
-    if (t == nullptr || !Floating(t->dtype)) continue;
-    if (Reduced(t->dtype)) return "";
-    wide_input = true;
-  }
-  if (!wide_input) return "";
-  for (const TensorUse& use : op.outputs) {
-    const format::TensorInfo* t = index.InfoBefore(use.tensor, at + 1);
-    if (t == nullptr || !Reduced(t->dtype)) continue;
-    return std::string("torch.autocast(") +
-           (t->device.type == 0 ? "'cpu'" : "DEVICE.split(':')[0]") +
-           ", dtype=" + TorchDType(t->dtype) + ")";
-  }
-  return "";
-}
-
-std::string Indent(const std::string& lines, const std::string& by) {
-  std::string out;
-  std::istringstream in(lines);
-  for (std::string line; std::getline(in, line);) out += (line.empty() ? "" : by) + line + "\n";
-  return out;
-}
-
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.
 std::string Unsupported(const Violation& v) {
   if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite &&
@@ -281,6 +87,97 @@ std::string Unsupported(const Violation& v) {
   return "";
 }
 
+// Why the violation `options` names has no reproducer, before its slice is looked at; "" when
+// it may have one.
+std::string Refusal(const TraceIndex& index, const Report& report, const ReproOptions& options) {
+  if (report.violations.empty()) return "the trace holds no violation to reproduce";
+  if (options.violation >= report.violations.size()) {
+    return "no violation " + std::to_string(options.violation) + ": the trace holds " +
+           std::to_string(report.violations.size());
+  }
+  if (!index.has_values()) {
+    return "the trace holds no op's arguments (redact --drop-values): nothing to call its ops "
+           "with";
+  }
+  const Violation& v = report.violations[options.violation];
+  if (std::string why = Unsupported(v); !why.empty()) return why;
+  const format::NodeRecord* node = index.Node(v.backward_node.id);
+  if (node == nullptr || node->saved_kind == format::SavedSetKind::kCustom ||
+      node->saved_kind == format::SavedSetKind::kUnknown) {
+    return Printable(v.backward_node.name) +
+           " is a node the reproducer cannot express (an autograd.Function, a compiled region)";
+  }
+  // An unchecked save reproduces only when its hooks packed the tensor itself.
+  if (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kUncheckedSave) {
+    auto saved = std::find_if(node->saved.begin(), node->saved.end(), [&](const auto& s) {
+      return index.Str(s.name) == v.tensor.saved_name && s.list_index == v.tensor.list_index;
+    });
+    if (saved == node->saved.end() || saved->hook != format::SavedHook::kPackedTensor) {
+      return "the tensor was saved through hooks that did not pack the tensor itself "
+             "(checkpointing, a compiled region), which the reproducer cannot express";
+    }
+  }
+  return "";
+}
+
+// The script's first lines: what it reproduces, from which trace and torch, and its imports.
+//   # torchrr repro: run.trr, violation 0 (version)
+//   # The write at train.py:7 in <module>
+//   # into what SigmoidBackward0 saved at train.py:6 in <module>.
+std::string ScriptHeader(const TraceIndex& index, const Violation& v, ObjectId victim,
+                         ObjectId culprit, const format::FileInfo& info,
+                         const ReproOptions& options, const Repro& repro) {
+  const std::string victim_line = Printable(index.UserLine(*index.Op(victim)));
+  std::string script = std::string(kReproPrefix) + Printable(options.trace_name) + ", violation " +
+                       std::to_string(options.violation) + " (" + ViolationKindName(v.kind) +
+                       ")\n";
+  const std::string saved = "what " + Printable(v.backward_node.name) + " saved at " + victim_line;
+  if (culprit == 0) {
+    script += "# A second backward pass through " + saved + ",\n# which the first freed.\n";
+  } else {
+    script += "# The " + std::string(v.kind == ViolationKind::kDetached ? "detach_()" : "write") +
+              " at " + Printable(index.UserLine(*index.Op(culprit))) + "\n# into " + saved +
+              ".\n";
+  }
+  script += "# Recorded with torch " + Printable(info.torch_version) + "; " +
+            std::to_string(repro.slice_ops) + " of the trace's " + std::to_string(repro.trace_ops) +
+            " ops, called through their ATen overloads, on seeded random inputs.\n";
+  return script + "import sys\n\nimport torch\n\n";
+}
+
+// `DEVICE = ...`: `device` (--device) when given; else the recorded device when the running
+// machine has it, the CPU otherwise. A recorded name is written only when it is plain.
+std::string DeviceLine(const std::string& device, const std::string& recorded) {
+  if (!device.empty()) return "DEVICE = '" + Printable(device, '\'') + "'\n";
+  if (recorded.empty() || recorded == "cpu" ||
+      recorded.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789:") != std::string::npos) {
+    return "DEVICE = 'cpu'\n";
+  }
+  const std::string kind = recorded.substr(0, recorded.find(':'));
+  return "# The recorded device, or the CPU where it is absent.\nDEVICE = '" + recorded +
+         "' if torch." + kind + ".is_available() else 'cpu'\n";
+}
+
+// The script's entry: a raising violation's run() raises PyTorch's error; a silent one's is run
+// with the write and with it made on a copy, and the gradients compared. Exit 2: not reproduced.
+std::string ScriptMain(bool silent) {
+  if (!silent) {
+    return "\n\nif __name__ == \"__main__\":\n"
+           "    run()\n"
+           "    print(\"torchrr repro: backward did not raise: not reproduced\", file=sys.stderr)\n"
+           "    sys.exit(2)\n";
+  }
+  return "\n\nif __name__ == \"__main__\":\n"
+         "    recorded, copied = run(recorded_write=True), run(recorded_write=False)\n"
+         "    if any(not torch.equal(a, b) for a, b in zip(recorded, copied)\n"
+         "           if a is not None and b is not None):\n"
+         "        print(\"torchrr repro: the gradients differ: the write changed what backward \"\n"
+         "              \"computed, and PyTorch said nothing\")\n"
+         "        sys.exit(1)\n"
+         "    print(\"torchrr repro: the gradients are the same: not reproduced\")\n"
+         "    sys.exit(2)\n";
+}
+
 }  // namespace
 
 Repro WriteRepro(const std::vector<format::Record>& records, const Report& report,
@@ -288,33 +185,11 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   Repro out;
   TraceIndex index(records);
   out.trace_ops = index.ops();
-  if (report.violations.empty()) {
-    out.error = "the trace holds no violation to reproduce";
-    return out;
-  }
-  if (options.violation >= report.violations.size()) {
-    out.error = "no violation " + std::to_string(options.violation) + ": the trace holds " +
-                std::to_string(report.violations.size());
-    return out;
-  }
-  if (!index.has_values()) {
-    out.error = "the trace holds no op's arguments (redact --drop-values): nothing to call its ops "
-                "with";
-    return out;
-  }
-  const Violation& v = report.violations[options.violation];
-  if (std::string why = Unsupported(v); !why.empty()) {
+  if (std::string why = Refusal(index, report, options); !why.empty()) {
     out.error = why;
     return out;
   }
-  const format::NodeRecord* node = index.Node(v.backward_node.id);
-  if (node == nullptr || node->saved_kind == format::SavedSetKind::kCustom ||
-      node->saved_kind == format::SavedSetKind::kUnknown) {
-    out.error = Printable(v.backward_node.name) +
-                " is a node the reproducer cannot express (an autograd.Function, a compiled "
-                "region)";
-    return out;
-  }
+  const Violation& v = report.violations[options.violation];
   Slice slice;
   const ObjectId victim = index.Outermost(v.victim->id);
   const bool freed = v.kind == ViolationKind::kFreed;
@@ -329,22 +204,9 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   }
   out.slice_ops = slice.ops.size();
   const bool silent = v.kind == ViolationKind::kSilent;
-  // An unchecked save: a saved_tensors_hooks pack that kept the tensor itself turned PyTorch's
-  // version check off; the script saves it through identity hooks, which do the same.
+  // An unchecked save (Refusal let only identity packs through): the script saves the tensor
+  // through identity hooks, which turn PyTorch's version check off as the recorded ones did.
   const bool identity_hooks = silent && v.evidence == SilentEvidence::kUncheckedSave;
-  if (identity_hooks) {
-    const format::SavedTensor* saved = nullptr;
-    for (const format::SavedTensor& s : node->saved) {
-      if (index.Str(s.name) == v.tensor.saved_name && s.list_index == v.tensor.list_index) {
-        saved = &s;
-      }
-    }
-    if (saved == nullptr || saved->hook != format::SavedHook::kPackedTensor) {
-      out.error = "the tensor was saved through hooks that did not pack the tensor itself "
-                  "(checkpointing, a compiled region), which the reproducer cannot express";
-      return out;
-    }
-  }
 
   // The body of run(): leaves, then the ops, then backward.
   std::string body = "gen = torch.Generator().manual_seed(0)\n";
@@ -450,56 +312,12 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   for (ObjectId tensor : grads) returned += (returned.empty() ? "" : ", ") + Var(tensor) + ".grad";
   body += "return [" + returned + "]\n";
 
-  const std::string victim_line = Printable(index.UserLine(*index.Op(victim)));
-  std::string script = std::string(kReproPrefix) + Printable(options.trace_name) + ", violation " +
-                       std::to_string(options.violation) + " (" + ViolationKindName(v.kind) +
-                       ")\n";
-  const std::string saved = "what " + Printable(v.backward_node.name) + " saved at " + victim_line;
-  if (freed) {
-    script += "# A second backward pass through " + saved + ",\n# which the first freed.\n";
-  } else {
-    script += "# The " + std::string(v.kind == ViolationKind::kDetached ? "detach_()" : "write") +
-              " at " + Printable(index.UserLine(*index.Op(culprit))) + "\n# into " + saved +
-              ".\n";
-  }
-  script += "# Recorded with torch " + Printable(info.torch_version) + "; " +
-            std::to_string(out.slice_ops) + " of the trace's " + std::to_string(out.trace_ops) +
-            " ops, called through their ATen overloads, on seeded random inputs.\n";
-  script += "import sys\n\nimport torch\n\n";
-  std::string device = options.device;
-  std::string recorded_device = v.tensor.device;
-  if (!device.empty()) {
-    script += "DEVICE = '" + Printable(device, '\'') + "'\n";
-  } else if (!recorded_device.empty() && recorded_device != "cpu" &&
-             recorded_device.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789:") ==
-                 std::string::npos) {
-    script += "# The recorded device, or the CPU where it is absent.\n";
-    std::string kind = recorded_device.substr(0, recorded_device.find(':'));
-    script += "DEVICE = '" + recorded_device + "' if torch." + kind +
-              ".is_available() else 'cpu'\n";
-  } else {
-    script += "DEVICE = 'cpu'\n";
-  }
+  std::string script = ScriptHeader(index, v, victim, culprit, info, options, out);
+  script += DeviceLine(options.device, v.tensor.device);
   script += kHelpers;
   script += std::string("\n\ndef run(") + (silent ? "recorded_write=True" : "") + "):\n";
   script += Indent(body, "    ");
-  script += "\n\nif __name__ == \"__main__\":\n";
-  if (silent) {
-    script +=
-        "    recorded, copied = run(recorded_write=True), run(recorded_write=False)\n"
-        "    if any(not torch.equal(a, b) for a, b in zip(recorded, copied)\n"
-        "           if a is not None and b is not None):\n"
-        "        print(\"torchrr repro: the gradients differ: the write changed what backward \"\n"
-        "              \"computed, and PyTorch said nothing\")\n"
-        "        sys.exit(1)\n"
-        "    print(\"torchrr repro: the gradients are the same: not reproduced\")\n"
-        "    sys.exit(2)\n";
-  } else {
-    script +=
-        "    run()\n"
-        "    print(\"torchrr repro: backward did not raise: not reproduced\", file=sys.stderr)\n"
-        "    sys.exit(2)\n";
-  }
+  script += ScriptMain(silent);
   out.script = std::move(script);
   out.ok = true;
   return out;
