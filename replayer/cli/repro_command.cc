@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unistd.h>
 #include <vector>
 
@@ -22,11 +23,29 @@ struct ReproCommandOptions {
   bool force = false;
 };
 
+// `-o -`: the script goes to stdout (`torchrr repro run.trr -o - | python`), and no file is
+// checked, replaced or written.
+constexpr std::string_view kStdout = "-";
+
+// Writes all of `text` to `fd`; false when a write failed.
+bool WriteAll(int fd, const std::string& text) {
+  size_t written = 0;
+  while (written < text.size()) {
+    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n <= 0) return false;
+    written += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 int RunRepro(const ReproCommandOptions& options) {
-  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  const bool to_stdout = options.output == kStdout;
   int refused = 0;
-  if (CheckOutputFile(options.output, replayer::kReproPrefix, options.force, &refused) != 0) {
-    return refused;
+  if (!to_stdout) {
+    if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+    if (CheckOutputFile(options.output, replayer::kReproPrefix, options.force, &refused) != 0) {
+      return refused;
+    }
   }
   // The slice walks back from the culprit, so the records stay in memory.
   replayer::Analyzer analyzer;
@@ -49,15 +68,12 @@ int RunRepro(const ReproCommandOptions& options) {
                  replayer::Printable(options.path).c_str(), repro.error.c_str());
     return kExitNoRepro;
   }
-  const int fd = OpenOutputFile(options.output, replayer::kReproPrefix, options.force, &refused);
+  const int fd = to_stdout ? STDOUT_FILENO
+                           : OpenOutputFile(options.output, replayer::kReproPrefix,
+                                            options.force, &refused);
   if (fd < 0) return refused;
-  size_t written = 0;
-  while (written < repro.script.size()) {
-    ssize_t n = ::write(fd, repro.script.data() + written, repro.script.size() - written);
-    if (n <= 0) break;
-    written += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0 || written != repro.script.size()) {
+  const bool written = WriteAll(fd, repro.script);
+  if ((!to_stdout && ::close(fd) != 0) || !written) {
     std::fprintf(stderr, "torchrr: error: %s: write failed\n",
                  replayer::Printable(options.output).c_str());
     return kExitOther;
@@ -75,7 +91,8 @@ void RegisterReproCommand(CLI::App& app, int* exit_code) {
   CLI::App* command = app.add_subcommand(
       "repro", "Write a standalone Python script, using only torch, that reproduces a violation");
   command->add_option("FILE", options->path, "Trace file (.trr)")->required();
-  command->add_option("-o,--output", options->output, "Output script (.py)")->required();
+  command->add_option("-o,--output", options->output, "Output script (.py); - for stdout")
+      ->required();
   command->add_option("--violation", options->violation,
                       "Which violation, from 0 in the order of `torchrr replay --json` "
                       "(default: the first)");

@@ -139,6 +139,17 @@ def test_a_file_it_did_not_write_is_not_replaced(tmp_path):
     assert _repro(trace, out).returncode == 0  # Its own script now: replaced without --force.
 
 
+def test_dash_writes_the_script_to_stdout(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    made = subprocess.run([cli(), "repro", str(trace), "-o", "-"], capture_output=True, text=True,
+                          timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("# torchrr repro: ")
+    ran = subprocess.run([sys.executable, "-"], input=made.stdout, capture_output=True, text=True,
+                         timeout=120)
+    assert MESSAGE.search(ran.stderr), ran.stderr
+
+
 def test_device_flag_is_what_the_script_runs_on(tmp_path):
     trace, _ = _recorded(tmp_path, SIGMOID_MUL)
     out = tmp_path / "repro.py"
