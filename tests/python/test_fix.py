@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -249,3 +250,33 @@ def test_check_refuses_when_the_script_is_gone(tmp_path):
     proc = fix("--check", trace)
     assert proc.returncode == 11, proc.stdout + proc.stderr
     assert proc.stderr.count("\n") == 1 and "cannot re-run" in proc.stderr, proc.stderr
+
+
+CASES = sorted((Path(__file__).parent / "cases").glob("*.py"))
+# Catalog cases whose violation no rewrite fixes for certain, and why: `fix` lists the choices.
+NO_CERTAIN_PATCH = {
+    "freed_second_backward": "retain_graph=True or a second forward: the program's intent",
+    "spectral_norm_swap": "a .data swap inside forward: a new tensor or after backward()",
+    "unpack_hook_dtype_silent": "the unpack hook must return another tensor",
+    "unpack_hook_shape": "the unpack hook must return another tensor",
+    "unpack_hook_wrong_dtype": "the unpack hook must return another tensor",
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_every_catalog_bug_is_fixed_and_every_legal_case_left_alone(tmp_path, case):
+    flags = ["--verify-saved"] if "verify_saved=1" in case.read_text().splitlines()[0] else []
+    trace = tmp_path / f"{case.stem}.trr"
+    record(trace, [sys.executable, case.name], cwd=case.parent, flags=flags, timeout=300)
+    assert trace.exists()
+    proc = fix("--check", trace, cwd=tmp_path, timeout=600)
+    if case.stem in NO_CERTAIN_PATCH:
+        assert proc.returncode == 1 and "not certain" in proc.stdout, proc.stdout + proc.stderr
+        assert "---" not in proc.stdout
+    elif "nothing to fix" in proc.stdout:
+        assert proc.returncode == 0 and "---" not in proc.stdout
+        assert "violations=0" in case.read_text().splitlines()[0] or \
+            case.stem.startswith("legal_"), f"{case.stem}: a planted bug got no fix"
+    else:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "with this patch: backward ran" in proc.stdout and "0 violations" in proc.stdout
