@@ -54,8 +54,9 @@ struct Repro {
 // The reproducer of `report.violations[options.violation]`, from `records` (every record of the
 // trace the report was made from, in file order) and `info` (its FileInfo). Returns !ok with the
 // reason when the violation index is out of range, the violation's kind has no reproducer yet
-// (only "version", and "silent" writes through another tensor, have), or the slice holds what it
-// cannot express. Thread-compatible; reads only its arguments.
+// ("version", "detached", "freed", and "silent" writes through another tensor or into a save
+// whose hooks packed the tensor itself, have), or the slice holds what it cannot express.
+// Thread-compatible; reads only its arguments.
 Repro WriteRepro(const std::vector<format::Record>& records, const Report& report,
                  const format::FileInfo& info, const ReproOptions& options);
 
