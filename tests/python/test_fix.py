@@ -46,6 +46,13 @@ PLANTED = {
         Net()(torch.randn(2, 4)).sum().backward()
         """, ["        self.act = nn.ReLU(inplace=True)  # the activation"],
         ["        self.act = nn.ReLU(inplace=False)  # the activation"]),
+    "dropout_in_sequential": (
+        """
+        model = nn.Sequential(nn.Linear(4, 4), nn.Sigmoid(),
+                              nn.Dropout(0.5, inplace=True))
+        model(torch.randn(2, 4)).sum().backward()
+        """, ["                      nn.Dropout(0.5, inplace=True))"],
+        ["                      nn.Dropout(0.5, inplace=False))"]),
     "data_write": (
         """
         x = torch.randn(8, requires_grad=True)
