@@ -11,8 +11,8 @@ def source(text):
     return rw.Source("/src/train.py", textwrap.dedent(text).lstrip("\n"))
 
 
-def rewrite_at(text, line, op, leaf=False):
-    return rw.Rewriter(source(text), line, op, leaf).statement()
+def rewrite_at(text, line, op, parameter=False):
+    return rw.Rewriter(source(text), line, op, parameter).statement()
 
 
 @pytest.mark.parametrize("text, op, new", [
@@ -50,6 +50,11 @@ def test_no_certain_rewrite_where_rebinding_would_change_the_program(text, line,
     rewrite = rewrite_at(text, line, op)
     assert not rewrite.certain and rewrite.new is None
     assert any(why in choice for choice in rewrite.choices) or why in rewrite.why, rewrite
+
+
+def test_a_parameter_is_never_rebound():
+    rewrite = rewrite_at("p.data.mul_(2)\n", 1, "mul_", parameter=True)
+    assert not rewrite.certain and "after backward()" in rewrite.choices[0]
 
 
 def test_a_library_call_named_like_the_op_is_not_a_tensor_method():

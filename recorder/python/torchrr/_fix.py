@@ -252,11 +252,13 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
                            "run the forward again before the second backward()"])
     op = _base_op(culprit.get("op"))
     leaf = bool((v.get("tensor") or {}).get("is_leaf"))
-    rewriter = rw.Rewriter(source, line, op, leaf=False)
+    rewriter = rw.Rewriter(source, line, op)
     optimizer = any("/torch/optim/" in (f.get("file") or "") for f in culprit.get("stack") or [])
     text = source.old(rewriter.stmt.lineno, rewriter.stmt.end_lineno) if rewriter.stmt else ""
-    if v.get("changed_source") or optimizer or rewriter.under_no_grad() or \
-            (leaf and ".data" in text):
+    # A leaf that requires grad can only be written under no_grad or through .data (PyTorch
+    # refuses the rest); a leaf that does not (an input) may be rebound.
+    rewriter.parameter = leaf and (".data" in text or rewriter.under_no_grad())
+    if v.get("changed_source") or optimizer or rewriter.under_no_grad() or rewriter.parameter:
         moved = rewriter.after_backward()
         if moved is not None:
             return moved

@@ -149,14 +149,15 @@ def _strip_data(node: ast.AST) -> tuple:
 
 class Rewriter:
     """Finds the rewrite of one culprit line: `op` is the in-place op's base name (`mul_` of
-    `aten::mul_`), `leaf` whether the tensor written is a leaf (a parameter: making it out of
-    place would cut it from the optimizer)."""
+    `aten::mul_`), `parameter` whether the tensor written is a parameter (a leaf written under
+    no_grad or through .data): rebinding its name would cut it from the model and the
+    optimizer, so no statement rewrite is certain for it."""
 
-    def __init__(self, source: Source, line: int, op: str, leaf: bool):
+    def __init__(self, source: Source, line: int, op: str, parameter: bool = False):
         self.src = source
         self.line = line
         self.op = op
-        self.leaf = leaf
+        self.parameter = parameter
         self.stmt = source.statement_at(line)
 
     def _rewrite(self, new: Optional[str], why: str, certain: bool = True, choices=(),
@@ -207,10 +208,10 @@ class Rewriter:
         name = self.src.segment(tensor)
         why = f"{what} into `{name}`, which autograd saved: clone it first"
         shared = self._shared(tensor)
-        if not isinstance(tensor, ast.Name) or self.leaf or shared:
+        if not isinstance(tensor, ast.Name) or self.parameter or shared:
             return self._rewrite(None, why + (f" ({name} {shared})" if shared else ""), False, [
                 f"{name} = {name}.clone() before the write",
-                "move the write after backward()" if self.leaf else
+                "move the write after backward()" if self.parameter else
                 "write into a new tensor and use it from here on"])
         if through_data:
             spans = [*spans, (tensor.end_lineno, tensor.end_col_offset, base.end_lineno,
@@ -259,10 +260,10 @@ class Rewriter:
         if through_data:
             spans = [*spans, (tensor.end_lineno, tensor.end_col_offset, written.end_lineno,
                               written.end_col_offset, "")]
-        if self.leaf:
+        if self.parameter:
             return self._rewrite(None, why, False, [
                 "move the write after backward() (the tensor is a leaf: a parameter)",
-                f"{name} = {name}.clone() before the write"])
+                f"leave {name} as it is until backward() has run"])
         whole = isinstance(s, ast.Expr) and s.value is call
         assigned = isinstance(s, ast.Assign) and s.value is call
         shared = self._shared(tensor)
@@ -347,7 +348,7 @@ class Rewriter:
         choices = [f"{name} = {name}.clone() before the write"]
         if form and not module_call and isinstance(self.stmt, ast.Expr) and \
                 self.stmt.value is call and isinstance(_strip_data(tensor)[0], ast.Name) and \
-                not self.leaf:
+                not self.parameter:
             args = ", ".join(self.src.segment(a) for a in call.args)
             new = self.src.edit(self.stmt.lineno, self.stmt.end_lineno, [
                 (call.lineno, call.col_offset, call.end_lineno, call.end_col_offset,
