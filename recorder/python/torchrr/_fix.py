@@ -20,7 +20,6 @@ from dataclasses import asdict
 from typing import Optional
 
 from . import _fix_rewrite as rw
-from ._xxh64 import xxh64
 
 # exit_codes.h's, passed by the verb; these defaults are the same numbers.
 _DEFAULT_CODES = {"ok": 0, "violations": 1, "usage": 2, "other": 7, "no_fix": 1,
@@ -70,31 +69,28 @@ def replay_json(trace: str) -> tuple:
 
 
 class RecordedSources:
-    """The source files a trace carries (format 1.4): each file's XXH64 and the lines kept."""
+    """The source lines a trace carries (format 1.4), by file and line number."""
 
     def __init__(self, trace: str):
-        strings, self.hashes, self.lines = {}, {}, {}
+        strings, self.lines = {}, {}
         proc = run_cli("dump", "--json", trace)
         for text in proc.stdout.splitlines():
-            if '"kind":"string"' not in text and '"kind":"source' not in text:
+            if '"kind":"string"' not in text and '"kind":"source_lines"' not in text:
                 continue
             record = json.loads(text)
             if record["kind"] == "string":
                 strings[record["id"]] = record["text"]
-            elif record["kind"] == "source_file":
-                self.hashes[record["file"]] = record["hash"]
             elif record["kind"] == "source_lines":
                 lines = self.lines.setdefault(record["file"], {})
                 for number, line in enumerate(record["text"], record["first_line"]):
                     lines[number] = line
-        self.hashes = {strings.get(k, ""): v for k, v in self.hashes.items()}
         self.lines = {strings.get(k, ""): v for k, v in self.lines.items()}
 
 
 class Workspace:
-    """The text each patch is made against: the local file when its hash is the recorded one;
-    else the local file, trusted only at lines that read as the trace recorded them; else the
-    recorded lines alone. Notes say which."""
+    """The text each patch is made against: the local file when the lines the trace carries read
+    there as recorded; else the local file, trusted only at lines that read as the trace recorded
+    them; else the recorded lines alone. Notes say which."""
 
     def __init__(self, recorded: RecordedSources):
         self.recorded = recorded
@@ -111,10 +107,14 @@ class Workspace:
                 data = f.read()
         except OSError:
             data = None
-        recorded_hash = self.recorded.hashes.get(path)
         if data is not None:
             source = rw.Source(path, data.decode("utf-8", "replace"))
-            if recorded_hash is not None and xxh64(data) != recorded_hash:
+            # Whether the file was edited since the recording, as far as the lines the trace
+            # carries (those around its frames, the ones a patch touches) tell; the trace's
+            # XXH64 of the whole file would need a hash the standard library lacks.
+            kept = self.recorded.lines.get(path, {})
+            local = [text.rstrip("\r\n") for text in source.lines]
+            if any(n > len(local) or local[n - 1] != text for n, text in kept.items()):
                 self.changed.add(path)
                 self.notes.append(f"{path} changed since it was recorded: the patch is against "
                                   "the file as it is now, where its lines read as recorded")
