@@ -64,6 +64,10 @@ void ClearSince1_8(Record& r) {
   if (auto* op = std::get_if<OpRecord>(&r)) op->module_path = 0;
 }
 
+void ClearSince1_9(Record& r) {
+  if (auto* t = std::get_if<TensorInfo>(&r)) t->inner = 0;
+}
+
 // How many record kinds a minor version has: Record's first ones.
 size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : minor < 5 ? 14 : kRecordKindCount; }
 
@@ -77,6 +81,7 @@ void AsOf(uint16_t minor, std::vector<Record>& want) {
     if (minor < 6) ClearSince1_6(r);
     if (minor < 7) ClearSince1_7(r);
     if (minor < 8) ClearSince1_8(r);
+    if (minor < 9) ClearSince1_9(r);
   }
 }
 
@@ -248,6 +253,14 @@ TEST(Golden, V1_8ReadsEveryField) {
   ExpectEveryField("/v1_8.trr", 8);
   const Trace trace = ReadTraceFileAll(kGolden + "/v1_8.trr");
   EXPECT_EQ(Nth<OpRecord>(trace, 1).module_path, Nth<StringDef>(trace, 1).id);
+}
+
+TEST(Golden, V1_9ReadsEveryField) {
+  ExpectEveryField("/v1_9.trr", 9);
+  const Trace trace = ReadTraceFileAll(kGolden + "/v1_9.trr");
+  const TensorInfo& wrapper = Nth<TensorInfo>(trace, 1);
+  EXPECT_NE(wrapper.inner, 0u);
+  EXPECT_NE(wrapper.inner, wrapper.tensor);
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and

@@ -45,6 +45,7 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   tensor.output_nr = 2;
   tensor.storage_nbytes = 67108864;
   tensor.storage_address = 0x7f3a12345000;
+  tensor.inner = id(11);           // In (base, high]: relative to high, as it stands after grad_fn.
   out.push_back(tensor);
 
   OpRecord op;

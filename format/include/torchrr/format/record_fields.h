@@ -38,7 +38,7 @@
 #define TORCHRR_TENSOR_INFO_FIELDS(X, ID, TIME)                                                 \
   ID(tensor) ID(storage) ID(version_counter) X(dtype) X(device) X(shape) X(strides)            \
   X(storage_offset) X(requires_grad) X(is_leaf) ID(grad_fn) X(output_nr) X(storage_nbytes)     \
-  X(storage_address)
+  X(storage_address) ID(inner)
 #define TORCHRR_TENSOR_USE_FIELDS(X, ID, TIME) \
   ID(tensor) X(version_before) X(version_after) X(position) X(list_index)
 #define TORCHRR_VALUE_FIELDS(X, ID, TIME) \

@@ -108,6 +108,11 @@ struct TensorInfo {
   // The storage's data pointer in the recorded process (format 1.1), written with --verify-saved
   // only, else 0: two storages over the same memory (from_blob, DLPack) alias each other.
   uint64_t storage_address = 0;
+  // For a wrapper tensor subclass (DTensor, whose data is another tensor: `__tensor_flatten__`),
+  // the tensor it wraps, first of those it names (format 1.9); 0 for any other tensor. A write
+  // through the inner tensor is a write into the wrapper's data that the wrapper's version counter
+  // does not see.
+  ObjectId inner = 0;
   bool operator==(const TensorInfo&) const = default;
 };
 
