@@ -9,93 +9,36 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "container.h"
+#include "torchrr/format/output_file.h"
 
 namespace torchrr::format {
 namespace {
 
-Status NotARegularFile(const std::string& path, mode_t mode) {
-  const char* what = S_ISDIR(mode)    ? "a directory"
-                     : S_ISFIFO(mode) ? "a FIFO"
-                     : S_ISSOCK(mode) ? "a socket"
-                     : S_ISCHR(mode)  ? "a character device"
-                     : S_ISBLK(mode)  ? "a block device"
-                     : S_ISLNK(mode)  ? "a symbolic link"
-                                      : "not a file";
-  return Status(StatusCode::kInvalidArgument,
-                path + ": not a regular file (" + what + "); a trace is written to a file");
+// A trace output: an existing file is replaced only when it starts with the file magic.
+OutputFileOptions TraceOutput(bool replace_any_file) {
+  OutputFileOptions options;
+  options.own_prefix =
+      std::string_view(reinterpret_cast<const char*>(kFileMagic), sizeof(kFileMagic));
+  options.not_own = "is not a torchrr trace";
+  options.replace_any_file = replace_any_file;
+  return options;
 }
 
-// Whether the regular file at `path` (`st` its fstat through the writer's descriptor) starts as
-// a trace: read through a descriptor of its own (the writer's is write-only), the same file.
-Status CheckIsTrace(const std::string& path, const struct stat& st) {
-  uint8_t head[sizeof(kFileMagic)] = {};
-  ssize_t n = -1;
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd >= 0) {
-    struct stat again;
-    if (::fstat(fd, &again) == 0 && again.st_dev == st.st_dev && again.st_ino == st.st_ino) {
-      n = ::pread(fd, head, sizeof(head), 0);
-    }
-    ::close(fd);
-  }
-  const bool trace = n >= 0 && static_cast<size_t>(n) == sizeof(head) &&
-                     std::memcmp(head, kFileMagic, sizeof(head)) == 0;
-  if (trace) return Status::Ok();
-  return Status(StatusCode::kInvalidArgument,
-                path + " " + std::string(TraceWriter::kNotReplacedSuffix));
-}
-
-// Opens `path` for writing, creating it when `create`, only if it is a regular file, and takes
-// the exclusive lock (flock) a writer holds on its trace for as long as the descriptor is open.
-// Changes no byte of the file. Returns the descriptor (O_CLOEXEC, blocking), or:
-// kInvalidArgument for an empty path, a symbolic link (O_NOFOLLOW: a link planted at the path
-// never truncates its target nor creates a file elsewhere) or anything but a regular file;
-// kIoError "path: another recording is writing it" when the lock is held, "path: strerror" when
-// open fails.
-//
-// The stat before open keeps it from touching a device or a FIFO (whose open would block until
-// a reader came); O_NONBLOCK makes a FIFO put there after that stat fail (ENXIO) instead of
-// blocking, and fstat after open refuses whatever it opened that is not a regular file. A file
-// system without flock (EINVAL, ENOLCK, EOPNOTSUPP) writes unlocked.
-// Unless `replace_any_file`, a file that is neither empty nor a trace (its first bytes are not the
-// file magic) is refused with kInvalidArgument: it is the program's, not an old trace.
+// Opens `path` for writing as OpenOutputFile does (creating it when `create`, truncating
+// nothing), and takes the exclusive lock (flock) a writer holds on its trace for as long as the
+// descriptor is open. Returns the descriptor, OpenOutputFile's errors, or kIoError "path: another
+// recording is writing it" when the lock is held. A file system without flock (EINVAL, ENOLCK,
+// EOPNOTSUPP) writes unlocked.
 StatusOr<int> OpenLockedRegularFile(const std::string& path, bool create, bool replace_any_file) {
-  if (path.empty()) return Status(StatusCode::kInvalidArgument, "no trace path given (empty)");
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    return NotARegularFile(path, st.st_mode);
-  }
-  int flags = O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0);
-  int fd = ::open(path.c_str(), flags, 0644);
-  if (fd < 0) {
-    if (errno == ELOOP) return NotARegularFile(path, S_IFLNK);
-    if (errno == ENXIO) return NotARegularFile(path, S_IFIFO);
-    if (errno == EISDIR) return NotARegularFile(path, S_IFDIR);
-    return Status(StatusCode::kIoError, path + ": " + std::strerror(errno));
-  }
-  if (::fstat(fd, &st) != 0) {
-    Status failed(StatusCode::kIoError, path + ": fstat: " + std::strerror(errno));
-    ::close(fd);
-    return failed;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return NotARegularFile(path, st.st_mode);
-  }
-  if (!replace_any_file && st.st_size > 0) {
-    if (Status trace = CheckIsTrace(path, st); !trace.ok()) {
-      ::close(fd);
-      return trace;
-    }
-  }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-    ::close(fd);
+  StatusOr<int> fd =
+      OpenOutputFile(path, TraceOutput(replace_any_file), create, /*truncate=*/false);
+  if (!fd.ok()) return fd;
+  if (::flock(fd.value(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    ::close(fd.value());
     return Status(StatusCode::kIoError, path + ": another recording is writing it");
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 
@@ -169,19 +112,10 @@ StatusOr<std::unique_ptr<FileSink>> FileSink::Open(const std::string& path,
 }
 
 Status FileSink::CheckPath(const std::string& path, bool replace_any_file) {
-  if (path.empty()) return OpenLockedRegularFile(path, false, replace_any_file).status();
+  TORCHRR_RETURN_IF_ERROR(CheckOutputFile(path, TraceOutput(replace_any_file)));
+  // An existing trace: also free of another recording's lock.
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno != ENOENT) return Status(StatusCode::kIoError, path + ": " + std::strerror(errno));
-    // A new file: its directory must take one.
-    std::filesystem::path dir = std::filesystem::path(path).parent_path();
-    if (dir.empty()) dir = ".";
-    if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-      return Status(StatusCode::kIoError,
-                    path + ": cannot be created: " + dir.string() + ": " + std::strerror(errno));
-    }
-    return Status::Ok();
-  }
+  if (path.empty() || ::lstat(path.c_str(), &st) != 0) return Status::Ok();
   StatusOr<int> fd = OpenLockedRegularFile(path, /*create=*/false, replace_any_file);
   if (!fd.ok()) return fd.status();
   ::close(fd.value());
@@ -195,17 +129,8 @@ FileSink::~FileSink() {
 Status FileSink::Write(const void* data, size_t size) {
   if (closed_) return Status(StatusCode::kIoError, path_ + ": write after close");
   TORCHRR_RETURN_IF_ERROR(TakeDescriptorBack());
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd_, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status(StatusCode::kIoError, path_ + ": write: " + std::strerror(errno));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-    offset_ += static_cast<uint64_t>(n);
-  }
+  TORCHRR_RETURN_IF_ERROR(WriteAll(fd_, data, size, path_));
+  offset_ += size;
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "commands.h"
+#include "torchrr/format/output_file.h"
 #include "torchrr/format/writer.h"
 #include "torchrr/replayer/printable.h"
 
@@ -24,76 +25,45 @@ int RefuseOverwrite(const std::string& trace, const std::string& output) {
   return kExitUsage;
 }
 
-int CheckTraceOutput(const std::string& output, bool replace_any_file) {
-  format::Status usable = format::TraceWriter::CheckPath(output, replace_any_file);
-  if (usable.ok()) return 0;
-  std::string message = replayer::Printable(usable.message());
-  if (message.ends_with(format::TraceWriter::kNotReplacedSuffix)) message += " (--force replaces it)";
-  std::fprintf(stderr, "torchrr: error: %s\n", message.c_str());
-  return usable.code() == format::StatusCode::kInvalidArgument ? kExitUsage : kExitOther;
-}
-
 namespace {
 
-int RefuseOutput(const std::string& output, const char* why, int* exit_code) {
-  std::fprintf(stderr, "torchrr: error: %s: %s\n", replayer::Printable(output).c_str(), why);
-  *exit_code = kExitUsage;
-  return -1;
+format::OutputFileOptions VerbOutput(std::string_view own_prefix, bool force) {
+  format::OutputFileOptions options;
+  options.own_prefix = own_prefix;
+  options.replace_any_file = force;
+  return options;
 }
 
-const char* NotAFile(mode_t mode) {
-  return S_ISLNK(mode)    ? "a symbolic link: not written through"
-         : S_ISDIR(mode)  ? "a directory"
-         : S_ISFIFO(mode) ? "a FIFO: not a file to write to"
-                          : "not a regular file";
+// One line for a refused or failed output; its exit code.
+int OutputError(const format::Status& status) {
+  std::string message = replayer::Printable(status.message());
+  if (message.ends_with(format::kNotReplaced)) message += " (--force replaces it)";
+  std::fprintf(stderr, "torchrr: error: %s\n", message.c_str());
+  return status.code() == format::StatusCode::kInvalidArgument ? kExitUsage : kExitOther;
 }
 
 }  // namespace
 
+int CheckTraceOutput(const std::string& output, bool replace_any_file) {
+  format::Status usable = format::TraceWriter::CheckPath(output, replace_any_file);
+  return usable.ok() ? 0 : OutputError(usable);
+}
+
 int CheckOutputFile(const std::string& output, std::string_view own_prefix, bool force,
                     int* exit_code) {
-  if (output.empty()) return RefuseOutput(output, "the output's path is empty", exit_code);
-  struct stat st {};
-  const bool exists = ::lstat(output.c_str(), &st) == 0;
-  if (exists && !S_ISREG(st.st_mode)) return RefuseOutput(output, NotAFile(st.st_mode), exit_code);
-  if (exists && st.st_size > 0 && !force) {
-    std::string head(own_prefix.size(), '\0');
-    ssize_t n = -1;
-    if (int in = ::open(output.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
-        in >= 0) {
-      n = ::pread(in, head.data(), head.size(), 0);
-      ::close(in);
-    }
-    if (n != static_cast<ssize_t>(head.size()) || head != own_prefix) {
-      return RefuseOutput(output, "exists and was not written by this torchrr verb: not replaced "
-                                  "(--force replaces it)", exit_code);
-    }
-  }
-  return 0;
+  format::Status usable = format::CheckOutputFile(output, VerbOutput(own_prefix, force));
+  if (usable.ok()) return 0;
+  *exit_code = OutputError(usable);
+  return -1;
 }
 
 int OpenOutputFile(const std::string& output, std::string_view own_prefix, bool force,
                    int* exit_code) {
-  if (CheckOutputFile(output, own_prefix, force, exit_code) != 0) return -1;
-  struct stat st {};
-  int fd = ::open(output.c_str(),
-                  O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
-                  0644);
-  if (fd < 0) {
-    if (errno == ELOOP) return RefuseOutput(output, NotAFile(S_IFLNK), exit_code);
-    if (errno == ENXIO) return RefuseOutput(output, NotAFile(S_IFIFO), exit_code);
-    if (errno == EISDIR) return RefuseOutput(output, NotAFile(S_IFDIR), exit_code);
-    std::fprintf(stderr, "torchrr: error: %s: %s\n", replayer::Printable(output).c_str(),
-                 std::strerror(errno));
-    *exit_code = kExitOther;
-    return -1;
-  }
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return RefuseOutput(output, NotAFile(st.st_mode), exit_code);
-  }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return fd;
+  format::StatusOr<int> fd = format::OpenOutputFile(output, VerbOutput(own_prefix, force),
+                                                    /*create=*/true, /*truncate=*/true);
+  if (fd.ok()) return fd.value();
+  *exit_code = OutputError(fd.status());
+  return -1;
 }
 
 void AddSourceRootOption(CLI::App& command, std::vector<std::string>* roots) {

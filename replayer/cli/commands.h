@@ -41,12 +41,12 @@ int RefuseOverwrite(const std::string& trace, const std::string& output);
 // recording holds it, its directory takes no new file: kExitOther). Returns 0 when it can.
 int CheckTraceOutput(const std::string& output, bool replace_any_file);
 
-// Opens `output` for a verb that writes a file made from a trace (report's page, export's JSON)
-// as the recorder opens a trace: never through a link (O_NOFOLLOW), never a FIFO, device or
-// directory (a stat first, O_NONBLOCK, an fstat after), and never over an existing file that does
-// not start with `own_prefix`, what the verb itself writes, unless `force`. Returns the
-// descriptor (blocking, O_CLOEXEC), or -1 after one error line with *exit_code set: kExitUsage
-// for a refusal, kExitOther when the open failed.
+// Opens `output` for a verb that writes a file made from a trace (report's page, export's JSON,
+// repro's script) through format::OpenOutputFile, as the recorder opens a trace: never through a
+// link, never a FIFO, device or directory, and never over an existing file that does not start
+// with `own_prefix`, what the verb itself writes, unless `force`. Returns the descriptor
+// (blocking, O_CLOEXEC, the file emptied), or -1 after one error line with *exit_code set:
+// kExitUsage for a refusal, kExitOther when the open failed.
 int OpenOutputFile(const std::string& output, std::string_view own_prefix, bool force,
                    int* exit_code);
 // OpenOutputFile's refusals alone, before a verb does its work: 0, or -1 after the error line.

@@ -1,13 +1,13 @@
 // `torchrr export --chrome-trace FILE -o OUT.json`: the trace as a Chrome Trace Event file for
 // Perfetto's UI and chrome://tracing (chrome_trace.h says what becomes what).
 #include <cstdio>
-#include <ext/stdio_filebuf.h>
 #include <ostream>
 #include <memory>
 #include <string>
 
 #include "torchrr/replayer/chrome_trace.h"
 #include "commands.h"
+#include "torchrr/format/output_file.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
 
@@ -45,13 +45,13 @@ int RunExport(const ExportOptions& options) {
   const int fd =
       OpenOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused);
   if (fd < 0) return refused;
-  __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
+  format::OutputFileBuffer file(fd, options.output);
   std::ostream out(&file);
   replayer::ChromeTraceWriter writer(out, plan, report, summary.info);
   (void)format::ReadTraceFile(options.path, [&](const format::Record& r) { writer.Add(r); });
   writer.Finish();
   out.flush();
-  if (!out || file.close() == nullptr) {
+  if (!file.Close().ok()) {
     std::fprintf(stderr, "torchrr: error: %s: write failed\n",
                  replayer::Printable(options.output).c_str());
     return kExitOther;

@@ -2,8 +2,7 @@
 // (html_report.h) with the step's timeline and the autograd graph around each violation.
 // `-o -` writes the page to stdout (a notebook shows it inline: torchrr.Report._repr_html_).
 #include <cstdio>
-#include <ext/stdio_filebuf.h>
-#include <ostream>
+#include <unistd.h>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +17,7 @@
 #include "torchrr/replayer/graphviz.h"
 #include "torchrr/replayer/html_report.h"
 #include "torchrr/replayer/step_timeline.h"
+#include "torchrr/format/output_file.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/trace_tables.h"
@@ -129,11 +129,8 @@ int RunReport(const ReportOptions& options) {
   }
   const int fd = OpenOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused);
   if (fd < 0) return refused;
-  __gnu_cxx::stdio_filebuf<char> file(fd, std::ios::out | std::ios::binary);
-  std::ostream out(&file);
-  out << page;
-  out.flush();
-  if (!out || file.close() == nullptr) {
+  const bool written = format::WriteAll(fd, page, options.output).ok();
+  if (::close(fd) != 0 || !written) {
     std::fprintf(stderr, "torchrr: error: %s: cannot write\n",
                  replayer::Printable(options.output).c_str());
     return kExitOther;

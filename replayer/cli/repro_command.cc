@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "torchrr/format/output_file.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/repro.h"
@@ -26,17 +27,6 @@ struct ReproCommandOptions {
 // `-o -`: the script goes to stdout (`torchrr repro run.trr -o - | python`), and no file is
 // checked, replaced or written.
 constexpr std::string_view kStdout = "-";
-
-// Writes all of `text` to `fd`; false when a write failed.
-bool WriteAll(int fd, const std::string& text) {
-  size_t written = 0;
-  while (written < text.size()) {
-    ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n <= 0) return false;
-    written += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 int RunRepro(const ReproCommandOptions& options) {
   const bool to_stdout = options.output == kStdout;
@@ -72,7 +62,7 @@ int RunRepro(const ReproCommandOptions& options) {
                            : OpenOutputFile(options.output, replayer::kReproPrefix,
                                             options.force, &refused);
   if (fd < 0) return refused;
-  const bool written = WriteAll(fd, repro.script);
+  const bool written = format::WriteAll(fd, repro.script, options.output).ok();
   if ((!to_stdout && ::close(fd) != 0) || !written) {
     std::fprintf(stderr, "torchrr: error: %s: write failed\n",
                  replayer::Printable(options.output).c_str());
