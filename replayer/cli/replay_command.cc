@@ -78,7 +78,8 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   } else if (options.format == ReplayFormat::kShort) {
     out << replayer::FormatShortVerdict(report, path);
   } else if (options.format == ReplayFormat::kText) {
-    out << replayer::FormatText(report, color, options.each);
+    out << replayer::FormatText(report, color, options.each)
+        << replayer::FixVerbLine(report, path);
   }
   const size_t n = report.violations.size();
   *verdict = name + ": " +

@@ -1,6 +1,7 @@
 // The few lines `torchrr record` prints after a recorded program ends, when its trace holds a
 // violation: each distinct culprit and victim line with its code, the fix, and the commands for
 // the rest. The whole report is text_report.cc's.
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -65,11 +66,31 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
     const size_t more = report.groups.size() - kMaxPlaces;
     out << "  and " << more << " more place" << (more == 1 ? "" : "s") << "\n";
   }
+  out << FixVerbLine(report, trace);
   std::string page = trace;
   if (page.ends_with(".trr")) page.resize(page.size() - 4);
   out << "the whole report: torchrr replay " << shown << "; as a page: torchrr report " << shown
       << " -o " << Printable(page) << ".html\n";
   return out.str();
+}
+
+bool FixVerbMayPatch(const Violation& v) {
+  if (v.kind == ViolationKind::kFreed || v.kind == ViolationKind::kUnpackHook) return false;
+  const std::optional<OpRef>& culprit = v.changed_source ? v.changed_source : v.culprit;
+  if (!culprit || culprit->hook || !culprit->user_frame) return false;
+  const UserFrame& line = *culprit->user_frame;
+  for (const Frame& frame : culprit->stack) {
+    if (frame.file == line.file && frame.line == line.line) return frame.python;
+  }
+  return line.file.ends_with(".py");
+}
+
+std::string FixVerbLine(const Report& report, const std::string& trace) {
+  if (std::none_of(report.violations.begin(), report.violations.end(), FixVerbMayPatch)) {
+    return "";
+  }
+  return "try: torchrr fix " + Printable(trace) +
+         " --check (a patch for the culprit's Python line, checked by re-running the program)\n";
 }
 
 }  // namespace torchrr::replayer

@@ -225,13 +225,17 @@ def test_a_legal_program_gets_no_patch(tmp_path):
     assert "nothing to fix" in proc.stdout and "---" not in proc.stdout
 
 
-def test_a_rewrite_that_is_not_certain_lists_the_choices(tmp_path):
-    script, trace = record_program(tmp_path, "twice", """
+# A second backward through a graph the first freed: no in-place write to rewrite.
+BACKWARD_TWICE = """
         x = torch.randn(4, requires_grad=True)
         y = torch.sigmoid(x).sum()
         y.backward()
         y.backward()
-        """)
+        """
+
+
+def test_a_rewrite_that_is_not_certain_lists_the_choices(tmp_path):
+    script, trace = record_program(tmp_path, "twice", BACKWARD_TWICE)
     proc = fix(trace)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "not certain" in proc.stdout and "  - " in proc.stdout
@@ -287,3 +291,31 @@ def test_every_catalog_bug_is_fixed_and_every_legal_case_left_alone(tmp_path, ca
     else:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "with this patch: backward ran" in proc.stdout and "0 violations" in proc.stdout
+
+
+def _replay(trace, *flags):
+    return subprocess.run([cli(), "replay", *flags, str(trace)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_replay_ends_pointing_at_fix_when_a_culprit_line_is_python(tmp_path):
+    body, _, _ = PLANTED["mul_after_sigmoid"]
+    _, trace = record_program(tmp_path, "mul_after_sigmoid", body)
+    hint = f"try: torchrr fix {trace} --check ("
+    text = _replay(trace).stdout
+    assert text.splitlines()[-1].startswith(hint), text
+    short = _replay(trace, "--short").stdout
+    assert hint in short and short.splitlines()[-1].startswith("the whole report:"), short
+    assert "try: torchrr fix" not in _replay(trace, "--json").stdout
+
+
+def test_replay_points_at_fix_only_where_it_has_a_rewrite_to_try(tmp_path):
+    # A freed graph has no in-place write to rewrite; a clean run has nothing to fix.
+    _, twice = record_program(tmp_path, "twice", BACKWARD_TWICE)
+    _, legal = record_program(tmp_path, "legal", """
+        x = torch.randn(4, requires_grad=True)
+        torch.sigmoid(x).clone().mul_(2).sum().backward()
+        """)
+    for trace, verdict in ((twice, "1 violation"), (legal, "no saved tensor was modified")):
+        text = _replay(trace).stdout
+        assert verdict in text and "try: torchrr fix" not in text, text

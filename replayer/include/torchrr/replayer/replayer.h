@@ -399,6 +399,13 @@ std::string FormatText(const Report& report, bool color, bool each = false);
 // line (at most three) with the code the trace carries, the fix, and the commands that show the
 // rest for `trace`; "" when the report has no violation.
 std::string FormatShortVerdict(const Report& report, const std::string& trace);
+// Whether `torchrr fix` has a rewrite to try for `v`: a culprit op (not a hook) whose user line
+// is Python, of a kind the fix verb rewrites (not a freed graph, not an unpack hook). The fix
+// verb's parser may still find the line's rewrite uncertain and list choices instead.
+bool FixVerbMayPatch(const Violation& v);
+// The line `replay` and the short verdict end with when a violation of `report` passes
+// FixVerbMayPatch: "try: torchrr fix run.trr --check (...)\n"; "" otherwise.
+std::string FixVerbLine(const Report& report, const std::string& trace);
 
 // The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).
 inline constexpr int kSchemaVersion = 1;
