@@ -31,6 +31,9 @@ inline constexpr int kExitNotRerun = 11;
 // repro: no violation to reproduce, or one whose slice holds what a script cannot express (an
 // autograd.Function, a compiled region, an op outside aten): no script is written.
 inline constexpr int kExitNoRepro = 12;
+// repro --check: the script ran and did not reproduce the violation (no error, another error, the
+// same gradients, or past --timeout).
+inline constexpr int kExitNotReproduced = 13;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -56,6 +59,7 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
     {kExitEmpty, "replay: the trace holds no op, so it says nothing of the run"},
     {kExitNotRerun, "fix --check: the recorded command cannot be re-run here"},
     {kExitNoRepro, "repro: no violation to reproduce, or one a script cannot express"},
+    {kExitNotReproduced, "repro --check: the script ran and did not reproduce the violation"},
     {kExitNotRun, "record: the program could not be run"},
 };
 

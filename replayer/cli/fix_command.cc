@@ -1,8 +1,8 @@
 // `torchrr fix FILE`: a patch for each culprit line, as a unified diff (`--json`: as data);
 // `--check` re-runs the recorded command on patched copies and replays it, `--apply` then writes
 // the checked patch. The rewrites need Python's own parser, so the verb runs the torchrr
-// package's torchrr._fix (recorder/python/torchrr/_fix.py) with `python3` (or $TORCHRR_PYTHON):
-// it is standard library only, so any Python 3.9+ runs it, whatever torch it has or lacks.
+// package's torchrr._fix (recorder/python/torchrr/_fix.py) with ScriptPython's python: it is
+// standard library only, so any Python 3.9+ runs it, whatever torch it has or lacks.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,8 +44,7 @@ int RunFix(const FixOptions& options) {
                  (package / "_fix.py").c_str());
     return kExitOther;
   }
-  const char* python_env = std::getenv("TORCHRR_PYTHON");
-  const std::string python = python_env && *python_env ? python_env : "python3";
+  const std::string python = ScriptPython(package);
   std::vector<std::string> command = {python, "-m", "torchrr._fix", options.path,
                                       "--timeout", std::to_string(options.timeout_s)};
   if (options.json) command.push_back("--json");

@@ -1,6 +1,7 @@
 """`torchrr repro`: a recorded planted bug becomes a script that, under plain torch and without the
 program, raises PyTorch's message for a raising violation (the same words, shape and versions),
 or shows the gradient difference for a silent write; what it cannot express it refuses."""
+import os
 import re
 import subprocess
 import sys
@@ -188,3 +189,76 @@ def test_a_redacted_trace_gives_a_script_without_the_redacted_strings(tmp_path):
     made = _repro(bare, tmp_path / "bare.py")
     assert made.returncode == 12 and "--drop-values" in made.stderr
     assert not (tmp_path / "bare.py").exists()
+
+
+def _check(trace, *flags, python=sys.executable, cwd=None):
+    env = {**os.environ, "TORCHRR_PYTHON": str(python)}
+    return subprocess.run([cli(), "repro", "--check", str(trace), *flags], capture_output=True,
+                          text=True, timeout=180, env=env, cwd=cwd)
+
+
+def test_check_runs_the_script_and_says_it_raised_the_recorded_message(tmp_path):
+    trace, proc = _recorded(tmp_path, SIGMOID_MUL)
+    recorded = MESSAGE.search(proc.stderr)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    checked = _check(trace, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.startswith("reproduced: the script raised PyTorch's error: ")
+    assert recorded.group(1) in checked.stdout
+    # The script was a temporary one: nothing written beside the trace or in the working dir.
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_check_with_an_output_keeps_the_script_it_ran(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    out = tmp_path / "repro.py"
+    checked = _check(trace, "-o", out)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert out.read_text().startswith("# torchrr repro: ")
+    assert _check(trace, "-o", "-").returncode == 2
+
+
+def test_check_shows_a_silent_writes_gradient_difference(tmp_path):
+    trace, _ = _recorded(tmp_path, DATA_WRITE)
+    checked = _check(trace)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.startswith("reproduced: the gradients differ")
+
+
+def _fake_python(tmp_path, body):
+    fake = tmp_path / "fake_python"
+    fake.write_text("#!/bin/sh\n" + body + "\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_check_says_when_the_script_did_not_reproduce(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    # A run that ends cleanly, then one that raises another error: exit 13, with the last line.
+    quiet = _check(trace, python=_fake_python(tmp_path, "exit 0"))
+    assert quiet.returncode == 13, quiet.stdout + quiet.stderr
+    assert quiet.stdout.startswith("not reproduced: the script exited with status 0")
+    other = _check(trace, python=_fake_python(tmp_path, "echo 'ValueError: elsewhere' >&2; exit 1"))
+    assert other.returncode == 13 and "ValueError: elsewhere" in other.stdout, other.stdout
+
+
+def test_check_stops_a_script_at_its_timeout(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    slow = _check(trace, "--timeout", "1", python=_fake_python(tmp_path, "exec sleep 60"))
+    assert slow.returncode == 13, slow.stdout + slow.stderr
+    assert "ran past --timeout 1s" in slow.stdout
+
+
+def test_check_without_torch_or_python_is_an_error_that_says_so(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    missing = _check(trace, python=tmp_path / "no_such_python")
+    assert missing.returncode == 7 and "TORCHRR_PYTHON" in missing.stderr
+    no_torch = _check(trace, python=_fake_python(
+        tmp_path, "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1"))
+    assert no_torch.returncode == 7 and "has no torch" in no_torch.stderr
+
+
+def test_without_check_an_output_is_required(tmp_path):
+    trace, _ = _recorded(tmp_path, SIGMOID_MUL)
+    made = subprocess.run([cli(), "repro", str(trace)], capture_output=True, text=True)
+    assert made.returncode == 2 and "-o" in made.stderr

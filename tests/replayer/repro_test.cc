@@ -163,5 +163,34 @@ TEST(ReproTest, RefusesATraceWithoutViolationsAndAnIndexPastThem) {
   EXPECT_EQ(repro.error, "the trace holds no violation to reproduce");
 }
 
+// repro --check's verdict: the recorded message's first sentence (CUDA types read as the CPU's),
+// the kind's words when none was kept, and a silent write's gradient line.
+TEST(ReproTest, JudgesARunByTheRecordedMessage) {
+  Violation v;
+  v.pytorch_message =
+      "one of the variables needed for gradient computation has been modified by an inplace "
+      "operation: [torch.cuda.FloatTensor [4]], which is output 0 of SigmoidBackward0, is at "
+      "version 1; expected version 0 instead. Hint: enable anomaly detection";
+  const std::string raised =
+      "Traceback (most recent call last):\nRuntimeError: one of the variables needed for gradient "
+      "computation has been modified by an inplace operation: [torch.FloatTensor [4]], which is "
+      "output 0 of SigmoidBackward0, is at version 1; expected version 0 instead. Hint: other\n";
+  EXPECT_TRUE(JudgeRepro(v, 1, raised).reproduced);
+  EXPECT_FALSE(JudgeRepro(v, 0, raised).reproduced);
+  std::string other_version = raised;
+  other_version.replace(other_version.find("version 1"), 9, "version 2");
+  const ReproCheck wrong = JudgeRepro(v, 1, other_version);
+  EXPECT_FALSE(wrong.reproduced);
+  EXPECT_NE(wrong.summary.find("status 1: RuntimeError: one of"), std::string::npos)
+      << wrong.summary;
+
+  v.pytorch_message.reset();
+  EXPECT_TRUE(JudgeRepro(v, 1, other_version).reproduced);
+  v.kind = ViolationKind::kSilent;
+  EXPECT_FALSE(JudgeRepro(v, 1, raised).reproduced);
+  EXPECT_TRUE(JudgeRepro(v, 1, "torchrr repro: the gradients differ: ...\n").reproduced);
+  EXPECT_FALSE(JudgeRepro(v, 2, "torchrr repro: the gradients are the same\n").reproduced);
+}
+
 }  // namespace
 }  // namespace torchrr::replayer

@@ -1,5 +1,7 @@
 #include "launch/recorder_dirs.h"
 
+#include <cstdlib>
+
 namespace torchrr::cli {
 
 namespace fs = std::filesystem;
@@ -14,6 +16,18 @@ RecorderDirs FindRecorderDirs(const fs::path& exe) {
     if (fs::exists(dirs.lib / "libtorchrr_recorder.so")) return dirs;
   }
   return candidates[0];
+}
+
+std::string ScriptPython(const fs::path& package) {
+  const char* env = std::getenv("TORCHRR_PYTHON");
+  if (env != nullptr && *env != '\0') return env;
+  const fs::path site = package.lexically_normal().parent_path();
+  if (site.filename() == "site-packages") {
+    const fs::path python = site.parent_path().parent_path().parent_path() / "bin" / "python3";
+    std::error_code ec;
+    if (fs::is_regular_file(python, ec)) return python.string();
+  }
+  return "python3";
 }
 
 }  // namespace torchrr::cli

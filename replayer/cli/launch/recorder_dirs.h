@@ -4,6 +4,7 @@
 #define TORCHRR_REPLAYER_CLI_LAUNCH_RECORDER_DIRS_H_
 
 #include <filesystem>
+#include <string>
 
 namespace torchrr::cli {
 
@@ -19,6 +20,13 @@ struct RecorderDirs {
 // link <build>/lib/torchrr/python/torchrr). The first whose directory holds the recorder; else
 // the first.
 RecorderDirs FindRecorderDirs(const std::filesystem::path& exe);
+
+// The Python the verbs that run Python run (`fix`'s planner, `repro --check`'s script), for the
+// torchrr `package` of FindRecorderDirs: $TORCHRR_PYTHON when set; else the environment's own
+// python3 when the package is installed in one (<prefix>/lib/pythonX.Y/site-packages/torchrr
+// with <prefix>/bin/python3: a virtual environment's, which has the torch torchrr was installed
+// beside); else `python3`, looked up on PATH.
+std::string ScriptPython(const std::filesystem::path& package);
 
 }  // namespace torchrr::cli
 

@@ -60,6 +60,23 @@ struct Repro {
 Repro WriteRepro(const std::vector<format::Record>& records, const Report& report,
                  const format::FileInfo& info, const ReproOptions& options);
 
+// What a run of a reproducer showed (`torchrr repro --check`).
+struct ReproCheck {
+  bool reproduced = false;
+  // One line: "the script raised PyTorch's error: one of the variables ... instead", "the
+  // gradients differ ...", or why it did not reproduce ("backward did not raise", another error).
+  std::string summary;
+};
+
+// Judges a run of the script WriteRepro wrote for `v`, from its exit status (1: it raised, or a
+// silent write's gradients differed; 2: not reproduced) and `output`, its stdout and stderr
+// together. A raising violation reproduced when the script exited 1 and its output holds the
+// first sentence of PyTorch's recorded message (its shape, node and versions; "torch.cuda."
+// types read as the CPU's, for a script run on the CPU), or PyTorch's words for the kind when
+// the trace kept no message; a silent one when it exited 1 saying the gradients differ.
+// Thread-compatible.
+ReproCheck JudgeRepro(const Violation& v, int exit_status, std::string_view output);
+
 }  // namespace torchrr::replayer
 
 #endif  // TORCHRR_REPLAYER_REPRO_H_
