@@ -69,6 +69,8 @@ struct TensorState {
   format::Device device;
   bool is_leaf = true;
   bool requires_grad = false;
+  // A wrapper subclass's wrapped tensor (TensorInfo.inner, format 1.9): a DTensor's shard.
+  format::ObjectId inner = 0;
 };
 
 // One in-place write on a version counter, by the innermost op that showed it (the outermost
@@ -110,6 +112,9 @@ struct SavedState {
   format::DType dtype = 0;
   format::Device device;
   format::ObjectId grad_fn = 0;  // The tensor's grad_fn at save time.
+  // The storage holding its bytes, and where in it, [first, last): the saved tensor's own, or,
+  // for a wrapper subclass (a DTensor), the storage of the tensor it wraps.
+  format::ObjectId bytes_storage = 0;
   uint64_t byte_first = 0;
   uint64_t byte_last = UINT64_MAX;
   // Writes into its bytes through a tensor with another counter (SilentWriteWatch's list).

@@ -239,6 +239,7 @@ void Analyzer::Impl::On(const format::TensorInfo& r) {
   t.device = r.device;
   t.is_leaf = r.is_leaf;
   t.requires_grad = r.requires_grad;
+  t.inner = r.inner;
 }
 
 CounterState& Analyzer::Impl::GetCounter(ObjectId id) {
@@ -503,6 +504,7 @@ SavedState Analyzer::Impl::MakeSavedState(const format::SavedTensor& saved,
                                           const format::NodeRecord& node) const {
   SavedState s;
   s.saved = saved;
+  s.bytes_storage = saved.storage;
   s.saved_by = node.created_by;
   const TensorState* t = state_.FindTensor(saved.tensor);
   if (t == nullptr && saved.tensor == 0 && saved.is_output && saved.has_hooks) {
@@ -523,11 +525,20 @@ SavedState Analyzer::Impl::MakeSavedState(const format::SavedTensor& saved,
   s.layout = t->layout;
   s.dtype = t->dtype;
   s.device = t->device;
+  // A wrapper's own storage holds no bytes: its data are those of the tensor it wraps, which a
+  // write through that tensor changes behind the wrapper's counter.
+  const TensorState* bytes = t;
+  if (t->inner != 0) {
+    if (const TensorState* inner = state_.FindTensor(t->inner); inner && inner->storage != 0) {
+      bytes = inner;
+    }
+  }
+  s.bytes_storage = bytes->storage;
   std::tie(s.byte_first, s.byte_last) =
-      state_.layouts.ByteRange(t->layout, t->storage_offset, DTypeSize(t->dtype));
-  if (t->storage_address != 0 && s.byte_last != UINT64_MAX) {
-    s.address_first = t->storage_address + s.byte_first;
-    s.address_last = t->storage_address + s.byte_last;
+      state_.layouts.ByteRange(bytes->layout, bytes->storage_offset, DTypeSize(bytes->dtype));
+  if (bytes->storage_address != 0 && s.byte_last != UINT64_MAX) {
+    s.address_first = bytes->storage_address + s.byte_first;
+    s.address_last = bytes->storage_address + s.byte_last;
   }
   return s;
 }

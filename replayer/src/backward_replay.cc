@@ -362,6 +362,7 @@ void BackwardReplay::AddCachedMutated(uint32_t node_slot, ObjectId exec_op, uint
     s.saved.tensor = c.tensor;
     s.saved.version_counter = tensor->counter;
     s.saved.storage = tensor->storage;
+    s.bytes_storage = tensor->storage;
     s.saved.saved_version = c.version;
     s.saved_by = c.op;
     s.meta_known = true;

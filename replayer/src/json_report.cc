@@ -90,7 +90,8 @@ json TensorJson(const SavedTensorRef& t) {
           {"version_counter", t.version_counter},
           {"is_output", t.is_output},
           {"is_leaf", t.is_leaf},
-          {"output_nr", t.output_nr}};
+          {"output_nr", t.output_nr},
+          {"inner", t.inner == 0 ? json(nullptr) : json(t.inner)}};
 }
 
 json ViolationJson(const Violation& v) {

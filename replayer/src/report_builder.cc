@@ -639,6 +639,9 @@ SavedTensorRef ReportBuilder::MakeTensorRef(const SavedState& s) const {
   tensor.is_output = s.saved.is_output;
   tensor.is_leaf = s.saved.is_leaf;
   tensor.output_nr = s.saved.output_nr;
+  if (s.bytes_storage != s.saved.storage) {
+    if (const TensorState* t = state_.FindTensor(s.saved.tensor)) tensor.inner = t->inner;
+  }
   return tensor;
 }
 

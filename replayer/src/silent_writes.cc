@@ -40,8 +40,8 @@ void SilentWriteWatch::Watch(uint32_t node_slot) {
     uint32_t w = node.saved_begin + i;
     SavedState& s = state_.saved[w];
     const bool unchecked = IsUncheckedButKnown(s.saved);
-    if (!(IsVersionChecked(s.saved) || unchecked) || s.saved.storage == 0) continue;
-    uint32_t& head = StorageHead(s.saved.storage);
+    if (!(IsVersionChecked(s.saved) || unchecked) || s.bytes_storage == 0) continue;
+    uint32_t& head = StorageHead(s.bytes_storage);
     s.watch_prev = UINT32_MAX;
     s.watch_next = head;
     if (head != UINT32_MAX) state_.saved[head].watch_prev = w;
@@ -65,13 +65,13 @@ void SilentWriteWatch::Unwatch(uint32_t node_slot) {
     uint32_t w = node.saved_begin + i;
     SavedState& s = state_.saved[w];
     s.address_watched = false;  // Dropped from addressed_saved_ lazily.
-    if (!(IsVersionChecked(s.saved) || IsUncheckedButKnown(s.saved)) || s.saved.storage == 0) {
+    if (!(IsVersionChecked(s.saved) || IsUncheckedButKnown(s.saved)) || s.bytes_storage == 0) {
       continue;
     }
     if (s.watch_prev != UINT32_MAX) {
       state_.saved[s.watch_prev].watch_next = s.watch_next;
     } else {
-      StorageHead(s.saved.storage) = s.watch_next;
+      StorageHead(s.bytes_storage) = s.watch_next;
     }
     if (s.watch_next != UINT32_MAX) state_.saved[s.watch_next].watch_prev = s.watch_prev;
     s.watch_prev = s.watch_next = UINT32_MAX;
@@ -133,7 +133,7 @@ void SilentWriteWatch::NoteWritesThroughOtherStorages(const format::OpRecord& r)
     const uint64_t address_last = tensor->storage_address + last;
     for (uint32_t w : addressed_saved_) {
       SavedState& s = state_.saved[w];
-      if (!s.address_watched || s.saved.storage == tensor->storage) continue;
+      if (!s.address_watched || s.bytes_storage == tensor->storage) continue;
       if (address_last <= s.address_first || s.address_last <= address_first) continue;
       AddTouch(s, r.op, /*wrote=*/true);
     }
@@ -183,9 +183,22 @@ void SilentWriteWatch::OnFingerprint(const format::FingerprintRecord& r) {
 
 std::vector<ObjectId> SilentWriteWatch::SilentWritersBefore(const SavedState& s,
                                                             uint64_t seq) const {
+  // A wrapper subclass's own in-place op (DTensor's mul_) writes the tensor it wraps inside it,
+  // and moves the wrapper's counter: that write is the version check's, not a silent one.
+  const CounterState* wrapper_counter = s.bytes_storage != s.saved.storage
+                                            ? state_.FindCounter(s.saved.version_counter)
+                                            : nullptr;
+  auto inside_wrapper_write = [&](ObjectId op) {
+    if (wrapper_counter == nullptr) return false;
+    for (const Bump& b : wrapper_counter->bumps) {
+      if (b.op != 0 && b.op != op && state_.IsDescendant(op, b.op)) return true;
+    }
+    return false;
+  };
   std::vector<ObjectId> writers;
   for (uint32_t w = s.silent_head; w != UINT32_MAX; w = silent_writes_[w].next) {
     if (silent_writes_[w].seq >= seq) break;
+    if (inside_wrapper_write(silent_writes_[w].op)) continue;
     writers.push_back(silent_writes_[w].op);
   }
   return writers;

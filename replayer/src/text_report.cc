@@ -490,6 +490,9 @@ void TextReport::EmitNeededBy(const Violation& v) {
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     Fact() << "backward used it without PyTorch's version check (a saved-tensor hook packed the "
               "tensor itself, or torch.compile saved it without a check)\n";
+  } else if (v.evidence == SilentEvidence::kAliasedWrite && v.tensor.inner != 0) {
+    Fact() << "it is a wrapper subclass (a DTensor): the write went through the tensor it wraps "
+              "(its shard, to_local()), whose version counter is not its own\n";
   }
 }
 

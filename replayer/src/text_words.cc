@@ -111,6 +111,10 @@ std::string FixHint(const Violation& v) {
     return "do not modify what the compiled call took or returned before backward: make the "
            "in-place op out of place, or .clone() the tensor before modifying it";
   }
+  if (silent && v.tensor.inner != 0) {
+    return "write through the DTensor itself (PyTorch then checks it), or update its shard only "
+           "after backward() has used it; or .clone() the local tensor before writing into it";
+  }
   if (silent) {
     return "write through the tensor itself, not .data or another tensor over its memory "
            "(DLPack, numpy()), so autograd sees it; or .clone() the tensor before writing into it";

@@ -3,6 +3,7 @@
 The tests need the native build (the recorder library and the CLI) made visible to the venv by
 tools/install_into_venv.sh; without it they skip with the reason.
 """
+import json
 import os
 import re
 import socket
@@ -52,6 +53,26 @@ def record(out, argv, *, env=None, timeout=120, cwd=None, flags=()):
     full_env.update(env or {})
     return subprocess.run([cli(), "record", "-o", str(out), *flags, "--", *map(str, argv)],
                           capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def record_ranks(tmp_path, name, program, *args, ranks=2):
+    """Writes `program` to tmp_path/name and records it under `torchrun --nproc-per-node RANKS`
+    with ARGS; returns (script, {rank: replay JSON}, {rank: replay exit code})."""
+    script = tmp_path / name
+    script.write_text(program)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = record(tmp_path / "run.trr",
+                  [torchrun, "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
+                   script, *args], timeout=240, cwd=tmp_path)
+    traces = sorted(p.name for p in tmp_path.glob("run.rank*.trr"))
+    assert traces == [f"run.rank{r}.trr" for r in range(ranks)], (traces, proc.stderr[-2000:])
+    documents, codes = {}, {}
+    for rank in range(ranks):
+        replay = subprocess.run([cli(), "replay", "--json", f"run.rank{rank}.trr"],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        documents[rank] = json.loads(replay.stdout)
+        codes[rank] = replay.returncode
+    return script, documents, codes
 
 
 def free_port():

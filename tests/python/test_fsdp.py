@@ -7,13 +7,9 @@ backward reads are the ones forward saved, and PyTorch is right to stay silent. 
 accumulation) must give no violation on any rank; a bug planted on one rank is reported in that
 rank's trace only; an optimizer step between forward and backward, which the refill then brings
 into the saved weight, is reported with the step's line."""
-import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-from conftest import cli, free_port, marker_line, needs_build, record, same_file
+from conftest import marker_line, needs_build, record_ranks, same_file
 
 pytestmark = needs_build
 
@@ -106,27 +102,8 @@ PROGRAM = textwrap.dedent("""\
     """)
 
 
-def _record(tmp_path, mode):
-    """Records the program under torchrun in `mode`; returns (script, {rank: replay JSON}, codes)."""
-    script = tmp_path / "fsdp.py"
-    script.write_text(PROGRAM)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = record(tmp_path / "run.trr",
-                  [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), script,
-                   mode], timeout=240, cwd=tmp_path)
-    traces = sorted(p.name for p in tmp_path.glob("run.rank*.trr"))
-    assert traces == ["run.rank0.trr", "run.rank1.trr"], (traces, proc.stderr[-2000:])
-    documents, codes = {}, {}
-    for rank in (0, 1):
-        replay = subprocess.run([cli(), "replay", "--json", f"run.rank{rank}.trr"],
-                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        documents[rank] = json.loads(replay.stdout)
-        codes[rank] = replay.returncode
-    return script, documents, codes
-
-
 def test_fsdp2_clean_training_has_no_violation_on_any_rank(tmp_path):
-    _, documents, codes = _record(tmp_path, "clean")
+    _, documents, codes = record_ranks(tmp_path, "fsdp.py", PROGRAM, "clean")
     for rank, document in documents.items():
         assert document["violations"] == [], (rank, document["violations"][:1])
         assert codes[rank] == 0, (rank, document["unexplained_errors"], document["warnings"])
@@ -139,7 +116,7 @@ def test_fsdp2_clean_training_has_no_violation_on_any_rank(tmp_path):
 
 
 def test_fsdp2_bug_on_one_rank_is_reported_there_only(tmp_path):
-    script, documents, codes = _record(tmp_path, "bug")
+    script, documents, codes = record_ranks(tmp_path, "fsdp.py", PROGRAM, "bug")
     # Rank 0 has no bug: its backward fails only because rank 1 left the collective.
     assert documents[0]["violations"] == []
     assert codes[1] == 1
@@ -152,7 +129,7 @@ def test_fsdp2_bug_on_one_rank_is_reported_there_only(tmp_path):
 
 
 def test_fsdp2_optimizer_step_before_backward_is_reported_with_its_line(tmp_path):
-    script, documents, codes = _record(tmp_path, "early_step")
+    script, documents, codes = record_ranks(tmp_path, "fsdp.py", PROGRAM, "early_step")
     assert codes[1] == 1, documents[1]["warnings"]
     violations = documents[1]["violations"]
     assert violations, "the step between forward and backward went unreported"

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -363,6 +364,60 @@ TEST(AnalyzerTest, WriteThroughDataIsASilentViolation) {
   EXPECT_EQ(Line(v.victim), 11u);
   EXPECT_EQ(v.saved_version, v.current_version);
   EXPECT_FALSE(v.pytorch_raised);
+}
+
+// x @ w, saving w, a wrapper subclass (a DTensor) over a shard: (shard, w, the mm).
+std::tuple<format::ObjectId, format::ObjectId, Forwarded> SaveAWrapper(TraceBuilder& b) {
+  auto shard = b.Tensor({8, 8});
+  auto w = b.Wrapper(shard);
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::mm", "MmBackward0", {x, w}, {{"self", x}, {"mat2", w}}, b.At(11));
+  return {shard, w, y};
+}
+
+// A DTensor saved by mm, its shard written under no_grad (`w.to_local().mul_(2)`): the shard's
+// counter moves, the DTensor's does not, PyTorch stays silent and backward reads the new values.
+TEST(AnalyzerTest, WriteThroughAWrappersInnerTensorIsASilentViolation) {
+  TraceBuilder b;
+  auto [shard, w, y] = SaveAWrapper(b);
+  auto write = b.Inplace("aten::mul_", shard, {}, b.At(14), false);
+  b.Backward({y.node});
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  EXPECT_EQ(v.kind, ViolationKind::kSilent);
+  EXPECT_EQ(v.culprit->id, write);
+  EXPECT_EQ(Line(v.victim), 11u);
+  EXPECT_EQ(v.tensor.id, w);
+  EXPECT_FALSE(v.pytorch_raised);
+}
+
+// The DTensor's own in-place op writes its shard inside it (DTensor's __torch_dispatch__) and moves
+// the DTensor's counter: one violation, the version check's, not a second silent one.
+TEST(AnalyzerTest, AWrappersOwnInplaceOpIsOneVersionViolation) {
+  TraceBuilder b;
+  auto [shard, w, y] = SaveAWrapper(b);
+  const format::ObjectId outer = b.NewId();
+  b.Op({.name = "aten::mul_", .inputs = {shard}, .outputs = {shard}, .writes = {shard},
+        .parent = outer, .grad_mode = false});
+  b.Op({.name = "aten::mul_", .inputs = {w}, .outputs = {w}, .writes = {w}, .id = outer,
+        .stack = b.At(14), .grad_mode = false});
+  b.Backward({y.node}, y.node,
+             "one of the variables needed for gradient computation has been modified by an "
+             "inplace operation");
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  EXPECT_EQ(report.violations[0].kind, ViolationKind::kVersion);
+  EXPECT_EQ(report.violations[0].culprit->id, outer);
+}
+
+// A write to the shard after backward used the DTensor (the optimizer's) is fine.
+TEST(AnalyzerTest, AWrappersInnerWrittenAfterUseIsFine) {
+  TraceBuilder b;
+  auto [shard, w, y] = SaveAWrapper(b);
+  b.Backward({y.node});
+  b.Inplace("aten::add_", shard, {}, b.At(14), false);
+  EXPECT_TRUE(Analyze(b.records).violations.empty());
 }
 
 // Writes through .data that miss the saved bytes, or land after the node ran, are fine.

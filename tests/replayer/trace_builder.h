@@ -172,6 +172,22 @@ class TraceBuilder {
     return t.tensor;
   }
 
+  // A wrapper subclass over `inner` (a DTensor over its shard): a leaf that requires grad, with a
+  // storage of no bytes and a counter of its own, naming `inner` (TensorInfo.inner).
+  ObjectId Wrapper(ObjectId inner) {
+    format::TensorInfo t = Info(inner);
+    t.tensor = NewId();
+    t.storage = NewId();
+    t.version_counter = NewId();
+    t.storage_nbytes = 0;
+    t.requires_grad = true;
+    t.is_leaf = true;
+    t.grad_fn = 0;
+    t.inner = inner;
+    Emit(t);
+    return t.tensor;
+  }
+
   // One OpRecord; versions from the builder's counters.
   ObjectId Op(OpSpec spec) {
     format::OpRecord op;

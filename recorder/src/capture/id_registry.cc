@@ -1,6 +1,7 @@
 #include "capture/id_registry.h"
 
 #include <array>
+#include <optional>
 
 #include <torch/csrc/autograd/variable.h>
 
@@ -121,9 +122,16 @@ format::ObjectId IdRegistry::VersionCounterId(const c10::TensorImpl& impl) {
 
 format::ObjectId IdRegistry::RefTensor(const at::Tensor& tensor, EncodedRecords& out,
                                        format::ObjectId* storage_id,
-                                       format::ObjectId* counter_id) {
+                                       format::ObjectId* counter_id,
+                                       const WrapperInners* inners) {
   if (!tensor.defined()) return 0;
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  // The wrapped tensor first: its TensorInfo precedes the wrapper's, and its lookup may move the
+  // wrapper's entry. One level: a wrapper inside a wrapper is named, not followed.
+  std::optional<format::ObjectId> inner;
+  if (inners != nullptr) {
+    if (const at::Tensor* t = FindInner(*inners, impl)) inner = RefTensor(*t, out);
+  }
   bool created = false;
   auto& entry = tensors_.Lookup(
       impl, [&] { return c10::weak_intrusive_ptr<c10::TensorImpl>(tensor.getIntrusivePtr()); },
@@ -167,11 +175,14 @@ format::ObjectId IdRegistry::RefTensor(const at::Tensor& tensor, EncodedRecords&
                                                data_addresses_.load(std::memory_order_relaxed));
   uint64_t metadata_hash = 0;
   const bool hashable = HashMetadata(metadata, &metadata_hash);
+  const format::ObjectId inner_id = inner.value_or(known ? state.inner : 0);
   if (known && hashable && state.storage == storage && state.version_counter == counter &&
-      state.grad_fn == grad_fn_id && state.metadata_hash == metadata_hash) {
+      state.grad_fn == grad_fn_id && state.metadata_hash == metadata_hash &&
+      state.inner == inner_id) {
     return entry.id;
   }
   state.written = true;
+  state.inner = inner_id;
   state.storage = storage;
   state.version_counter = counter;
   state.grad_fn = grad_fn_id;
@@ -182,6 +193,7 @@ format::ObjectId IdRegistry::RefTensor(const at::Tensor& tensor, EncodedRecords&
   info.storage = storage;
   info.version_counter = counter;
   info.grad_fn = grad_fn_id;
+  info.inner = inner_id;
   FillTensorInfo(metadata, info);
   out.Add(info);
   return entry.id;

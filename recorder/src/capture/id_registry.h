@@ -21,6 +21,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "capture/object_ids.h"
+#include "capture/wrapper_tensors.h"
 #include "internals/torch_compat.h"
 #include "sink/record_bytes.h"
 #include "torchrr/format/records.h"
@@ -38,10 +39,13 @@ class IdRegistry {
   format::ObjectId NewId() { return ++next_id_; }
 
   // The tensor's id; writes a TensorInfo to `out` when the tensor is new or its metadata changed.
-  // Also its storage's and version counter's ids, where asked. 0 for an undefined tensor.
+  // Also its storage's and version counter's ids, where asked. 0 for an undefined tensor. A
+  // wrapper subclass found in `inners` names the tensor it wraps (whose TensorInfo goes first);
+  // one not there keeps the one it named before.
   format::ObjectId RefTensor(const at::Tensor& tensor, EncodedRecords& out,
                              format::ObjectId* storage_id = nullptr,
-                             format::ObjectId* counter_id = nullptr);
+                             format::ObjectId* counter_id = nullptr,
+                             const WrapperInners* inners = nullptr);
 
   // What a node's entry keeps: the storages its saved tensors pinned (StorageId), unpinned when
   // it runs (UnpinSavedStorages).
@@ -91,6 +95,7 @@ class IdRegistry {
     format::ObjectId storage = 0;
     format::ObjectId version_counter = 0;
     format::ObjectId grad_fn = 0;
+    format::ObjectId inner = 0;  // A wrapper subclass's wrapped tensor.
     const void* storage_impl = nullptr;  // StorageImpl*, not the data pointer.
     const void* counter_impl = nullptr;
     const void* grad_fn_node = nullptr;  // The Node: the tensor holds it while it is its grad_fn.

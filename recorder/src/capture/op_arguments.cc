@@ -8,10 +8,10 @@ namespace torchrr::recorder {
 namespace {
 
 void AddInputTensor(const at::Tensor& t, uint16_t position, uint16_t list_index, OpFrame& frame,
-                    IdRegistry& ids) {
+                    IdRegistry& ids, const WrapperInners* inners) {
   if (!t.defined()) return;
   format::TensorUse use;
-  use.tensor = ids.RefTensor(t, frame.before);
+  use.tensor = ids.RefTensor(t, frame.before, nullptr, nullptr, inners);
   use.position = position;
   use.list_index = list_index;
   auto counter = StrongVersionCounter(*t.unsafeGetTensorImpl());
@@ -23,15 +23,16 @@ void AddInputTensor(const at::Tensor& t, uint16_t position, uint16_t list_index,
 
 // Adds the tensors `v` holds (a tensor, a tensor list, a list with tensors among its elements);
 // false when it holds none.
-bool AddInputTensors(const c10::IValue& v, uint16_t position, OpFrame& frame, IdRegistry& ids) {
+bool AddInputTensors(const c10::IValue& v, uint16_t position, OpFrame& frame, IdRegistry& ids,
+                     const WrapperInners* inners) {
   if (v.isTensor()) {
-    AddInputTensor(v.toTensor(), position, format::TensorUse::kNotInList, frame, ids);
+    AddInputTensor(v.toTensor(), position, format::TensorUse::kNotInList, frame, ids, inners);
     return true;
   }
   if (v.isTensorList()) {
     auto list = v.toTensorList();
     for (size_t j = 0; j < list.size(); ++j) {
-      AddInputTensor(list.get(j), position, static_cast<uint16_t>(j), frame, ids);
+      AddInputTensor(list.get(j), position, static_cast<uint16_t>(j), frame, ids, inners);
     }
     return true;
   }
@@ -40,7 +41,7 @@ bool AddInputTensors(const c10::IValue& v, uint16_t position, OpFrame& frame, Id
   bool has_tensor = false;
   for (size_t j = 0; j < list.size(); ++j) {
     if (list[j].isTensor()) {
-      AddInputTensor(list[j].toTensor(), position, static_cast<uint16_t>(j), frame, ids);
+      AddInputTensor(list[j].toTensor(), position, static_cast<uint16_t>(j), frame, ids, inners);
       has_tensor = true;
     }
   }
@@ -111,7 +112,8 @@ c10::ArrayRef<const c10::IValue> InputsOf(const at::RecordFunction& fn) {
 }
 
 void RecordInputs(c10::ArrayRef<const c10::IValue> inputs, OpFrame& frame, IdRegistry& ids,
-                  Interner& interner) {
+                  Interner& interner, const WrapperInners& wrapper_inners) {
+  const WrapperInners* inners = wrapper_inners.empty() ? nullptr : &wrapper_inners;
   format::OpRecord& op = frame.op;
   // One allocation each for the common case (no tensor lists).
   size_t n_tensors = 0;
@@ -121,7 +123,7 @@ void RecordInputs(c10::ArrayRef<const c10::IValue> inputs, OpFrame& frame, IdReg
   op.values.reserve(inputs.size() - n_tensors);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto position = static_cast<uint16_t>(i);
-    if (AddInputTensors(inputs[i], position, frame, ids)) continue;
+    if (AddInputTensors(inputs[i], position, frame, ids, inners)) continue;
     format::Value value;
     value.position = position;
     ToValue(inputs[i], frame, interner, value);
@@ -149,13 +151,14 @@ void CollectOutputs(const std::vector<c10::IValue>& outputs, std::vector<OpOutpu
 }
 
 void RecordOutputs(std::vector<OpOutput>& outputs, OpFrame& frame, IdRegistry& ids,
-                   EncodedRecords& out) {
+                   EncodedRecords& out, const WrapperInners& wrapper_inners) {
   format::OpRecord& op = frame.op;
+  const WrapperInners* inners = wrapper_inners.empty() ? nullptr : &wrapper_inners;
   op.outputs.reserve(outputs.size());
   for (OpOutput& output : outputs) {
     const at::Tensor& t = *output.tensor;
     format::TensorUse use;
-    use.tensor = ids.RefTensor(t, out, &output.storage, &output.version_counter);
+    use.tensor = ids.RefTensor(t, out, &output.storage, &output.version_counter, inners);
     use.position = output.position;
     use.list_index = output.list_index;
     use.version_after = ReadVersionCounter(VersionCounterOf(*t.unsafeGetTensorImpl()));

@@ -23,17 +23,18 @@ c10::ArrayRef<const c10::IValue> InputsOf(const at::RecordFunction& fn);
 
 // Fills frame.op's inputs (tensors, with their versions now, also read as version_after until the
 // op ends) and values (the other arguments), and frame.input_counters. Definitions and
-// TensorInfos go to frame.before.
+// TensorInfos go to frame.before; a wrapper's names the tensor `wrapper_inners` says it wraps.
 void RecordInputs(c10::ArrayRef<const c10::IValue> inputs, OpFrame& frame, IdRegistry& ids,
-                  Interner& interner);
+                  Interner& interner, const WrapperInners& wrapper_inners);
 
 // The defined tensors among an op's outputs, in order, with the positions they came from.
 void CollectOutputs(const std::vector<c10::IValue>& outputs, std::vector<OpOutput>& collected);
 
 // Fills frame.op's outputs from `outputs` (their ids, also into each OpOutput, and versions: an
-// in-place op returns its input, whose version before is the input's). TensorInfos go to `out`.
+// in-place op returns its input, whose version before is the input's). TensorInfos go to `out`,
+// as in RecordInputs.
 void RecordOutputs(std::vector<OpOutput>& outputs, OpFrame& frame, IdRegistry& ids,
-                   EncodedRecords& out);
+                   EncodedRecords& out, const WrapperInners& wrapper_inners);
 
 }  // namespace torchrr::recorder
 

@@ -59,6 +59,11 @@ void torchrr_read_unchecked_tensors(torch::autograd::Node& node, std::vector<at:
 // Python's error state is left as it was.
 uint64_t torchrr_read_saved_uses(torch::autograd::Node& node, std::vector<std::string>* traces);
 
+// The first tensor a wrapper subclass's `__tensor_flatten__` names (a DTensor's `_local_tensor`),
+// into `out`; `out` is left as it was for any other tensor. Takes the GIL: the caller holds no
+// lock that a thread holding the GIL could wait for. Python's error state is left as it was.
+void torchrr_read_inner_tensor(const at::Tensor& wrapper, at::Tensor* out);
+
 }  // extern "C"
 
 // The library's function `name`, looked up once (nullptr when the library or the function is

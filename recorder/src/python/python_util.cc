@@ -17,15 +17,9 @@ void SetFollowing(int follow, std::atomic<bool>& following, PyObject* const& wra
     return;
   }
   if (!PythonUsable()) return;
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* error_type = nullptr;
-  PyObject* error_value = nullptr;
-  PyObject* error_trace = nullptr;
-  PyErr_Fetch(&error_type, &error_value, &error_trace);
+  GilAndErrorGuard guard;
   if (wrapped == nullptr) wrap();
   following.store(wrapped != nullptr, std::memory_order_release);
-  PyErr_Restore(error_type, error_value, error_trace);
-  PyGILState_Release(gil);
 }
 
 }  // namespace torchrr::recorder::python

@@ -146,7 +146,7 @@ void Session::StartLocked(const at::RecordFunction& fn, ThreadState& ts, OpFrame
       ts.op_stack.size() > ts.transparent_scopes ? ts.outermost_sequence_at_start : UINT64_MAX;
   graph_->RefInputNodes(inputs, frame.thread, building_from, ts.unchecked_saves, ts.nodes,
                         frame.before);
-  RecordInputs(inputs, frame, ids_, *interner_);
+  RecordInputs(inputs, frame, ids_, *interner_, ts.wrapper_inners);
   // The definitions and the inputs' metadata go out now, before the records of the ops nested
   // in this one (which end, and are written, first) can name them or describe those inputs
   // as they changed.
@@ -174,16 +174,19 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     CapturedStack stack;
     CaptureStack(ts, wants_stack, stack);
     ReadInputsUnchecked(InputsOf(fn), ts);  // Takes the GIL: before mu_.
+    ReadWrapperInners(InputsOf(fn), ts.wrapper_inners);  // Likewise.
     {
       std::lock_guard<std::mutex> lock(mu_);
       StartLocked(fn, ts, *frame, stack);
     }
     ts.unchecked_saves.clear();  // Outside mu_: the tensors may be Python's last references.
+    ts.wrapper_inners.clear();
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at the start of ") + fn.name() + ": " + e.what(), ts);
     frame.reset();
     ts.fingerprints.clear();
     ts.unchecked_saves.clear();
+    ts.wrapper_inners.clear();
   }
   // Outside mu_: hashing saved bytes (on CUDA, a kernel and a wait) blocks no other thread.
   if (frame && !ts.fingerprints.empty()) {
@@ -231,7 +234,7 @@ void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
     graph_->RefFunctionNode(ts.function_node.get(), frame, ts.saved_hooks, ts.unchecked_saves,
                             ts.saved_uses.get(), after, ts.nodes);
   }
-  RecordOutputs(ts.outputs, frame, ids_, after);
+  RecordOutputs(ts.outputs, frame, ids_, after, ts.wrapper_inners);
   NameSavedOutputs(ts.nodes, ts.outputs, op.outputs);
   // Order: the fingerprints taken at the start (before), the definitions and the outputs'
   // metadata as the op left them, the nodes it created (whose saved tensors those describe),
@@ -274,6 +277,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
       state.outputs.clear();
       state.saved_hooks.clear();  // Outside mu_: dropping a Python node takes the GIL.
       state.unchecked_saves.clear();
+      state.wrapper_inners.clear();
       state.function_node.reset();
       state.saved_uses.reset();
     }
@@ -288,6 +292,9 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   }
   CollectOutputs(fn.outputs(), ts.outputs);
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
+  for (const OpOutput& output : ts.outputs) {
+    ReadWrapperInner(*output.tensor, ts.wrapper_inners);  // Likewise.
+  }
   // A Python Function's apply: the node made inside it, which no output shows (GIL: before mu_).
   if (op.scope == format::OpScope::kFunction && op.sequence_nr >= 0) {
     compat::NodePtr node = TakeFunctionNode(op.sequence_nr);

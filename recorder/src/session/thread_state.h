@@ -24,6 +24,7 @@
 #include "stacks/python_stacks.h"
 #include "sink/record_bytes.h"
 #include "capture/saved_variables.h"
+#include "capture/wrapper_tensors.h"
 #include "torchrr/format/records.h"
 
 namespace torchrr::recorder {
@@ -162,6 +163,9 @@ struct ThreadState {
   EncodedRecords after;
   NodeScratch nodes;
   std::vector<OpOutput> outputs;  // An op's output tensors, in order.
+  // What the op's wrapper-subclass inputs (OnStart) or outputs (RecordEnd) wrap, read before the
+  // session's lock is taken (reading them takes the GIL).
+  WrapperInners wrapper_inners;
   // What the saved-tensor hooks of the nodes an op created packed, read before the session's lock
   // is taken (reading them takes the GIL), by SavedVariable.
   SavedHooks saved_hooks;

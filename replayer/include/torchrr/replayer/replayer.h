@@ -164,6 +164,9 @@ struct SavedTensorRef {
   bool is_output = false;
   bool is_leaf = false;
   uint32_t output_nr = 0;
+  // A wrapper subclass (a DTensor): the tensor it wraps, whose storage holds its bytes (its
+  // shard); 0 for any other tensor.
+  format::ObjectId inner = 0;
 };
 
 struct NodeRef {
