@@ -6,7 +6,8 @@ moves only the shard's counter: PyTorch raises nothing and backward computes the
 changed values. The recorder ties each DTensor to its shard (TensorInfo.inner), so the replayer
 reports that write (kind `silent`) with its line, on the rank that made it; a write through the
 DTensor itself stays the one version error PyTorch raises; updating the shard after backward (an
-optimizer written against shards) is fine."""
+optimizer written against shards) is fine. Tensor parallelism (`parallelize_module`) the same way:
+a weight clamped through its shard between forward and backward is reported on every rank."""
 import textwrap
 
 from conftest import marker_line, needs_build, record_ranks, same_file
@@ -21,12 +22,44 @@ PROGRAM = textwrap.dedent("""\
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = torch.nn.Linear(16, 32)
+            self.down = torch.nn.Linear(32, 16)
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x)))  # TP_SAVED
+
+
+    def tensor_parallel(clamp_step):
+        model = parallelize_module(MLP(), mesh, {"up": ColwiseParallel(),
+                                                 "down": RowwiseParallel()})
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x = torch.randn(4, 16)
+        for step in range(3):
+            loss = model(x).sum()
+            if step == clamp_step:
+                with torch.no_grad():
+                    model.down.weight.to_local().clamp_(-0.1, 0.1)  # CLAMP
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     mode = sys.argv[1]
     torch.manual_seed(0)
+    if mode.startswith("tensor_parallel"):
+        tensor_parallel(1 if mode == "tensor_parallel_clamp" else None)
+        dist.destroy_process_group()
+        sys.exit(0)
     w = distribute_tensor(torch.randn(8, 8), mesh, [Replicate()]).requires_grad_()
     v = distribute_tensor(torch.randn(8, 8), mesh, [Shard(0)]).requires_grad_()
     x = distribute_tensor(torch.randn(4, 8), mesh, [Replicate()]).requires_grad_()
@@ -88,3 +121,17 @@ def test_dtensor_own_inplace_write_is_the_one_error_pytorch_raises(tmp_path):
     assert v["culprit"]["user_frame"]["line"] == marker_line(script, "WRAPPER_WRITE")
     assert v["victim"]["user_frame"]["line"] == marker_line(script, "SAVED")
     assert documents[1]["unexplained_errors"] == []
+
+
+def test_tensor_parallel_clean_then_a_weight_clamped_between_forward_and_backward(tmp_path):
+    _, documents, codes = record_ranks(tmp_path, "dtensor.py", PROGRAM, "tensor_parallel")
+    assert documents[0]["violations"] == [] and documents[1]["violations"] == []
+    assert codes == {0: 0, 1: 0}
+    script, documents, codes = record_ranks(tmp_path, "dtensor.py", PROGRAM,
+                                            "tensor_parallel_clamp")
+    for rank in (0, 1):
+        violations = documents[rank]["violations"]
+        assert [v["kind"] for v in violations] == ["silent"], (rank, violations)
+        assert violations[0]["culprit"]["user_frame"]["line"] == marker_line(script, "CLAMP")
+        assert violations[0]["victim"]["user_frame"]["line"] == marker_line(script, "TP_SAVED")
+        assert violations[0]["tensor"]["inner"] is not None
