@@ -290,8 +290,17 @@ struct AnalysisState {
 
   // What the analysis found, in the order autograd met (or would have met) it.
   std::vector<Finding> findings;
-  // Writes to parameters (leaves that require grad), in record order: (seq, innermost op).
-  std::vector<std::pair<uint64_t, format::ObjectId>> parameter_writes;
+  // Writes to parameters (leaves that require grad), in record order.
+  struct ParameterWrite {
+    uint64_t seq = 0;
+    format::ObjectId op = 0;  // The innermost op that showed it.
+    bool wrapper = false;     // Through a wrapper subclass the trace ties to its data (a DTensor).
+  };
+  std::vector<ParameterWrite> parameter_writes;
+  // The trace ties wrapper subclasses to the tensors they wrap (a TensorInfo.inner was seen,
+  // format 1.9): a parameter that is no wrapper is a plain tensor whose writes ContentLineage
+  // follows.
+  bool wrappers_tied = false;
   // Restored saved tensors: how many uses, and the first kMaxRestoredListed.
   static constexpr size_t kMaxRestoredListed = 32;
   uint64_t restored_count = 0;

@@ -240,6 +240,7 @@ void Analyzer::Impl::On(const format::TensorInfo& r) {
   t.is_leaf = r.is_leaf;
   t.requires_grad = r.requires_grad;
   t.inner = r.inner;
+  if (r.inner != 0) state_.wrappers_tied = true;
 }
 
 CounterState& Analyzer::Impl::GetCounter(ObjectId id) {
@@ -404,7 +405,9 @@ void Analyzer::Impl::RecordBump(CounterState& counter, const format::OpRecord& r
   }
   bumps.push_back({r.op, state_.seq, before, after, tensor_id, content});
   ++state_.bump_count;
-  if (tensor.is_leaf && tensor.requires_grad) state_.parameter_writes.emplace_back(state_.seq, r.op);
+  if (tensor.is_leaf && tensor.requires_grad) {
+    state_.parameter_writes.push_back({state_.seq, r.op, tensor.inner != 0});
+  }
   silent_.OnWrite(r.op, tensor, counter_id);
 }
 

@@ -637,9 +637,14 @@ bool BackwardReplay::PutBack(const SavedState& s, const Finding& base, const Bum
 
 ObjectId BackwardReplay::ParameterWrittenBetween(uint64_t after_seq, uint64_t before_seq) const {
   const auto& writes = state_.parameter_writes;
-  auto it = std::upper_bound(writes.begin(), writes.end(), std::make_pair(after_seq, ObjectId{0}),
-                             [](const auto& a, const auto& b) { return a.first < b.first; });
-  return it != writes.end() && it->first < before_seq ? it->second : 0;
+  auto it = std::upper_bound(writes.begin(), writes.end(), after_seq,
+                             [](uint64_t seq, const auto& write) { return seq < write.seq; });
+  // Where the trace ties wrappers to their data, a plain parameter's write changed what the
+  // refill copied only if the lineage says so; a DTensor's may have changed its shard unseen.
+  for (; it != writes.end() && it->seq < before_seq; ++it) {
+    if (it->wrapper || !state_.wrappers_tied) return it->op;
+  }
+  return 0;
 }
 
 void BackwardReplay::NoteRestored(const Finding& base, ObjectId writer) {

@@ -105,7 +105,9 @@ class BackwardReplay {
   bool PutBack(const SavedState& s, const Finding& base, const Bump* last) const;
   // The first write to a parameter (a leaf that requires grad) strictly between two records; 0
   // when none. A restoration is not taken on trust across one: a wrapper subclass's parameter
-  // (DTensor) is written as the wrapper, while the lineage follows the shard inside it.
+  // (DTensor) is written as the wrapper, while the lineage follows the shard inside it. Where
+  // the trace ties wrappers to their shards (format 1.9), only writes to wrappers count: a plain
+  // parameter's write (another model's EMA, a clamp) is in the lineage if the refill read it.
   format::ObjectId ParameterWrittenBetween(uint64_t after_seq, uint64_t before_seq) const;
   // A use whose writes since the save put back the saved bytes: counted, and listed up to a bound.
   void NoteRestored(const Finding& base, format::ObjectId writer);

@@ -26,7 +26,8 @@
 // moved), which no rule here can catch (--verify-saved's fingerprints do), and the bytes other
 // ranks bring into a collective, taken to change only when this rank's contribution does. A write
 // through a wrapper subclass (a DTensor) changes the wrapper's lineage, not its shard's: the
-// caller does not trust a restoration across a parameter write
+// caller does not trust a restoration across a write to a wrapper parameter, or, in a trace that
+// does not tie wrappers to their shards, to any parameter
 // (BackwardReplay::ParameterWrittenBetween).
 //
 // Not thread-safe; reads tensors from the AnalysisState it was given, which must outlive it.

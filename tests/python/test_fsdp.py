@@ -72,7 +72,7 @@ PROGRAM = textwrap.dedent("""\
         return net, torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-    def train(net, opt, steps=3, accumulate=1, bug_step=None, early_step=None):
+    def train(net, opt, steps=3, accumulate=1, bug_step=None, early_step=None, ema=None):
         x = torch.randn(4, 16)
         for step in range(steps):
             for micro in range(accumulate):
@@ -82,6 +82,11 @@ PROGRAM = textwrap.dedent("""\
                 out = net(x)
                 if step == early_step:
                     opt.step()  # EARLY_STEP
+                if ema is not None:
+                    with torch.no_grad():  # Another model's weights, not sharded: legal here.
+                        for p, q in zip(ema.parameters(), net.parameters()):
+                            p.mul_(0.9)
+                            p.clamp_(-1, 1)
                 out.sum().backward()
             opt.step()
             opt.zero_grad(set_to_none=False)  # Kept as zeros: an early step still moves (momentum).
@@ -98,6 +103,8 @@ PROGRAM = textwrap.dedent("""\
         train(*build(), bug_step=1 if rank == 1 else None)
     elif mode == "early_step":
         train(*build(), early_step=1 if rank == 1 else None)
+    elif mode == "ema":
+        train(*build(), ema=Net())
     dist.destroy_process_group()
     """)
 
@@ -141,3 +148,13 @@ def test_fsdp2_optimizer_step_before_backward_is_reported_with_its_line(tmp_path
         assert source["user_frame"]["line"] == marker_line(script, "EARLY_STEP")
     assert {v["victim"]["user_frame"]["line"] for v in violations} <= {
         marker_line(script, "WEIGHT_SAVED"), marker_line(script, "HEAD")}
+
+
+def test_fsdp2_another_models_parameters_written_between_forward_and_backward_are_legal(tmp_path):
+    # Plain parameters the all-gather does not read (an EMA model's, clamped): the refills still
+    # put back what was saved.
+    _, documents, codes = record_ranks(tmp_path, "fsdp.py", PROGRAM, "ema")
+    for rank, document in documents.items():
+        assert document["violations"] == [], (rank, document["violations"][:1])
+        assert codes[rank] == 0, (rank, document["unexplained_errors"], document["warnings"])
+        assert document["restored_writes"]["count"] >= 4, document["restored_writes"]["count"]

@@ -402,27 +402,40 @@ TEST(CounterResetTest, AnOpThatStartedBeforeTheWriteEndedIsNoReset) {
   EXPECT_EQ(report.violations[0].current_version, 1u);
 }
 
+// What an optimizer step writes between forward and the refill, if anything.
+enum class StepWrites {
+  kNothing,
+  kShard,      // The shard the refill reads, which then brings other values.
+  kParameter,  // Another parameter, in a trace that does not tie wrappers to their shards (an
+               // optimizer step on a DTensor writes the DTensor, not the shard inside it).
+  kDTensor,    // The DTensor over the shard, in a trace that ties them (format 1.9).
+  kPlainParameterInATiedTrace,  // A plain parameter the refill does not read (another model's).
+};
+
 // FSDP2's unshard before forward and again before backward, in small: the sharded parameter is
 // copied into the unsharded one under a preserved counter, forward saves the unsharded one, and
-// backward's refill copies it in again. `write_shard_between`: an optimizer step writes the shard
-// between forward and the refill, which then brings other values.
+// backward's refill copies it in again, with `between` written in between.
 struct RefillProgram {
   TraceBuilder b;
   ObjectId shard = 0, unsharded = 0, refill = 0, step = 0;
   Forwarded y, loss;
 
-  // `write_wrapper_between`: the step writes another parameter, as an optimizer step on a DTensor
-  // writes the DTensor and not the shard inside it that the refill reads.
-  explicit RefillProgram(bool write_shard_between, bool write_wrapper_between = false) {
+  explicit RefillProgram(StepWrites between) {
     shard = b.Leaf({8});
     unsharded = b.Tensor({8});
     auto x = b.Leaf({8});
-    auto wrapper = b.Leaf({8});
+    const bool tied = between == StepWrites::kDTensor ||
+                      between == StepWrites::kPlainParameterInATiedTrace;
+    auto parameter = b.Leaf({8});
+    auto dtensor = tied ? b.Wrapper(shard) : 0;
     Unshard();
     y = b.Forward("aten::mul", "MulBackward0", {x, unsharded}, {{"other", unsharded}}, b.At(10));
     loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(11), {});
-    if (write_shard_between) step = b.Inplace("aten::add_", shard, {}, b.At(12), false);
-    if (write_wrapper_between) step = b.Inplace("aten::add_", wrapper, {}, b.At(12), false);
+    const ObjectId written = between == StepWrites::kShard     ? shard
+                             : between == StepWrites::kDTensor ? dtensor
+                             : between == StepWrites::kNothing ? 0
+                                                               : parameter;
+    if (written != 0) step = b.Inplace("aten::add_", written, {}, b.At(12), false);
     refill = Unshard();
     b.Backward({loss.node, y.node});
   }
@@ -438,7 +451,7 @@ struct RefillProgram {
 };
 
 TEST(CounterResetTest, ARefillWithTheSavedValuesIsNoViolation) {
-  RefillProgram program(false);
+  RefillProgram program(StepWrites::kNothing);
   Report report = Analyze(program.b.records);
   EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
   EXPECT_EQ(report.restored_count, 1u);
@@ -457,7 +470,7 @@ TEST(CounterResetTest, ARefillWithTheSavedValuesIsNoViolation) {
 }
 
 TEST(CounterResetTest, ARefillFromAShardWrittenSinceTheSaveIsSilent) {
-  RefillProgram program(true);
+  RefillProgram program(StepWrites::kShard);
   Report report = Analyze(program.b.records);
   ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
   const Violation& v = report.violations[0];
@@ -469,10 +482,16 @@ TEST(CounterResetTest, ARefillFromAShardWrittenSinceTheSaveIsSilent) {
 }
 
 // The refill's lineage is the save's, but a parameter was written in between: the lineage cannot
-// tell whether that parameter is the shard's wrapper, so the write stays a violation, and the
-// parameter's write is where its values changed.
-TEST(CounterResetTest, ARefillAcrossAParameterWriteNamesThatWrite) {
-  RefillProgram program(false, true);
+// tell whether that parameter is the shard's wrapper (the trace does not tie them), or it is a
+// DTensor over the shard, so the write stays a violation, and the parameter's write is where its
+// values changed.
+class RefillAcrossAParameterWrite : public ::testing::TestWithParam<StepWrites> {};
+
+INSTANTIATE_TEST_SUITE_P(CounterResetTest, RefillAcrossAParameterWrite,
+                         ::testing::Values(StepWrites::kParameter, StepWrites::kDTensor));
+
+TEST_P(RefillAcrossAParameterWrite, NamesThatWrite) {
+  RefillProgram program(GetParam());
   Report report = Analyze(program.b.records);
   ASSERT_EQ(report.violations.size(), 1u) << FormatText(report, false);
   const Violation& v = report.violations[0];
@@ -488,6 +507,15 @@ TEST(CounterResetTest, ARefillAcrossAParameterWriteNamesThatWrite) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("help: update the parameter after backward()"), std::string::npos) << text;
+}
+
+// In a trace that ties DTensors to their shards, a plain parameter the refill does not read (an EMA
+// of another model's weights, a clamp of an unrelated one) leaves the restoration trusted.
+TEST(CounterResetTest, ARefillAcrossAnUnrelatedPlainParameterWriteIsNoViolation) {
+  RefillProgram program(StepWrites::kPlainParameterInATiedTrace);
+  Report report = Analyze(program.b.records);
+  EXPECT_TRUE(report.violations.empty()) << FormatText(report, false);
+  EXPECT_EQ(report.restored_count, 1u);
 }
 
 // A copy from another tensor than the one the save's bytes came from is a write, however the
