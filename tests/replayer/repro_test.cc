@@ -163,7 +163,7 @@ TEST(ReproTest, RefusesATraceWithoutViolationsAndAnIndexPastThem) {
   EXPECT_EQ(repro.error, "the trace holds no violation to reproduce");
 }
 
-// repro --check's verdict: the recorded message's first sentence (CUDA types read as the CPU's),
+// repro --check's verdict: the recorded message's first sentence (its type name aside),
 // the kind's words when none was kept, and a silent write's gradient line.
 TEST(ReproTest, JudgesARunByTheRecordedMessage) {
   Violation v;
@@ -184,6 +184,11 @@ TEST(ReproTest, JudgesARunByTheRecordedMessage) {
   EXPECT_NE(wrong.summary.find("status 1: RuntimeError: one of"), std::string::npos)
       << wrong.summary;
 
+  // A trace recorded from C++ names the type as C++ does.
+  v.pytorch_message = "one of the variables needed for gradient computation has been modified by "
+                      "an inplace operation: [CPUFloatType [4]], which is output 0 of "
+                      "SigmoidBackward0, is at version 1; expected version 0 instead. Hint: x";
+  EXPECT_TRUE(JudgeRepro(v, 1, raised).reproduced);
   v.pytorch_message.reset();
   EXPECT_TRUE(JudgeRepro(v, 1, other_version).reproduced);
   v.kind = ViolationKind::kSilent;

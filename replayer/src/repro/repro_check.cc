@@ -11,14 +11,17 @@ namespace {
 // What the script's silent-write branch prints when the gradients differ (ScriptMain).
 constexpr std::string_view kGradientsDiffer = "the gradients differ";
 
-// `text` with "torch.cuda." read as "torch.": a CUDA trace's script run on the CPU names
-// torch.FloatTensor where the recorded message named torch.cuda.FloatTensor.
-std::string WithoutCuda(std::string_view text) {
+// `text` with the tensor type of PyTorch's version message ("inplace operation: [TYPE [4, 3]]")
+// read as "T": a CUDA trace's script run on the CPU names torch.FloatTensor where the recorded
+// message named torch.cuda.FloatTensor, and a trace recorded from C++ names CPUFloatType.
+std::string WithoutTensorType(std::string_view text) {
+  constexpr std::string_view kBefore = "inplace operation: [";
   std::string out(text);
-  for (size_t at = out.find("torch.cuda."); at != std::string::npos;
-       at = out.find("torch.cuda.", at)) {
-    out.erase(at + 6, 5);
-  }
+  const size_t at = out.find(kBefore);
+  if (at == std::string::npos) return out;
+  const size_t type = at + kBefore.size();
+  const size_t end = out.find(' ', type);
+  if (end != std::string::npos) out.replace(type, end - type, "T");
   return out;
 }
 
@@ -27,7 +30,7 @@ std::string WithoutCuda(std::string_view text) {
 std::string ExpectedMessage(const Violation& v) {
   if (v.pytorch_message && !v.pytorch_message->empty()) {
     const std::string& message = *v.pytorch_message;
-    return WithoutCuda(message.substr(0, message.find(". ")));
+    return WithoutTensorType(message.substr(0, message.find(". ")));
   }
   switch (v.kind) {
     case ViolationKind::kDetached:
@@ -59,8 +62,12 @@ ReproCheck JudgeRepro(const Violation& v, int exit_status, std::string_view outp
                                      : "";
   } else {
     const std::string expected = ExpectedMessage(v);
-    check.reproduced = exit_status == 1 && WithoutCuda(output).find(expected) != std::string::npos;
-    if (check.reproduced) check.summary = "the script raised PyTorch's error: " + expected;
+    check.reproduced =
+        exit_status == 1 && WithoutTensorType(output).find(expected) != std::string::npos;
+    if (check.reproduced) {
+      const std::string last = LastLine(output);
+      check.summary = "the script raised PyTorch's error: " + Printable(last.substr(0, last.find(". ")));
+    }
   }
   if (!check.reproduced) {
     const std::string last = LastLine(output);

@@ -71,9 +71,9 @@ struct ReproCheck {
 // Judges a run of the script WriteRepro wrote for `v`, from its exit status (1: it raised, or a
 // silent write's gradients differed; 2: not reproduced) and `output`, its stdout and stderr
 // together. A raising violation reproduced when the script exited 1 and its output holds the
-// first sentence of PyTorch's recorded message (its shape, node and versions; "torch.cuda."
-// types read as the CPU's, for a script run on the CPU), or PyTorch's words for the kind when
-// the trace kept no message; a silent one when it exited 1 saying the gradients differ.
+// first sentence of PyTorch's recorded message (its shape, node and versions; the tensor's type
+// name aside, which differs on another device and in a trace recorded from C++), or PyTorch's
+// words for the kind when the trace kept no message; a silent one when it exited 1 saying the gradients differ.
 // Thread-compatible.
 ReproCheck JudgeRepro(const Violation& v, int exit_status, std::string_view output);
 
