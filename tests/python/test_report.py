@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,46 @@ def test_one_graph_per_site(tmp_path):
     html = out.read_text()
     assert html.count('<div class="graph">') == 1, html.count('<div class="graph">')
     assert html.count("the same site as violation 1: its graph is drawn there") == 4
+    assert html.count('<pre class="repro">') == 1, "one reproducer for the site"
+    assert html.count("the same site as violation 1: its reproducer is there") == 4
+
+
+@needs_build
+def test_the_page_carries_the_reproducer_and_the_fix(tmp_path):
+    script = tmp_path / "bug.py"
+    script.write_text("import torch\n"
+                      "x = torch.randn(4, requires_grad=True)\n"
+                      "y = torch.sigmoid(x)\n"
+                      "y.mul_(2)  # scale\n"
+                      "y.sum().backward()\n")
+    trace = tmp_path / "bug.trr"
+    subprocess.run([cli(), "record", "--quiet", "-o", str(trace), "--", sys.executable,
+                    str(script)], capture_output=True, text=True, timeout=120)
+    fixed = subprocess.run([cli(), "fix", "--json", str(trace)], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+    assert fixed.returncode == 0, fixed.stderr
+    fix_json = tmp_path / "fix.json"
+    fix_json.write_text(fixed.stdout)
+    out = tmp_path / "r.html"
+    proc = subprocess.run([cli(), "report", str(trace), "-o", str(out), "--fix", str(fix_json)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    html = out.read_text()
+    assert_self_contained(html)
+    assert "<script" not in html
+    # The fix as a diff: the culprit line removed, its out-of-place form added.
+    assert '<span class="del">-y.mul_(2)  # scale</span>' in html, html
+    assert '<span class="add">+y = y.mul(2)  # scale</span>' in html
+    # The reproducer: shown, and as a data: link whose text is the script `repro` writes.
+    link = re.search(r'href="data:text/x-python;charset=utf-8,([^"]*)"', html)
+    assert link, "no link to save the reproducer"
+    saved = urllib.parse.unquote(link.group(1))
+    made = subprocess.run([cli(), "repro", str(trace), "-o", "-"], capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0 and saved == made.stdout
+    assert html_text.escape(saved.splitlines()[0], quote=False) in html
+    # A document that is not fix's is refused.
+    fix_json.write_text("[1, 2]")
+    bad = subprocess.run([cli(), "report", str(trace), "-o", str(out), "--fix", str(fix_json)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--fix" in bad.stderr

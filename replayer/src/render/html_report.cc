@@ -1,5 +1,8 @@
 #include "torchrr/replayer/html_report.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include <fmt/core.h>
 
 #include "torchrr/replayer/printable.h"
@@ -22,7 +25,45 @@ section.violation { margin-top: 2em; }
 .graph svg { max-width: 100%; height: auto; }
 .missing { color: #92400e; background: #fef3c7; padding: 0.5em 1em; border-radius: 6px; }
 svg.timeline { border: 1px solid #e5e7eb; border-radius: 6px; }
+pre.fix, pre.repro { background: #f9fafb; border: 1px solid #e5e7eb; border-radius: 6px;
+                     padding: 1em; overflow-x: auto; font-size: 0.85em; }
+pre.fix .del { color: #b91c1c; }
+pre.fix .add { color: #15803d; }
 )";
+
+// The fix of one violation as `torchrr fix --json` gave it: a diff whose "-" and "+" lines are
+// coloured, or the uncertain rewrite's reasons as they are.
+std::string FixBlock(const std::string& fix) {
+  std::string html = "<h3>Fix (torchrr fix)</h3>\n<pre class=\"fix\">";
+  size_t start = 0;
+  while (start < fix.size()) {
+    size_t end = fix.find('\n', start);
+    if (end == std::string::npos) end = fix.size();
+    const std::string line = fix.substr(start, end - start);
+    const bool file = line.starts_with("---") || line.starts_with("+++");
+    const char* kind = file                   ? nullptr
+                       : line.starts_with("-") ? "del"
+                       : line.starts_with("+") ? "add"
+                                               : nullptr;
+    html += kind == nullptr ? HtmlEscape(line)
+                            : fmt::format("<span class=\"{}\">{}</span>", kind, HtmlEscape(line));
+    html += "\n";
+    start = end + 1;
+  }
+  return html + "</pre>\n";
+}
+
+// The reproducer of one violation, folded: how many lines, a data: link that saves it as a file,
+// and the script itself.
+std::string ReproBlock(size_t index, const std::string& script) {
+  const size_t lines = static_cast<size_t>(std::count(script.begin(), script.end(), '\n'));
+  return fmt::format(
+      "<h3>Reproducer (torchrr repro)</h3>\n<details><summary>A standalone script, {} lines, "
+      "using only torch: <a download=\"repro_{}.py\" href=\"data:text/x-python;charset=utf-8,{}\">"
+      "save it</a>, then run <code>python repro_{}.py</code></summary>\n<pre class=\"repro\">{}"
+      "</pre></details>\n",
+      lines, index + 1, DataUrlEscape(script), index + 1, HtmlEscapePrintable(script));
+}
 
 // FormatText's text without its last line (the summary, which the page shows once at the top).
 std::string WithoutSummary(const std::string& text) {
@@ -77,10 +118,30 @@ std::string ViolationSection(size_t index, const HtmlReportParts& parts) {
                                                       : parts.graph_problem) +
             "</p>\n";
   }
+  if (index < parts.fixes.size() && !parts.fixes[index].empty()) html += FixBlock(parts.fixes[index]);
+  if (index < parts.repro_scripts.size() && !parts.repro_scripts[index].empty()) {
+    html += ReproBlock(index, parts.repro_scripts[index]);
+  } else if (index < parts.repro_notes.size() && !parts.repro_notes[index].empty()) {
+    html += "<h3>Reproducer (torchrr repro)</h3>\n<p class=\"missing\">No reproducer: " +
+            HtmlEscape(parts.repro_notes[index]) + "</p>\n";
+  }
   return html + "</section>\n";
 }
 
 }  // namespace
+
+std::string DataUrlEscape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() * 2);
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
 
 std::string HtmlEscape(const std::string& text) {
   return HtmlEscapePrintable(replayer::Printable(text));

@@ -5,7 +5,8 @@
 // timeline (step_timeline.h); then one section per violation, numbered as the timeline's marks,
 // with the replay's own text for it (replayer::FormatText, so the verdict reads as in a terminal)
 // and the autograd subgraph around it (autograd_graph.h, drawn by Graphviz), or why it is not
-// drawn.
+// drawn; its fix as a diff, when `torchrr fix --json`'s edits are given; and its reproducer
+// (repro.h), shown folded and offered as a data: link to save, no script needed.
 #ifndef TORCHRR_REPLAYER_HTML_REPORT_H_
 #define TORCHRR_REPLAYER_HTML_REPORT_H_
 
@@ -26,7 +27,18 @@ struct HtmlReportParts {
   std::vector<std::string> graph_svgs;  // One per violation; "" when not drawn.
   std::vector<std::string> graph_notes;  // Per violation not drawn: why (another drew its site).
   std::string graph_problem;            // Why graphs are not drawn; "" when they are.
+  // Per violation (or fewer): the fix `torchrr fix --json` gave for it, as diff text ("--- a/..."
+  // then "-old" and "+new" lines, or why it is not certain and the choices); "" for none.
+  std::vector<std::string> fixes;
+  // Per violation (or fewer): its reproducer's script (`torchrr repro`), or "" with why not in
+  // repro_notes.
+  std::vector<std::string> repro_scripts;
+  std::vector<std::string> repro_notes;
 };
+
+// `text` as the body of a data: URL ("data:text/x-python;charset=utf-8," + this): every byte but
+// the unreserved ones of RFC 3986 percent-encoded, so that no quote, `<` or newline is left.
+std::string DataUrlEscape(std::string_view text);
 
 // The whole page.
 std::string HtmlReport(const HtmlReportParts& parts);
