@@ -34,6 +34,9 @@ inline constexpr int kExitNoRepro = 12;
 // repro --check: the script ran and did not reproduce the violation (no error, another error, the
 // same gradients, or past --timeout).
 inline constexpr int kExitNotReproduced = 13;
+// A verb that reads a trace needed more memory than its bound (memory_limit.h): a hostile or
+// damaged trace, or --max-memory too low.
+inline constexpr int kExitMemory = 14;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -60,6 +63,7 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
     {kExitNotRerun, "fix --check: the recorded command cannot be re-run here"},
     {kExitNoRepro, "repro: no violation to reproduce, or one a script cannot express"},
     {kExitNotReproduced, "repro --check: the script ran and did not reproduce the violation"},
+    {kExitMemory, "the trace needs more memory than the verb's bound (--max-memory)"},
     {kExitNotRun, "record: the program could not be run"},
 };
 

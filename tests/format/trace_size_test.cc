@@ -1,0 +1,60 @@
+// format::DecompressedTraceBytes: the bytes a trace's chunks decompress to, from their headers,
+// in work linear in the file whatever it holds.
+#include "torchrr/format/trace_size.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include "hostile_traces.h"
+#include "sample_records.h"
+#include "torchrr/format/reader.h"
+#include "torchrr/format/writer.h"
+
+namespace torchrr::format {
+namespace {
+
+std::string WriteFile(const std::string& name, const std::string& bytes) {
+  std::string path = ::testing::TempDir() + "/trace_size_test_" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string SampleTrace() {
+  std::string bytes;
+  WriterOptions options;
+  options.chunk_raw_bytes = 4096;  // Several chunks.
+  auto writer = TraceWriter::ToString(&bytes, testing::SampleFileInfo(), options);
+  for (const Record& r : testing::ManySteps(20)) EXPECT_TRUE(writer->Append(r).ok());
+  EXPECT_TRUE(writer->Close().ok());
+  return bytes;
+}
+
+TEST(TraceSize, CountsEveryChunkAndOnlyTheChunksThatVerify) {
+  const std::string trace = SampleTrace();
+  const uint64_t whole = DecompressedTraceBytes(WriteFile("whole.trr", trace));
+  EXPECT_GT(whole, trace.size());
+  // Garbage in the middle of a chunk: that chunk no longer counts, the others still do.
+  std::string damaged = trace;
+  damaged[trace.size() / 2] ^= 0x5a;
+  const uint64_t less = DecompressedTraceBytes(WriteFile("damaged.trr", damaged));
+  EXPECT_LT(less, whole);
+  EXPECT_GT(less, 0u);
+  EXPECT_EQ(DecompressedTraceBytes(::testing::TempDir() + "/trace_size_test_missing"), 0u);
+}
+
+TEST(TraceSize, FakeChunkHeadersCostLinearWork) {
+  for (bool plausible : {false, true}) {
+    const std::string path =
+        WriteFile("fake.trr", testing::FakeChunkHeaders(16u << 20, plausible));
+    const auto started = std::chrono::steady_clock::now();
+    EXPECT_EQ(DecompressedTraceBytes(path), 0u);
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10)) << plausible;
+  }
+}
+
+}  // namespace
+}  // namespace torchrr::format
