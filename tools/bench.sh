@@ -7,6 +7,18 @@ B=${BUILD:-build}
 echo "## Trace writer (format/): a synthetic LoRA-shaped op stream, 50 steps"
 "$B/bin/bench_format"
 echo
+if [ -x .venv/bin/torchrr ] && [ -x "$B/bin/lora_step" ]; then
+  echo "## Trace size: recorded traces written again with step coding off and on (format 1.10)"
+  T=$(mktemp -d)
+  .venv/bin/torchrr record -o "$T/cpp.trr" -- "$B/bin/lora_step" --device cpu --steps 20 >/dev/null
+  .venv/bin/torchrr record -o "$T/7b.trr" -- "$B/bin/lora_step" --device cpu --steps 1 \
+    --shape 7b --tiny >/dev/null
+  .venv/bin/torchrr record -o "$T/peft.trr" -- .venv/bin/python samples/python/peft_lora.py \
+    --device cpu --steps 100 >/dev/null
+  for t in cpp 7b peft; do "$B/bin/bench_format" --trace "$T/$t.trr"; done
+  rm -rf "$T"
+  echo
+fi
 echo "## Replayer: analysis of a synthetic trace of 1 million ops"
 "$B/bin/bench_replayer"
 echo

@@ -8,7 +8,11 @@
 // trace back, and the recorder's hop of every record through RecordBytes (appended as bytes, read
 // back). Not a test.
 //
+// Each figure with step coding (format 1.10) off and on, side by side. With --trace, it instead
+// writes the records of a recorded trace again both ways and prints the bytes per op of each.
+//
 //   build/bin/bench_format [--steps N] [--layers N] [--level N]
+//   build/bin/bench_format --trace FILE
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -388,7 +392,7 @@ struct RunResult {
   double read_bytes_seconds = 0;    // RecordBytesReader over them.
 };
 
-RunResult Run(int steps, int layers, int level) {
+RunResult Run(int steps, int layers, int level, bool step_coding) {
   LoraStepGenerator generator(layers);
   std::string file;
   // A warm sink, like the kernel's page cache behind FileSink: first-touch page faults of a fresh
@@ -397,6 +401,7 @@ RunResult Run(int steps, int layers, int level) {
   file.clear();
   WriterOptions options;
   options.zstd_level = level;
+  options.step_coding = step_coding;
   auto writer = TraceWriter::ToString(&file, FileInfo{"0.1.0", "2.4.1", "12.1", "bench", 1, -1,
                                                       0, 0, {"bench_format"}},
                                       options);
@@ -456,49 +461,118 @@ RunResult Run(int steps, int layers, int level) {
 }  // namespace
 }  // namespace torchrr::format
 
+namespace torchrr::format {
+namespace {
+
+// Writes the records of a recorded trace again, step coding off then on; prints bytes per op.
+int Rewrite(const std::string& path, int level) {
+  Trace trace = ReadTraceFileAll(path);
+  if (!trace.summary.status.ok()) {
+    fmt::print(stderr, "bench_format: {}: {}\n", path, trace.summary.status.message());
+    return 1;
+  }
+  const double ops = static_cast<double>(trace.summary.records_per_kind[Record(OpRecord{}).index()]);
+  fmt::print("  {:<48}{:>10.0f} ops", path, ops);
+  for (bool step_coding : {false, true}) {
+    std::string file;
+    WriterOptions options;
+    options.zstd_level = level;
+    options.step_coding = step_coding;
+    auto writer = TraceWriter::ToString(&file, trace.summary.info, options);
+    for (const Record& r : trace.records) {
+      if (!writer->Append(r).ok()) return 1;
+    }
+    if (!writer->Close().ok()) return 1;
+    fmt::print("  {:>10} bytes {:>6.2f} B/op (steps {})", file.size(), file.size() / ops,
+               step_coding ? "on" : "off");
+  }
+  fmt::print("\n");
+  return 0;
+}
+
+}  // namespace
+}  // namespace torchrr::format
+
 int main(int argc, char** argv) {
   int steps = 50, layers = 16, level = torchrr::format::WriterOptions{}.zstd_level;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--level") == 0) level = std::atoi(argv[i + 1]);
+  }
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--trace") == 0) return torchrr::format::Rewrite(argv[i + 1], level);
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--layers") == 0) layers = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--level") == 0) level = std::atoi(argv[i + 1]);
   }
   using torchrr::format::Run;
-  auto one = Run(1, layers, level);
-  // Best of three: the machine may be shared; the fastest run is the code's own speed.
-  auto all = Run(steps, layers, level);
-  for (int i = 0; i < 2; ++i) {
-    auto again = Run(steps, layers, level);  // The same records, the same file: only times vary.
-    all.seconds = std::min(all.seconds, again.seconds);
-    all.read_seconds = std::min(all.read_seconds, again.read_seconds);
-    all.append_bytes_seconds = std::min(all.append_bytes_seconds, again.append_bytes_seconds);
-    all.read_bytes_seconds = std::min(all.read_bytes_seconds, again.read_bytes_seconds);
+  using torchrr::format::RunResult;
+  struct Figures {
+    RunResult one, all;
+    double steady = 0;
+  };
+  // Best of three: the machine may be shared; the fastest run is the code's own speed. The runs
+  // of the two codings alternate, so that a slow moment of the machine costs both alike.
+  Figures f[2];
+  for (int coding = 0; coding < 2; ++coding) {
+    f[coding].one = Run(1, layers, level, coding == 1);
+    f[coding].all = Run(steps, layers, level, coding == 1);
   }
-  double steady = static_cast<double>(all.file_bytes - one.file_bytes) /
-                  static_cast<double>(all.ops - one.ops);
+  for (int i = 0; i < 2; ++i) {
+    for (Figures& c : f) {
+      // The same records, the same file: only times vary.
+      auto again = Run(steps, layers, level, &c == &f[1]);
+      c.all.seconds = std::min(c.all.seconds, again.seconds);
+      c.all.read_seconds = std::min(c.all.read_seconds, again.read_seconds);
+      c.all.append_bytes_seconds = std::min(c.all.append_bytes_seconds, again.append_bytes_seconds);
+      c.all.read_bytes_seconds = std::min(c.all.read_bytes_seconds, again.read_bytes_seconds);
+    }
+  }
+  for (Figures& c : f) {
+    c.steady = static_cast<double>(c.all.file_bytes - c.one.file_bytes) /
+               static_cast<double>(c.all.ops - c.one.ops);
+  }
+  const RunResult& all = f[1].all;
   fmt::print("bench_format: LoRA-shaped step, {} layers, {} ops/step ({} records), {} steps, "
              "zstd level {}\n",
              layers, all.first_step_ops, all.records / steps, steps, level);
-  fmt::print("  {:<34}{:>14}\n", "metric", "value");
-  fmt::print("  {:<34}{:>14.2f}   (target >= 2.00, best of 3)\n", "op records / s (millions)",
-             static_cast<double>(all.ops) / all.seconds / 1e6);
-  fmt::print("  {:<34}{:>14.2f}\n", "records / s (millions)",
-             static_cast<double>(all.records) / all.seconds / 1e6);
-  fmt::print("  {:<34}{:>14.1f}\n", "raw FlatBuffers MB/s", all.raw_bytes / all.seconds / 1e6);
-  fmt::print("  {:<34}{:>14.1f}\n", "file MB/s", all.file_bytes / all.seconds / 1e6);
-  fmt::print("  {:<34}{:>14.1f}\n", "raw bytes / op",
-             static_cast<double>(all.raw_bytes) / static_cast<double>(all.ops));
-  fmt::print("  {:<34}{:>14.2f}\n", "file bytes / op, first step",
-             static_cast<double>(one.file_bytes) / static_cast<double>(one.ops));
-  fmt::print("  {:<34}{:>14.2f}\n", "file bytes / op, overall",
-             static_cast<double>(all.file_bytes) / static_cast<double>(all.ops));
-  fmt::print("  {:<34}{:>14.2f}   (target <= 16)\n", "file bytes / op, steady state", steady);
-  fmt::print("  {:<34}{:>14}\n", "file bytes", all.file_bytes);
-  double records = static_cast<double>(all.records);
-  fmt::print("  {:<34}{:>14.2f}\n", "read: records / s (millions)", records / all.read_seconds / 1e6);
-  fmt::print("  {:<34}{:>14.1f}\n", "RecordBytes append: ns / record",
-             all.append_bytes_seconds / records * 1e9);
-  fmt::print("  {:<34}{:>14.1f}\n", "RecordBytes read: ns / record",
-             all.read_bytes_seconds / records * 1e9);
+  fmt::print("  {:<34}{:>14}{:>14}\n", "metric", "steps off", "steps on");
+  auto row = [&](const char* name, auto value, const char* format, const char* note = "") {
+    fmt::print("  {:<34}", name);
+    for (const Figures& c : f) fmt::print(fmt::runtime(format), value(c));
+    fmt::print("{}\n", note);
+  };
+  row("op records / s (millions)",
+      [](const Figures& c) { return static_cast<double>(c.all.ops) / c.all.seconds / 1e6; },
+      "{:>14.2f}", "   (target >= 2.00, best of 3)");
+  row("records / s (millions)",
+      [](const Figures& c) { return static_cast<double>(c.all.records) / c.all.seconds / 1e6; },
+      "{:>14.2f}");
+  row("raw FlatBuffers MB/s", [](const Figures& c) { return c.all.raw_bytes / c.all.seconds / 1e6; },
+      "{:>14.1f}");
+  row("file MB/s", [](const Figures& c) { return c.all.file_bytes / c.all.seconds / 1e6; },
+      "{:>14.1f}");
+  row("raw bytes / op",
+      [](const Figures& c) { return static_cast<double>(c.all.raw_bytes) / c.all.ops; },
+      "{:>14.1f}");
+  row("file bytes / op, first step",
+      [](const Figures& c) { return static_cast<double>(c.one.file_bytes) / c.one.ops; },
+      "{:>14.2f}");
+  row("file bytes / op, overall",
+      [](const Figures& c) { return static_cast<double>(c.all.file_bytes) / c.all.ops; },
+      "{:>14.2f}");
+  row("file bytes / op, steady state", [](const Figures& c) { return c.steady; }, "{:>14.2f}",
+      "   (target <= 10)");
+  row("file bytes", [](const Figures& c) { return c.all.file_bytes; }, "{:>14}");
+  row("read: records / s (millions)",
+      [](const Figures& c) { return static_cast<double>(c.all.records) / c.all.read_seconds / 1e6; },
+      "{:>14.2f}");
+  row("RecordBytes append: ns / record",
+      [](const Figures& c) { return c.all.append_bytes_seconds / c.all.records * 1e9; },
+      "{:>14.1f}");
+  row("RecordBytes read: ns / record",
+      [](const Figures& c) { return c.all.read_bytes_seconds / c.all.records * 1e9; },
+      "{:>14.1f}");
   return 0;
 }

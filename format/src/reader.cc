@@ -479,6 +479,13 @@ class TraceParser::Impl {
       ++summary_.records_per_kind[record.index()];
       if (on_record_) on_record_(record);
     });
+    if (decoded.bad_coding) {
+      Problem(StatusCode::kCorrupt,
+              ChunkPlace(number, chunk.offset) +
+                  (batch.coding() > 1 ? ": unknown record coding " + std::to_string(batch.coding())
+                                      : std::string(": time column does not match its records")) +
+                  " (corrupt)");
+    }
     if (decoded.unknown > 0 && !warned_unknown_) {
       warned_unknown_ = true;
       summary_.warnings.push_back(ChunkPlace(number, chunk.offset) +

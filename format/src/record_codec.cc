@@ -68,15 +68,32 @@ struct StructArg {
   operator const FbStruct*() const { return &value; }
 };
 
+// OpRecord's and NodeRecord's sequence_nr, which kSteps batches code as deltas (SequenceCoder).
+template <class F>
+constexpr bool IsSequenceNr = std::is_same_v<F, Field<&OpRecord::sequence_nr, Coding::kPlain>> ||
+                               std::is_same_v<F, Field<&NodeRecord::sequence_nr, Coding::kPlain>>;
+
+// A TensorUse as a kSteps batch stores it: version_after as its distance from version_before
+// (wrapping), 0 unless the op wrote through the tensor, where the versions themselves grow from
+// step to step.
+TensorUse StepCodedUse(TensorUse use) {
+  use.version_after -= use.version_before;
+  return use;
+}
+
 // Writes records (and the tables, structs, strings and vectors in them) into a FlatBufferBuilder,
 // field by field in declaration order, coding ids and times as it goes.
 class Encoder {
  public:
   // `tables` is scratch for the offsets of a vector of tables; kept by the caller to keep its
   // capacity.
-  Encoder(fbs::FlatBufferBuilder& fbb, IdCoder& ids, TimeCoder& times,
+  // `steps`: nullptr for a kCursors batch.
+  Encoder(fbs::FlatBufferBuilder& fbb, IdCoder& ids, TimeCoder& times, StepCoding* steps,
           std::vector<fbs::Offset<void>>& tables)
-      : fbb_(fbb), ids_(ids), times_(times), tables_(tables) {}
+      : fbb_(fbb), ids_(ids), times_(times), steps_(steps), tables_(tables) {}
+
+  // A sequence number 2^63 from the one before, which a kSteps batch cannot code.
+  bool sequence_overflow() const { return sequence_overflow_; }
 
   // Writes `s`: first its strings, vectors and nested tables, in declaration order, then `s`.
   // Returns its offset (a table) or itself (a struct).
@@ -103,9 +120,16 @@ class Encoder {
   template <class F, class T>
   auto Arg(const F&, const T& value) {
     if constexpr (F::coding == Coding::kId) {
-      return std::tuple{ids_.Encode(value)};
+      return std::tuple{steps_ == nullptr ? ids_.Encode(value) : steps_->EncodeId(ids_, value)};
     } else if constexpr (F::coding == Coding::kTime) {
-      return std::tuple{times_.Encode(value)};
+      uint64_t z = times_.Encode(value);
+      if (steps_ == nullptr) return std::tuple{z};
+      steps_->PutTime(z);
+      return std::tuple{uint64_t{0}};  // The default: not stored.
+    } else if constexpr (IsSequenceNr<F>) {
+      int64_t stored = value;
+      if (steps_ != nullptr && !steps_->sequence.Encode(value, &stored)) sequence_overflow_ = true;
+      return std::tuple{stored};
     } else if constexpr (HasFields<T> && !HasFb<T>) {
       return Args(value);
     } else {
@@ -151,7 +175,15 @@ class Encoder {
       if (v.empty()) return fbs::Offset<fbs::Vector<const Out*>>();
       Out* out = nullptr;
       auto offset = fbb_.CreateUninitializedVectorOfStructs(v.size(), &out);
-      for (const E& e : v) *out++ = Write(e);
+      for (const E& e : v) {
+        if constexpr (std::is_same_v<E, TensorUse>) {
+          if (steps_ != nullptr) {
+            *out++ = Write(StepCodedUse(e));
+            continue;
+          }
+        }
+        *out++ = Write(e);
+      }
       return offset;
     }
   }
@@ -159,13 +191,16 @@ class Encoder {
   fbs::FlatBufferBuilder& fbb_;
   IdCoder& ids_;
   TimeCoder& times_;
+  StepCoding* steps_;
   std::vector<fbs::Offset<void>>& tables_;
+  bool sequence_overflow_ = false;
 };
 
 // Reads what Encoder wrote, field by field in the same order, decoding ids and times as it goes.
 class Decoder {
  public:
-  Decoder(IdCoder& ids, TimeCoder& times) : ids_(ids), times_(times) {}
+  Decoder(IdCoder& ids, TimeCoder& times, StepCoding* steps)
+      : ids_(ids), times_(times), steps_(steps) {}
 
   // Sets every field of `out` from `in`, S's FlatBuffers table or struct.
   template <HasFb S>
@@ -185,11 +220,16 @@ class Decoder {
     if constexpr (std::is_same_v<T, Device>) {
       value = Device{in.device_type(), in.device_index()};  // Two fields of TensorInfo's.
     } else if constexpr (F::coding == Coding::kId) {
-      value = ids_.Decode(get(in));
+      value = steps_ == nullptr ? ids_.Decode(get(in)) : steps_->DecodeId(ids_, get(in));
     } else if constexpr (F::coding == Coding::kTime) {
-      value = times_.Decode(get(in));
+      value = times_.Decode(steps_ == nullptr ? get(in) : steps_->NextTime());
+    } else if constexpr (IsSequenceNr<F>) {
+      value = steps_ == nullptr ? get(in) : steps_->sequence.Decode(get(in));
     } else {
       ReadValue(get(in), value);
+      if constexpr (std::is_same_v<F, Field<&TensorUse::version_after, Coding::kPlain>>) {
+        if (steps_ != nullptr) out.version_after += out.version_before;  // StepCodedUse.
+      }
     }
   }
 
@@ -235,6 +275,7 @@ class Decoder {
 
   IdCoder& ids_;
   TimeCoder& times_;
+  StepCoding* steps_;
 };
 
 // Fills `out` with the decoded T, reusing the alternative already there (and its vectors'
@@ -285,7 +326,8 @@ EncodedSize EstimateSize(const T& value) {
 
 }  // namespace
 
-BatchEncoder::BatchEncoder(size_t initial_bytes) : fbb_(initial_bytes) {
+BatchEncoder::BatchEncoder(size_t initial_bytes, BatchCoding coding)
+    : fbb_(initial_bytes), coding_(coding) {
   // A vtable shared across the batch is referenced by a distance that differs for every table;
   // a vtable of its own sits next to its table, so the distance repeats and zstd removes it.
   fbb_.DedupVtables(false);
@@ -299,21 +341,36 @@ void BatchEncoder::Reset(uint64_t base_high, int64_t base_time_ns) {
   base_time_ns_ = base_time_ns;
   ids_ = IdCoder(base_high);
   times_ = TimeCoder(base_time_ns);
+  steps_.times.clear();
+  steps_.sequence = SequenceCoder();
+  steps_.steps = StepRule();
+  steps_.previous_step_ids.clear();
+  steps_.step_ids.clear();
 }
 
 Status BatchEncoder::Add(const Record& record) {
   IdCoder ids_before = ids_;
   TimeCoder times_before = times_;
-  Encoder encoder(fbb_, ids_, times_, table_offsets_);
+  SequenceCoder sequence_before = steps_.sequence;
+  size_t times_before_size = steps_.times.size();
+  size_t step_ids_before = steps_.step_ids.size();
+  StepCoding* steps = coding_ == BatchCoding::kSteps ? &steps_ : nullptr;
+  Encoder encoder(fbb_, ids_, times_, steps, table_offsets_);
   fbs::Offset<void> offset =
       std::visit([&](const auto& r) { return encoder.Write(r).Union(); }, record);
-  if (ids_.overflow()) {
+  if (ids_.overflow() || encoder.sequence_overflow()) {
+    const char* why = ids_.overflow() ? " record has an id above 2^62-1; dropped"
+                                      : " record has a sequence number 2^63 from the one before; "
+                                        "dropped";
     // The bytes already in the builder stay unreferenced; the record is not part of the batch.
     ids_ = ids_before;
     times_ = times_before;
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(RecordKindName(record)) + " record has an id above 2^62-1; dropped");
+    steps_.sequence = sequence_before;
+    steps_.times.resize(times_before_size);
+    steps_.step_ids.resize(step_ids_before);
+    return Status(StatusCode::kInvalidArgument, std::string(RecordKindName(record)) + why);
   }
+  if (steps != nullptr) steps_.Next(record);
   types_.push_back(static_cast<uint8_t>(record.index() + 1));
   offsets_.push_back(offset);
   return Status::Ok();
@@ -322,11 +379,15 @@ Status BatchEncoder::Add(const Record& record) {
 std::span<const uint8_t> BatchEncoder::Finish() {
   auto types = fbb_.CreateVector(types_);
   auto records = fbb_.CreateVector(offsets_);
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> times;
+  if (coding_ == BatchCoding::kSteps) times = fbb_.CreateVector(steps_.times);
   fb::RecordBatchBuilder batch(fbb_);
   batch.add_base_high(base_high_);
   batch.add_base_time_ns(base_time_ns_);
   batch.add_records_type(types);
   batch.add_records(records);
+  batch.add_coding(static_cast<uint8_t>(coding_));
+  batch.add_times(times);
   fbb_.Finish(batch.Finish());
   return {fbb_.GetBufferPointer(), fbb_.GetSize()};
 }
@@ -376,7 +437,7 @@ FileInfo DecodeFileInfo(const fb::FileInfo& in) {
   FileInfo info;
   IdCoder ids;  // FileInfo has no ids or times.
   TimeCoder times;
-  Decoder(ids, times).Read(in, info);
+  Decoder(ids, times, nullptr).Read(in, info);
   return info;
 }
 
@@ -390,9 +451,9 @@ void EncodeIndex(const std::vector<ChunkInfo>& chunks, flatbuffers::FlatBufferBu
 }
 
 bool DecodeRecord(fb::Record type, const void* table, IdCoder& ids, TimeCoder& times,
-                  Record& out) {
+                  StepCoding* steps, Record& out) {
   if (table == nullptr) return false;
-  Decoder decoder(ids, times);
+  Decoder decoder(ids, times, steps);
   auto kind = static_cast<size_t>(type);
   // Union member i + 1 is Record's alternative i.
   return [&]<size_t... kIndex>(std::index_sequence<kIndex...>) {

@@ -20,6 +20,7 @@
 #include "torchrr/format/reader.h"
 #include "torchrr/format/records.h"
 #include "torchrr/format/status.h"
+#include "torchrr/format/step_rule.h"
 #include "trace_generated.h"
 
 namespace torchrr::format {
@@ -88,22 +89,127 @@ class TimeCoder {
   int64_t cursor_;
 };
 
+// How a RecordBatch codes its records (its `coding`, SPEC.md "Step coding").
+enum class BatchCoding : uint8_t {
+  kCursors = 0,  // Formats 1.0 to 1.9: ids and times against the cursors, in the tables.
+  kSteps = 1,    // 1.10: also times in the batch's time column, sequence numbers and versions as
+                 // deltas, so that a repeating step repeats byte for byte.
+};
+
+// Sequence numbers (OpRecord's, NodeRecord's) in kSteps batches: -1 (none) is stored as -1 (the
+// default, not stored), any other value as the zigzag delta from the cursor, which starts at 0 in
+// each batch and moves to each value stored: the ops of a step number their nodes one after the
+// other, so the deltas repeat step after step.
+class SequenceCoder {
+ public:
+  // False (nothing changed) for the one value whose delta codes as -1: 2^63 away from the cursor.
+  bool Encode(int64_t s, int64_t* stored) {
+    if (s == -1) {
+      *stored = -1;
+      return true;
+    }
+    uint64_t delta = static_cast<uint64_t>(s) - static_cast<uint64_t>(cursor_);
+    uint64_t z = (delta << 1) ^ (static_cast<uint64_t>(static_cast<int64_t>(delta) >> 63));
+    if (z == ~uint64_t{0}) return false;
+    cursor_ = s;
+    *stored = static_cast<int64_t>(z);
+    return true;
+  }
+  int64_t Decode(int64_t stored) {
+    if (stored == -1) return -1;
+    auto z = static_cast<uint64_t>(stored);
+    uint64_t delta = (z >> 1) ^ (~(z & 1) + 1);
+    cursor_ = static_cast<int64_t>(static_cast<uint64_t>(cursor_) + delta);
+    return cursor_;
+  }
+
+ private:
+  int64_t cursor_ = 0;
+};
+
+// What a kSteps batch codes beyond the cursors: the time column (each time field's zigzag delta
+// as a LEB128 varint, in field order), the sequence cursor, and ids against the previous step:
+// the k-th id field of a step (StepRule's, from the batch's start) that is not 0 and equals the
+// k-th of the step before is stored as kSameAsPreviousStep. Parameters, optimizer state and
+// storages at reused addresses keep their ids from step to step, where their distance from
+// `high`, which the cursor coding stores, grows.
+struct StepCoding {
+  // Tag 0 with payload 1, which no kCursors batch stores.
+  static constexpr uint64_t kSameAsPreviousStep = 4;
+
+  std::vector<uint8_t> times;  // Encoding: appended to; decoding: unused.
+  SequenceCoder sequence;
+  StepRule steps;
+  std::vector<ObjectId> previous_step_ids;
+  std::vector<ObjectId> step_ids;
+
+  uint64_t EncodeId(IdCoder& ids, ObjectId x) {
+    const size_t k = step_ids.size();
+    step_ids.push_back(x);
+    if (x != 0 && k < previous_step_ids.size() && previous_step_ids[k] == x) {
+      return kSameAsPreviousStep;
+    }
+    return ids.Encode(x);
+  }
+  ObjectId DecodeId(IdCoder& ids, uint64_t v) {
+    const size_t k = step_ids.size();
+    ObjectId x = v == kSameAsPreviousStep && k < previous_step_ids.size() ? previous_step_ids[k]
+                                                                        : ids.Decode(v);
+    step_ids.push_back(x);
+    return x;
+  }
+  // After each record, encoded or decoded.
+  void Next(const Record& record) {
+    if (!steps.Add(record)) return;
+    previous_step_ids.swap(step_ids);
+    step_ids.clear();
+  }
+
+  // Decoding: the batch's column, read from `pos`; `short_column` once it ran out (the times
+  // after decode as the cursor itself).
+  const uint8_t* column = nullptr;
+  size_t column_size = 0;
+  size_t pos = 0;
+  bool short_column = false;
+
+  void PutTime(uint64_t z) {
+    while (z >= 0x80) {
+      times.push_back(static_cast<uint8_t>(z | 0x80));
+      z >>= 7;
+    }
+    times.push_back(static_cast<uint8_t>(z));
+  }
+  uint64_t NextTime() {
+    uint64_t z = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos >= column_size) break;
+      uint8_t b = column[pos++];
+      z |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (b < 0x80) return z;
+    }
+    short_column = true;
+    return 0;
+  }
+};
+
 // Builds one RecordBatch. Reused from batch to batch (keeps its buffers).
 class BatchEncoder {
  public:
-  explicit BatchEncoder(size_t initial_bytes);
+  BatchEncoder(size_t initial_bytes, BatchCoding coding);
 
   // Starts a batch whose cursors begin at base_high / base_time_ns.
   void Reset(uint64_t base_high, int64_t base_time_ns);
   // Encodes one record. kInvalidArgument (record dropped, encoder unchanged otherwise) for an id
-  // above kMaxObjectId.
+  // above kMaxObjectId, or, in a kSteps batch, a sequence number 2^63 from the one before.
   Status Add(const Record& record);
   // Ends the batch; the bytes stay valid until the next Reset.
   std::span<const uint8_t> Finish();
 
   size_t records() const { return types_.size(); }
   // Bytes the batch would have if finished now (within a few bytes).
-  size_t raw_size() const { return fbb_.GetSize() + types_.size() * 5 + 64; }
+  size_t raw_size() const {
+    return fbb_.GetSize() + types_.size() * 5 + steps_.times.size() + 64;
+  }
   uint64_t high() const { return ids_.high(); }
   int64_t time_cursor() const { return times_.cursor(); }
 
@@ -116,6 +222,8 @@ class BatchEncoder {
   int64_t base_time_ns_ = 0;
   IdCoder ids_;
   TimeCoder times_;
+  BatchCoding coding_;
+  StepCoding steps_;  // kSteps only.
 };
 
 // The strings and vectors of a record (or FileInfo), nested ones included: how many elements they
@@ -133,6 +241,9 @@ EncodedSize EstimateEncodedSize(const FileInfo& info);
 // (its base_high and base_time_ns) unless unknown records moved them.
 struct DecodedBatch {
   size_t unknown = 0;
+  // A kSteps batch whose time column is shorter or longer than its time fields, or a coding this
+  // reader does not know (no record is then decoded): the batch is corrupt.
+  bool bad_coding = false;
   uint64_t end_high = 0;
   int64_t end_time_ns = 0;
 };
@@ -148,26 +259,42 @@ void EncodeFileInfo(const FileInfo& info, flatbuffers::FlatBufferBuilder& fbb);
 FileInfo DecodeFileInfo(const fb::FileInfo& info);
 void EncodeIndex(const std::vector<ChunkInfo>& chunks, flatbuffers::FlatBufferBuilder& fbb);
 
-// Decodes one record; false for an unknown type.
-bool DecodeRecord(fb::Record type, const void* table, IdCoder& ids, TimeCoder& times, Record& out);
+// Decodes one record; false for an unknown type. `steps`: nullptr in a kCursors batch.
+bool DecodeRecord(fb::Record type, const void* table, IdCoder& ids, TimeCoder& times,
+                  StepCoding* steps, Record& out);
 
 template <typename Emit>
 DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
   IdCoder ids(batch.base_high());
   TimeCoder times(batch.base_time_ns());
   DecodedBatch decoded;
+  const auto coding = static_cast<BatchCoding>(batch.coding());
+  StepCoding steps;
+  if (coding == BatchCoding::kSteps && batch.times() != nullptr) {
+    steps.column = batch.times()->data();
+    steps.column_size = batch.times()->size();
+  }
   const auto* types = batch.records_type();
   const auto* tables = batch.records();
-  if (types != nullptr && tables != nullptr) {
+  if (coding != BatchCoding::kCursors && coding != BatchCoding::kSteps) {
+    decoded.bad_coding = true;
+  } else if (types != nullptr && tables != nullptr) {
+    StepCoding* step_coding = coding == BatchCoding::kSteps ? &steps : nullptr;
     Record record;
     for (flatbuffers::uoffset_t i = 0; i < tables->size(); ++i) {
       if (DecodeRecord(static_cast<fb::Record>(types->Get(i)), tables->Get(i), ids, times,
-                       record)) {
+                       step_coding, record)) {
+        if (step_coding != nullptr) step_coding->Next(record);
         emit(record);
       } else {
         ++decoded.unknown;
       }
     }
+  }
+  // Unknown records may hold times of their own: the column's length then says nothing.
+  if (coding == BatchCoding::kSteps && decoded.unknown == 0 &&
+      (steps.short_column || steps.pos != steps.column_size)) {
+    decoded.bad_coding = true;
   }
   decoded.end_high = ids.high();
   decoded.end_time_ns = times.cursor();

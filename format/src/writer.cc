@@ -20,7 +20,9 @@ class TraceWriter::Impl {
       : sink_(std::move(sink)),
         chunk_target_(std::min(options.chunk_raw_bytes, kMaxChunkTargetBytes)),
         zstd_level_(options.zstd_level),
-        batch_(std::min(chunk_target_, kMaxChunkTargetBytes) + (64u << 10)) {
+        step_coding_(options.step_coding),
+        batch_(std::min(chunk_target_, kMaxChunkTargetBytes) + (64u << 10),
+               options.step_coding ? BatchCoding::kSteps : BatchCoding::kCursors) {
     batch_.Reset(0, 0);
   }
 
@@ -40,7 +42,7 @@ class TraceWriter::Impl {
     StoreLe16(header + 8, kFormatMajor);
     StoreLe16(header + 10, kFormatMinor);
     StoreLe16(header + 12, kOldestReaderMajor);
-    StoreLe16(header + 14, kOldestReaderMinor);
+    StoreLe16(header + 14, step_coding_ ? kOldestStepCodingReaderMinor : kOldestReaderMinor);
     TORCHRR_RETURN_IF_ERROR(WriteBytes(header, sizeof(header)));
 
     size_t estimate = EstimateEncodedSize(info).bytes;
@@ -112,9 +114,11 @@ class TraceWriter::Impl {
   size_t pending_raw_bytes() const { return batch_.records() == 0 ? 0 : batch_.raw_size(); }
 
  private:
-  // The oldest reader that can read what this writer writes.
+  // The oldest reader that can read what this writer writes: 1.0, or 1.10 for step coding, which
+  // earlier readers would decode into wrong times and sequence numbers without noticing.
   static constexpr uint16_t kOldestReaderMajor = 1;
   static constexpr uint16_t kOldestReaderMinor = 0;
+  static constexpr uint16_t kOldestStepCodingReaderMinor = 10;
 
   // A record with at most this many elements in its strings and vectors takes well under 1 MiB
   // encoded: it cannot take a chunk below kMaxChunkTargetBytes near kMaxChunkBytes. Only the
@@ -163,6 +167,7 @@ class TraceWriter::Impl {
   std::unique_ptr<ByteSink> sink_;
   size_t chunk_target_;
   int zstd_level_;
+  bool step_coding_;
   BatchEncoder batch_;
   ZSTD_CCtx* cctx_ = nullptr;
   std::vector<uint8_t> out_;  // Chunk header + compressed payload.

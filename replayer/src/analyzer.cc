@@ -26,6 +26,7 @@
 #include "content_lineage.h"
 #include "report_builder.h"
 #include "silent_writes.h"
+#include "torchrr/format/step_rule.h"
 #include "torchrr/replayer/printable.h"
 #include "torchrr/replayer/replayer.h"
 
@@ -126,10 +127,8 @@ class Analyzer::Impl {
   InternId detach_inner_name_ = 0;
   InternId detach_name_ = 0;  // aten::detach: what selective checkpointing caches is detached.
 
-  // For steps found by the recorder's rule: nodes created since the last top-level op ended, and
-  // whether a backward function ran since the last boundary.
-  uint64_t nodes_since_top_level_ = 0;
-  bool backward_ran_ = false;
+  // Steps found by the recorder's rule (first sight of each node counts).
+  format::StepRule step_rule_;
 
   // The latest top-level op, and whether it threw: where an error the program raised next came
   // from.
@@ -286,20 +285,11 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   }
 }
 
-// The recorder's step rule (format/SPEC.md, "Steps"), for traces without StepRecords: a top-level
-// forward op that created nodes, after a backward function ran, begins the next step. Backward
-// passes open after their step's forward, so the count at a pass's first execution is its step.
+// The recorder's step rule (format::StepRule), for traces without StepRecords. Backward passes
+// open after their step's forward, so the count at a pass's first execution is its step.
 void Analyzer::Impl::NoteStepBoundary(const format::OpRecord& r) {
-  if (r.scope == OpScope::kBackwardFunction) {
-    backward_ran_ = true;
-    return;
-  }
-  if (r.parent != 0 || IsAutogradEngineName(state_.Str(r.name))) return;
-  if (backward_ran_ && nodes_since_top_level_ != 0) {
-    ++state_.inferred_step;
-    backward_ran_ = false;
-  }
-  nodes_since_top_level_ = 0;
+  const bool engine_wrapper = r.parent == 0 && IsAutogradEngineName(state_.Str(r.name));
+  if (step_rule_.OnOp(r, engine_wrapper)) ++state_.inferred_step;
 }
 
 // The op ended: returns the first record of its subtree, and hands that up to its parent, which
@@ -428,7 +418,7 @@ ObjectId Analyzer::Impl::CreatorBySequence(const format::NodeRecord& r) const {
 
 void Analyzer::Impl::On(const format::NodeRecord& r) {
   if (state_.index.Find(r.node, IdKind::kNode) != IdIndex::kAbsent) return;  // First sight wins.
-  ++nodes_since_top_level_;
+  step_rule_.OnNode();
   NodeState node;
   node.id = r.node;
   node.name = r.name;

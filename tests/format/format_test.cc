@@ -14,6 +14,7 @@
 #include "torchrr/format/json.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/format/record_fields.h"
+#include "torchrr/format/step_rule.h"
 #include "torchrr/format/writer.h"
 
 namespace torchrr::format {
@@ -23,10 +24,12 @@ using testing::EveryKind;
 using testing::ManySteps;
 using testing::SampleFileInfo;
 
-std::string Write(const std::vector<Record>& records, size_t chunk_raw_bytes = 4u << 20) {
+std::string Write(const std::vector<Record>& records, size_t chunk_raw_bytes = 4u << 20,
+                  bool step_coding = true) {
   std::string out;
   WriterOptions options;
   options.chunk_raw_bytes = chunk_raw_bytes;
+  options.step_coding = step_coding;
   auto writer = TraceWriter::ToString(&out, SampleFileInfo(), options);
   for (const Record& r : records) EXPECT_TRUE(writer->Append(r).ok());
   EXPECT_TRUE(writer->Close().ok());
@@ -107,6 +110,123 @@ TEST(RoundTrip, ChunkEveryRecordAndDefaults) {
   EXPECT_TRUE(trace.summary.status.ok());
   EXPECT_EQ(trace.summary.chunks.size(), records.size() + 2);
   ExpectSameRecords(records, trace.records);
+}
+
+TEST(SequenceCoder, ExtremesRoundTrip) {
+  std::vector<int64_t> sequence = {-1, 0, 5, 6, -1, 7, 3, INT64_MAX, -1, 1, INT64_MIN + 2, -2};
+  SequenceCoder encoder;
+  SequenceCoder decoder;
+  for (int64_t s : sequence) {
+    int64_t stored = 0;
+    ASSERT_TRUE(encoder.Encode(s, &stored)) << s;
+    EXPECT_EQ(decoder.Decode(stored), s);
+  }
+  SequenceCoder steps;
+  int64_t stored = 0;
+  EXPECT_TRUE(steps.Encode(41, &stored));
+  EXPECT_TRUE(steps.Encode(42, &stored));
+  EXPECT_EQ(stored, 2);  // zigzag(+1)
+  // The one value 2^63 from the cursor would be stored as -1, which means none.
+  SequenceCoder far;
+  EXPECT_FALSE(far.Encode(INT64_MIN, &stored));
+}
+
+// Step coding (1.10) changes the bytes, not the records: written with it and without, a trace
+// reads back the same, record for record, in one chunk and in many, whole and cut anywhere.
+TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
+  std::vector<Record> records = ManySteps(12);
+  std::vector<Record> every = EveryKind(1000, 7, 5'000'000'000);
+  records.insert(records.end(), every.begin(), every.end());
+  for (size_t chunk : {size_t{4} << 20, size_t{700}}) {
+    std::string plain = Write(records, chunk, false);
+    std::string stepped = Write(records, chunk, true);
+    Trace a = ReadTraceBytesAll(plain);
+    Trace b = ReadTraceBytesAll(stepped);
+    ASSERT_TRUE(a.summary.status.ok()) << a.summary.status.message();
+    ASSERT_TRUE(b.summary.status.ok()) << b.summary.status.message();
+    ExpectSameRecords(records, a.records);
+    ExpectSameRecords(a.records, b.records);
+    EXPECT_EQ(a.summary.header.oldest_reader_minor, 0);
+    EXPECT_EQ(b.summary.header.oldest_reader_minor, 10);
+    EXPECT_LT(stepped.size(), plain.size());
+    if (chunk != 700) continue;
+    ASSERT_GT(b.summary.chunks.size(), 6u);
+    // Cut anywhere: every whole chunk before the cut, and only those, decode alone.
+    for (size_t cut = 16; cut < stepped.size(); cut += 37) {
+      Trace cut_trace = ReadTraceBytesAll(std::string_view(stepped).substr(0, cut));
+      size_t whole = 0;
+      size_t kept = 0;
+      for (const ChunkInfo& c : b.summary.chunks) {
+        if (c.offset + 24 + c.compressed_bytes > cut) break;
+        ++whole;
+        kept += c.records;
+      }
+      ASSERT_EQ(cut_trace.summary.chunks.size(), whole) << cut;
+      ExpectSameRecords(std::vector<Record>(b.records.begin(),
+                                            b.records.begin() + static_cast<ptrdiff_t>(kept)),
+                        cut_trace.records);
+    }
+  }
+}
+
+// A step-coded batch whose time column does not match its records is corrupt, said so, and
+// the reader goes on.
+TEST(RoundTrip, StepCodedBatchWithABadColumnIsCorrupt) {
+  for (int change : {-1, +1}) {
+    BatchEncoder encoder(1 << 16, BatchCoding::kSteps);
+    encoder.Reset(0, 0);
+    for (const Record& r : ManySteps(1)) ASSERT_TRUE(encoder.Add(r).ok());
+    std::span<const uint8_t> finished = encoder.Finish();
+    std::vector<uint8_t> payload(finished.begin(), finished.end());
+    const auto* column = flatbuffers::GetRoot<fb::RecordBatch>(payload.data())->times();
+    ASSERT_NE(column, nullptr);
+    ASSERT_GT(column->size(), 2u);
+    uint8_t* times = payload.data() + (column->data() - payload.data());
+    // One varint less (the last one's continuation bit set) or one more (a continuation bit
+    // cleared) in the same bytes.
+    if (change < 0) {
+      times[column->size() - 1] |= 0x80;
+    } else {
+      size_t at = 0;
+      while (at < column->size() && times[at] < 0x80) ++at;
+      ASSERT_LT(at, column->size());
+      times[at] &= 0x7f;
+    }
+    const auto* batch = flatbuffers::GetRoot<fb::RecordBatch>(payload.data());
+    DecodedBatch decoded = DecodeBatch(*batch, [](const Record&) {});
+    EXPECT_TRUE(decoded.bad_coding) << change;
+  }
+}
+
+// The step rule of SPEC.md "Steps" on two steps of forward, backward, optimizer.
+TEST(StepRule, ATopLevelOpThatMakesNodesAfterBackwardBeginsAStep) {
+  auto op = [](ObjectId id, ObjectId parent, OpScope scope = OpScope::kFunction) {
+    OpRecord r;
+    r.op = id;
+    r.parent = parent;
+    r.scope = scope;
+    return r;
+  };
+  StepRule rule;
+  // Step 0: a forward op (with a nested one) that makes a node, a no_grad op, backward.
+  EXPECT_FALSE(rule.Add(NodeRecord{}));
+  EXPECT_FALSE(rule.Add(op(2, 1)));
+  EXPECT_FALSE(rule.Add(op(1, 0)));
+  EXPECT_FALSE(rule.Add(op(3, 0)));
+  EXPECT_FALSE(rule.Add(op(4, 0, OpScope::kBackwardFunction)));
+  // The optimizer makes no node: still step 0.
+  EXPECT_FALSE(rule.Add(op(5, 0)));
+  // The engine's wrapper is no step's first op, and leaves the count of nodes as it is.
+  EXPECT_FALSE(rule.OnOp(op(6, 0), /*engine_wrapper=*/true));
+  // A frozen lookup (no node) stays in step 0; the first op that makes a node begins step 1,
+  // its records and those after op 8 with it.
+  EXPECT_FALSE(rule.Add(op(7, 0)));
+  EXPECT_FALSE(rule.Add(NodeRecord{}));
+  EXPECT_FALSE(rule.OnOp(op(8, 0), /*engine_wrapper=*/true));
+  EXPECT_TRUE(rule.Add(op(9, 0)));
+  // No backward since: no new step.
+  EXPECT_FALSE(rule.Add(NodeRecord{}));
+  EXPECT_FALSE(rule.Add(op(10, 0)));
 }
 
 TEST(Writer, IdTooLargeIsDroppedAndWriterGoesOn) {

@@ -181,11 +181,21 @@ std::vector<Record> RecordsWithout(const Chunked& t, size_t lost) {
 TEST(HostileInput, AChunkLostDoesNotLoseTheRest) {
   const Chunked& t = Small();
   ReadSummary clean = ReadTraceBytes(t.bytes, nullptr);
-  // A batch in the middle that moves the cursors (one of definitions only would not be missed).
-  size_t lost = 2;
-  for (size_t i = 3; i + 2 < clean.chunks.size(); ++i) {
-    if (clean.chunks[i].records > clean.chunks[lost].records) lost = i;
+  // A batch in the middle that moves the cursors (one of definitions only would not be missed):
+  // of those with an op, the one with the most records.
+  size_t lost = 0;
+  size_t first = 0;
+  for (size_t i = 0; i + 2 < clean.chunks.size(); ++i) {
+    const auto begin = t.records.begin() + static_cast<ptrdiff_t>(first);
+    const bool has_op = std::any_of(begin, begin + clean.chunks[i].records, [](const Record& r) {
+      return std::holds_alternative<OpRecord>(r);
+    });
+    if (i >= 2 && has_op && (lost == 0 || clean.chunks[i].records > clean.chunks[lost].records)) {
+      lost = i;
+    }
+    first += clean.chunks[i].records;
   }
+  ASSERT_NE(lost, 0u);
   const ChunkInfo& c = clean.chunks[lost];
   std::string damaged = t.bytes;
   damaged[c.offset + 24 + c.compressed_bytes / 2] ^= 0x20;

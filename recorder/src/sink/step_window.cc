@@ -74,17 +74,11 @@ void StepWindow::Add(const format::Record& record) {
     return;
   }
   const auto* op = std::get_if<format::OpRecord>(&record);
-  if (std::holds_alternative<format::NodeRecord>(record)) ++nodes_since_top_;
-  if (op != nullptr && !marked_) {
-    if (op->scope == format::OpScope::kBackwardFunction) {
-      backward_seen_ = true;
-    } else if (op->parent == 0 && backward_seen_ && nodes_since_top_ > 0) {
-      // A top-level op that made autograd nodes, after a backward pass: the next step's forward.
-      CloseStepAt(boundary_);
-      if (done_) return;
-      open_mark_.time_ns = op->start_ns;
-      backward_seen_ = false;
-    }
+  if (step_rule_.Add(record) && !marked_) {
+    // A top-level op that made autograd nodes, after a backward pass: the next step's forward.
+    CloseStepAt(boundary_);
+    if (done_) return;
+    open_mark_.time_ns = op->start_ns;
   }
   if (open_.empty() && open_mark_.time_ns == 0 && op != nullptr) open_mark_.time_ns = op->start_ns;
   if (const auto* error = std::get_if<format::ErrorRecord>(&record);
@@ -96,7 +90,6 @@ void StepWindow::Add(const format::Record& record) {
   ForEachId(record, [&](format::ObjectId id) { open_index_.named.push_back(id); });
   if (op != nullptr && op->parent == 0) {
     boundary_ = Whole();
-    nodes_since_top_ = 0;
     // A step with no end in sight (no backward: inference, or a loop the rule does not fit) is
     // cut after a top-level op once it holds keep_bytes_ uncompressed, so memory stays bounded.
     if (open_.size() > keep_bytes_) {

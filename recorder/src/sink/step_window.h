@@ -49,6 +49,7 @@
 #include "torchrr/format/record_bytes.h"
 #include "torchrr/format/records.h"
 #include "torchrr/format/status.h"
+#include "torchrr/format/step_rule.h"
 #include "torchrr/format/writer.h"
 
 namespace torchrr::recorder {
@@ -150,8 +151,7 @@ class StepWindow {
   format::ByteBuffer open_;
   StepIndex open_index_;
   Cut boundary_;                 // Where the open step would end: after its last top-level op.
-  bool backward_seen_ = false;   // A backward function ran in the open step.
-  size_t nodes_since_top_ = 0;   // NodeRecords since the last top-level op ended.
+  format::StepRule step_rule_;   // Where steps begin while the program marks none.
   bool marked_ = false;          // The program marks its steps: no boundary is found.
   bool ranged_ = false;          // KeepRange: steps range_first_ to range_last_.
   uint64_t range_first_ = 0;
