@@ -2,6 +2,7 @@
 `fix --check` proves it by re-running the program on patched copies (clean replay, exit 0)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -319,3 +320,24 @@ def test_replay_points_at_fix_only_where_it_has_a_rewrite_to_try(tmp_path):
     for trace, verdict in ((twice, "1 violation"), (legal, "no saved tensor was modified")):
         text = _replay(trace).stdout
         assert verdict in text and "try: torchrr fix" not in text, text
+
+
+def test_check_reruns_a_command_recorded_as_python_dash_m(tmp_path):
+    body, removed, added = PLANTED["mul_after_sigmoid"]
+    package = tmp_path / "work" / "trainer"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    main = package / "__main__.py"
+    main.write_text(HEADER + textwrap.dedent(body).lstrip("\n"))
+    trace = tmp_path / "module.trr"
+    record(trace, [sys.executable, "-m", "trainer"], cwd=package.parent)
+    before = main.read_text()
+    check = fix("--check", trace, cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "with this patch: backward ran" in check.stdout and "0 violations" in check.stdout
+    assert main.read_text() == before, "--check wrote the user's file"
+    # A module that is not in the working directory the trace shows (an installed one) is not
+    # copied, so it is not re-run.
+    shutil.move(package, tmp_path / "elsewhere")
+    gone = fix("--check", trace, cwd=tmp_path)
+    assert gone.returncode == 11 and "trainer" in gone.stderr, gone.stdout + gone.stderr

@@ -1,7 +1,9 @@
-"""``torchrr fix --check``: re-runs the recorded command under ``torchrr record`` with the patch
-applied to copies of the files (a temporary copy of the script's directory; the user's files are
-never written), replays that trace and says what remains. ``--apply`` then writes the checked
-patch to the user's files, each with a ``.orig`` backup.
+"""``torchrr fix --check``: re-runs the recorded command (``python script.py ...`` or
+``python -m module ...``) under ``torchrr record`` with the patch applied to copies of the files
+(a temporary copy of the script's directory, or for ``-m`` of the working directory the module
+was imported from; the user's files are never written), replays that trace and says what
+remains. ``--apply`` then writes the checked patch to the user's files, each with a ``.orig``
+backup.
 
 The trace does not record the working directory: it is found from the script's argument and the
 absolute path the trace's frames give the same script.
@@ -43,28 +45,48 @@ def _command(trace: str) -> tuple:
     return list(command), ["--verify-saved"] if fingerprints else []
 
 
+def _found(tail: str, user_files: list) -> str:
+    """The directory `tail` (a relative path) hangs from: that of the user's file the trace names
+    that ends with it, else the working directory when it holds it; "" when neither."""
+    tail = os.sep + os.path.normpath(tail)
+    for path in user_files:
+        if path.endswith(tail) and os.path.isfile(path):
+            return path[:-len(tail)] or os.sep
+    return os.getcwd() if os.path.isfile(os.getcwd() + tail) else ""
+
+
 def _script(command: list, user_files: list) -> tuple:
-    """(index in `command` of the Python script, its absolute path, the working directory the
-    command ran in)."""
+    """(index in `command` of the Python script, or of the module `-m` names; the absolute path
+    of the file it runs; the directory to copy: the script's, or for `-m` the working directory
+    it imported the module from; the working directory the command ran in)."""
     if "python" not in os.path.basename(command[0]):
-        raise NotRerunnable(f"`{command[0]}` is not Python: only `python script.py ...` is "
-                            "re-run")
+        raise NotRerunnable(f"`{command[0]}` is not Python: only `python script.py ...` and "
+                            "`python -m module ...` are re-run")
     for index, arg in enumerate(command[1:], 1):
-        if arg == "-m" or arg == "-c":
-            raise NotRerunnable(f"`{command[0]} {arg}` runs no script file: only `python "
-                                "script.py ...` is re-run")
+        if arg == "-c":
+            raise NotRerunnable(f"`{command[0]} -c` runs no file: only `python script.py ...` "
+                                "and `python -m module ...` are re-run")
+        if arg == "-m" and index + 1 < len(command):
+            module = command[index + 1]
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise NotRerunnable(f"`-m {module}` names no module")
+            path = module.replace(".", os.sep)
+            for tail in (path + ".py", os.path.join(path, "__main__.py")):
+                cwd = _found(tail, user_files)
+                if cwd:
+                    return index + 1, os.path.join(cwd, tail), cwd, cwd
+            raise NotRerunnable(f"module {module} is not found in the working directory the "
+                                "trace's lines show (an installed module is not copied)")
         if arg.startswith("-"):
             continue
         if os.path.isabs(arg):
             if not os.path.isfile(arg):
                 raise NotRerunnable(f"{arg} is missing on this machine")
-            return index, arg, os.getcwd()
-        tail = os.sep + os.path.normpath(arg)
-        for path in user_files:
-            if path.endswith(tail) and os.path.isfile(path):
-                return index, path, path[:-len(tail)] or os.sep
-        if os.path.isfile(arg):
-            return index, os.path.abspath(arg), os.getcwd()
+            return index, arg, os.path.dirname(arg), os.getcwd()
+        cwd = _found(arg, user_files)
+        if cwd:
+            script = os.path.join(cwd, os.path.normpath(arg))
+            return index, script, os.path.dirname(script), cwd
         raise NotRerunnable(f"{arg} is missing on this machine")
     raise NotRerunnable("the recorded command names no script")
 
@@ -87,8 +109,7 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str)
     """Runs the recorded command under `torchrr record` on patched copies in `workdir`. Returns
     (the new trace, the CompletedProcess, a map from copied paths back to the user's)."""
     command, flags = _command(trace)
-    index, script, cwd = _script(command, list(texts) + _fix._user_files(document))
-    root = os.path.dirname(script)
+    index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))
     outside = [p for p in texts if os.path.commonpath([root, p]) != root]
     if outside:
         raise NotRerunnable(f"the patch edits {outside[0]}, outside the script's directory "
@@ -100,7 +121,8 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str)
     for path, text in texts.items():
         with open(os.path.join(copy, os.path.relpath(path, root)), "w") as f:
             f.write(text)
-    command[index] = os.path.join(copy, os.path.relpath(script, root))
+    if command[index - 1] != "-m":  # A module is found from the (copied) working directory.
+        command[index] = os.path.join(copy, os.path.relpath(script, root))
     inside = os.path.commonpath([root, cwd]) == root
     run_cwd = os.path.join(copy, os.path.relpath(cwd, root)) if inside else cwd
     new_trace = os.path.join(workdir, "check.trr")
