@@ -147,6 +147,11 @@ def made_demo(tmp_path_factory):
     assert re.search(r"^torchrr: \d+ violations? in ", recorded, re.M), recorded[-3000:]
     bug_line = marker_line(script, r"BUG\(inplace_activation\)")
     assert f"  culprit: {script}:{bug_line} " in recorded, recorded[-3000:]
+    # After the replay, the fix's patch and its check; the sample itself is not written.
+    fixed = proc.stdout.split("== The fix")[1].split("== The bug report")[0]
+    assert "act = act.mul(gate)  # BUG(inplace_activation)" in fixed, fixed
+    assert "with this patch: backward ran" in fixed and "0 violations" in fixed, fixed
+    assert not list(script.parent.glob("*.orig")), "the demo applied the patch"
     return directory
 
 
