@@ -123,7 +123,22 @@ bool WriteHostile(const std::string& dir) {
     duplicated.push_back(i);
     if (batch) duplicated.push_back(i);
   }
-  return WriteFile(errors + "source_paths.trr",
+  // A 1 MiB name that every frame of every op names: output and memory must not grow with the
+  // string times its uses.
+  Strings long_strings;
+  long_strings.function = std::string(1u << 20, 'f');
+  long_strings.node = "MulBackward0" + std::string(64u << 10, 'n');
+  // A stranger's frames naming this machine's private files, for which the trace has no code.
+  const std::string private_files = TrainingLoop(Strings(), "/root/.ssh/id_rsa",
+                                                 "/home/ana/.aws/credentials");
+  // A recording cut before its first record: the file header and the FileInfo chunk alone.
+  const ReadSummary chunks = ReadTraceBytes(loop, nullptr);
+  const std::string zero_records =
+      loop.substr(0, chunks.chunks.size() > 1 ? chunks.chunks[1].offset : loop.size());
+  return WriteFile(errors + "long_strings.trr", TrainingLoop(long_strings)) &&
+         WriteFile(errors + "private_files.trr", private_files) &&
+         WriteFile(errors + "zero_records.trr", zero_records) &&
+         WriteFile(errors + "source_paths.trr",
                    TrainingLoop(Strings(), "/dev/zero", "/proc/self/environ")) &&
          WriteFile(errors + "escapes.trr", TrainingLoop(escapes)) &&
          WriteFile(errors + "non_utf8.trr", TrainingLoop(latin1)) &&

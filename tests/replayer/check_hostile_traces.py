@@ -2,11 +2,16 @@
 """`torchrr replay`, `info` and `dump` (text and --json) on the crafted traces of
 tests/golden/errors (tests/golden/make_golden.cc --hostile): each gives its exit code, prints text
 with no control character but its line breaks and JSON that parses, and finds the one violation
-the training loop has. Usage: check_hostile_traces.py TORCHRR ERRORS_DIR"""
+the training loop has; every verb that reads a trace stays within its time and memory bounds
+(docs/reliability.md, "Memory") on each. Usage: check_hostile_traces.py TORCHRR ERRORS_DIR"""
 import json
+import os
 import re
+import struct
 import subprocess
 import sys
+import tempfile
+import time
 
 torchrr, errors = sys.argv[1:3]
 
@@ -18,7 +23,13 @@ EXIT_CODES = {
     "reordered.trr": (5, 5),      # Corrupt wins over the violation.
     "duplicated.trr": (5, 5),
     "fake_headers.trr": (5, 5),   # Nothing verifies.
+    "long_strings.trr": (1, 0),   # A 1 MiB function name in every frame.
+    "private_files.trr": (1, 0),  # Frames in ~/.ssh/id_rsa and ~/.aws/credentials.
+    "zero_records.trr": (4, 4),   # Cut before its first record.
 }
+NO_VIOLATION = {"fake_headers.trr", "zero_records.trr"}
+# Seconds any verb may take on any of these files (each is at most 256 KiB).
+TIME_BOUND_S = 10
 VERBS = [["replay"], ["replay", "--json"], ["info"], ["info", "--json"], ["dump"],
          ["dump", "--json"]]
 # Bytes a terminal would act on: C0 controls but the line break, DEL, and C1 controls in UTF-8.
@@ -68,7 +79,7 @@ for name, (replay_code, read_code) in EXIT_CODES.items():
         check(documents, f"{what}: no JSON")
         if verb[0] == "replay" and documents:
             violations = documents[0]["violations"]
-            want_violations = 0 if name == "fake_headers.trr" else 1
+            want_violations = 0 if name in NO_VIOLATION else 1
             check(len(violations) == want_violations,
                   f"{what}: {len(violations)} violations, want {want_violations}")
 
@@ -93,6 +104,54 @@ rc, out, _ = run(["replay"], "source_paths.trr")
 check(b" |     " not in out, "replay source_paths.trr: a special file was quoted")
 check(b"= culprit: aten::add_ changed the version 5 -> 6" in out,
       "replay source_paths.trr: no culprit line")
+
+# Long strings: output grows with the trace, not with the string times its uses (8 KiB each).
+rc, out, _ = run(["replay"], "long_strings.trr")
+check(len(out) < 1 << 20, f"replay long_strings.trr: {len(out)} bytes of output")
+rc, out, _ = run(["dump"], "long_strings.trr")
+check(len(out) < 16 << 20, f"dump long_strings.trr: {len(out)} bytes of output")
+# A stranger's frames naming private files: said, never read.
+rc, out, _ = run(["replay"], "private_files.trr")
+check(b" |     " not in out, "replay private_files.trr: a private file was quoted")
+check(b"/root/.ssh/id_rsa is not quoted" in out, "replay private_files.trr: no word of not quoting")
+# Cut before its first record: not a clean run.
+rc, out, _ = run(["replay"], "zero_records.trr")
+check(b"o op was recorded" in out, "replay zero_records.trr: does not say no op was recorded")
+rc, out, _ = run(["info"], "zero_records.trr")
+check(b"recording:        incomplete" in out, "info zero_records.trr: not said incomplete")
+
+
+def decompressed_bytes(path):
+    """The raw lengths of the file's chunks, walked from the file header (no resync)."""
+    data = open(path, "rb").read()
+    at, total = 16, 0
+    while at + 24 <= len(data) and data[at:at + 4] == b"TRRC":
+        _, _, compressed, raw = struct.unpack("<HHII", data[at + 4:at + 16])
+        total, at = total + raw, at + 24 + compressed
+    return total
+
+
+# Time and memory: every verb that reads a trace, on every file. wait4 gives each child's own
+# peak; Popen.wait would reap it first, so it is reaped here.
+with tempfile.TemporaryDirectory() as out_dir:
+    for name in EXIT_CODES:
+        path = f"{errors}/{name}"
+        bound_kib = (16 * decompressed_bytes(path) + (1 << 30)) // 1024
+        for verb in (["replay"], ["info"], ["dump", "--json"],
+                     ["export", "--chrome-trace", "-o", f"{out_dir}/{name}.json"],
+                     ["redact", "-o", f"{out_dir}/{name}.redacted.trr"],
+                     ["repro", "-o", f"{out_dir}/{name}.py"]):
+            started = time.monotonic()
+            proc = subprocess.Popen([torchrr, verb[0], path, *verb[1:]],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            seconds = time.monotonic() - started
+            what = f"torchrr {verb[0]} {name}"
+            check(seconds < TIME_BOUND_S, f"{what}: {seconds:.1f} s")
+            check(usage.ru_maxrss < bound_kib, f"{what}: {usage.ru_maxrss} KiB, bound {bound_kib}")
+            check(proc.returncode != 14, f"{what}: past its memory bound")
 
 for p in problems:
     print("FAIL:", p)
