@@ -135,7 +135,22 @@ bool WriteHostile(const std::string& dir) {
   const ReadSummary chunks = ReadTraceBytes(loop, nullptr);
   const std::string zero_records =
       loop.substr(0, chunks.chunks.size() > 1 ? chunks.chunks[1].offset : loop.size());
-  return WriteFile(errors + "long_strings.trr", TrainingLoop(long_strings)) &&
+  // Op ids that double (2, 4, ... 2^61) and 20,000 threads with one op each: a replay's per-id
+  // and per-thread tables must grow with the records, not with the largest id or threads squared.
+  torchrr::testing::TraceBuilder sparse;
+  for (int k = 1; k < 62; ++k) sparse.Op({.name = "aten::add_", .id = uint64_t{1} << k});
+  torchrr::testing::TraceBuilder threads;
+  for (uint32_t t = 1; t <= 20000; ++t) threads.Op({.name = "aten::mul", .thread = t});
+  auto trace_of = [](const torchrr::testing::TraceBuilder& b) {
+    std::string trace;
+    auto writer = TraceWriter::ToString(&trace, testing::SampleFileInfo());
+    for (const Record& r : b.records) (void)writer->Append(r);
+    (void)writer->Close();
+    return trace;
+  };
+  return WriteFile(errors + "doubling_ids.trr", trace_of(sparse)) &&
+         WriteFile(errors + "many_threads.trr", trace_of(threads)) &&
+         WriteFile(errors + "long_strings.trr", TrainingLoop(long_strings)) &&
          WriteFile(errors + "private_files.trr", private_files) &&
          WriteFile(errors + "zero_records.trr", zero_records) &&
          WriteFile(errors + "source_paths.trr",
