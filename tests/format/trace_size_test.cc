@@ -36,6 +36,10 @@ std::string SampleTrace() {
 TEST(TraceSize, CountsEveryChunkAndOnlyTheChunksThatVerify) {
   const std::string trace = SampleTrace();
   const uint64_t whole = DecompressedTraceBytes(WriteFile("whole.trr", trace));
+  // The reader's own count of the chunks it verified.
+  uint64_t read = 0;
+  for (const ChunkInfo& chunk : ReadTraceBytes(trace, nullptr).chunks) read += chunk.raw_bytes;
+  EXPECT_EQ(whole, read);
   EXPECT_GT(whole, trace.size());
   // Garbage in the middle of a chunk: that chunk no longer counts, the others still do.
   std::string damaged = trace;
@@ -44,6 +48,26 @@ TEST(TraceSize, CountsEveryChunkAndOnlyTheChunksThatVerify) {
   EXPECT_LT(less, whole);
   EXPECT_GT(less, 0u);
   EXPECT_EQ(DecompressedTraceBytes(::testing::TempDir() + "/trace_size_test_missing"), 0u);
+}
+
+TEST(TraceSize, CountsAChunkLargerThanItsWindow) {
+  // A FileInfo chunk of 3 MiB that zstd cannot shrink: its payload is read past the 1 MiB window.
+  FileInfo info = testing::SampleFileInfo();
+  uint64_t state = 88172645463325252ull;
+  info.host.resize(3u << 20);
+  for (char& c : info.host) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    c = static_cast<char>('a' + state % 26);
+  }
+  std::string trace;
+  auto writer = TraceWriter::ToString(&trace, info);
+  for (const Record& r : testing::ManySteps(2)) EXPECT_TRUE(writer->Append(r).ok());
+  EXPECT_TRUE(writer->Close().ok());
+  ASSERT_GT(trace.size(), 1u << 20);
+  uint64_t read = 0;
+  for (const ChunkInfo& chunk : ReadTraceBytes(trace, nullptr).chunks) read += chunk.raw_bytes;
+  EXPECT_EQ(DecompressedTraceBytes(WriteFile("large.trr", trace)), read);
+  EXPECT_GT(read, 3u << 20);
 }
 
 TEST(TraceSize, FakeChunkHeadersCostLinearWork) {
