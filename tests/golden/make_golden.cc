@@ -57,9 +57,10 @@ struct Strings {
 // A training loop of eight steps, y = w * x, loss = y.sum(), backward, then w.add_() under no_grad
 // (the optimizer); the sixth step runs the optimizer before its backward, which then raises: one
 // violation. In chunks of about 600 raw bytes. `victim_file`, `culprit_file`: where the buggy
-// step's mul and add_ ran, at line 1, instead of s.file.
+// step's mul and add_ ran, at line 1, instead of s.file. `unnamed`: the strings naming the node
+// and its saved members are left out, so the records name strings the trace does not define.
 std::string TrainingLoop(const Strings& s, const std::string& victim_file = "",
-                         const std::string& culprit_file = "") {
+                         const std::string& culprit_file = "", bool unnamed = false) {
   auto at = [&](torchrr::testing::TraceBuilder& b, bool buggy, const std::string& file,
                 uint32_t line) {
     return buggy && !file.empty() ? b.At(1, file, s.function) : b.At(line, s.file, s.function);
@@ -88,7 +89,14 @@ std::string TrainingLoop(const Strings& s, const std::string& victim_file = "",
   WriterOptions options;
   options.chunk_raw_bytes = 600;
   auto writer = TraceWriter::ToString(&trace, info, options);
-  for (const Record& r : b.records) (void)writer->Append(r);
+  for (const Record& r : b.records) {
+    const auto* def = std::get_if<StringDef>(&r);
+    if (unnamed && def != nullptr &&
+        (def->text == s.node || def->text == "self" || def->text == "other")) {
+      continue;
+    }
+    (void)writer->Append(r);
+  }
   (void)writer->Close();
   return trace;
 }
@@ -153,6 +161,7 @@ bool WriteHostile(const std::string& dir) {
          WriteFile(errors + "long_strings.trr", TrainingLoop(long_strings)) &&
          WriteFile(errors + "private_files.trr", private_files) &&
          WriteFile(errors + "zero_records.trr", zero_records) &&
+         WriteFile(errors + "dangling_names.trr", TrainingLoop(Strings(), "", "", true)) &&
          WriteFile(errors + "source_paths.trr",
                    TrainingLoop(Strings(), "/dev/zero", "/proc/self/environ")) &&
          WriteFile(errors + "escapes.trr", TrainingLoop(escapes)) &&

@@ -26,6 +26,7 @@ EXIT_CODES = {
     "long_strings.trr": (1, 0),   # A 1 MiB function name in every frame.
     "private_files.trr": (1, 0),  # Frames in ~/.ssh/id_rsa and ~/.aws/credentials.
     "zero_records.trr": (4, 4),   # Cut before its first record.
+    "dangling_names.trr": (1, 0),  # The node's and its saved members' names never defined.
     "doubling_ids.trr": (0, 0),   # Op ids 2, 4, ... 2^61.
     "many_threads.trr": (0, 0),   # 20,000 threads, one op each.
 }
@@ -119,6 +120,11 @@ check(b"/root/.ssh/id_rsa is not quoted" in out, "replay private_files.trr: no w
 # Cut before its first record: not a clean run.
 rc, out, _ = run(["replay"], "zero_records.trr")
 check(b"o op was recorded" in out, "replay zero_records.trr: does not say no op was recorded")
+rc, out, _ = run(["replay"], "dangling_names.trr")
+check(b"needed by a node the trace does not name (#" in out,
+      "replay dangling_names.trr: the unnamed node is not said to be unnamed")
+check(b"`?`" not in out and b"needed by  (" not in out,
+      "replay dangling_names.trr: an empty name or a `?` printed")
 rc, out, _ = run(["info"], "zero_records.trr")
 check(b"recording:        incomplete" in out, "info zero_records.trr: not said incomplete")
 
