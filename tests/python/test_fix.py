@@ -137,6 +137,12 @@ def fix(*args, cwd=None, env=None, timeout=300):
                           cwd=cwd, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def files_under(directory):
+    """{relative path: bytes} of every file under `directory`."""
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def changed_lines(diff):
     removed = [line[1:] for line in diff.splitlines()
                if line.startswith("-") and not line.startswith("---")]
@@ -341,3 +347,38 @@ def test_check_reruns_a_command_recorded_as_python_dash_m(tmp_path):
     shutil.move(package, tmp_path / "elsewhere")
     gone = fix("--check", trace, cwd=tmp_path)
     assert gone.returncode == 11 and "trainer" in gone.stderr, gone.stdout + gone.stderr
+
+
+# A training loop that never ends: only --timeout ends its re-run.
+FOREVER = """
+    w = torch.ones(4, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    while True:
+        y = torch.sigmoid(w * 2)
+        y.mul_(2)  # scale
+        y.sum().backward()
+        opt.step()
+        opt.zero_grad()
+    """
+
+
+def test_a_rerun_past_the_timeout_is_stopped(tmp_path):
+    script, trace = record_program(tmp_path, "forever", FOREVER)
+    check = fix("--check", "--timeout", 3, trace, cwd=script.parent, timeout=120)
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "with this patch: the program ran past --timeout 3s" in check.stdout.splitlines(), \
+        check.stdout
+    copies = [cmdline for cmdline in _command_lines() if "torchrr-fix-" in cmdline and
+              "forever.py" in cmdline]
+    assert not copies, f"the re-run is still running: {copies}"
+
+
+def _command_lines():
+    lines = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                lines.append(f.read().replace(b"\0", b" ").decode("utf-8", "replace"))
+        except OSError:
+            pass
+    return lines

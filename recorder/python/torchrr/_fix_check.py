@@ -1,21 +1,27 @@
 """``torchrr fix --check``: re-runs the recorded command (``python script.py ...`` or
-``python -m module ...``) under ``torchrr record`` with the patch applied to copies of the files
-(a temporary copy of the script's directory, or for ``-m`` of the working directory the module
-was imported from; the user's files are never written), replays that trace and says what
-remains. ``--apply`` then writes the checked patch to the user's files, each with a ``.orig``
-backup.
+``python -m module ...``, or the torchrun launch a rank's trace came from) under ``torchrr
+record`` with the patch applied to copies of the files (a temporary copy of the script's
+directory, or for ``-m`` of the working directory the module was imported from; the user's files
+are never written), replays that trace and says what remains. ``--apply`` then writes the
+checked patch to the user's files, each with a ``.orig`` backup.
 
 The trace does not record the working directory: it is found from the script's argument and the
-absolute path the trace's frames give the same script.
+absolute path the trace's frames give the same script. A rank's trace does not record the
+launcher's arguments either (its command line is the worker's, ``python -u script ...``, as
+torchrun starts it): the launch is made again on this machine from the worker's command and the
+trace's world size (_launch).
 """
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
+from typing import Optional
 
 from . import _fix
 
@@ -23,21 +29,32 @@ from . import _fix
 _SKIP = shutil.ignore_patterns(".git", "__pycache__", "*.trr", ".venv", "venv", "node_modules",
                                "*.pt", "*.pth", "*.ckpt", "*.safetensors")
 _COPY_LIMIT = 256 << 20  # 256 MiB: a script's directory, not a data set.
+# Set by an enclosing launch: the re-run's launcher sets its own for its workers.
+_LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+               "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# After SIGTERM, how long the re-run may take to end before SIGKILL: torchrun gives its workers
+# 30 s after passing SIGTERM on before it kills them.
+_STOP_GRACE_S = 40
 
 
 class NotRerunnable(Exception):
     """The recorded command cannot be re-run here; the message says why, in one line."""
 
 
-def _command(trace: str) -> tuple:
-    """(the recorded command, the `torchrr record` flags its recording needs again)."""
+def _info(trace: str) -> dict:
+    """`torchrr info --json TRACE`'s document, {} when it wrote none."""
     proc = _fix.run_cli("info", "--json", trace)
     try:
         info = json.loads(proc.stdout)
-        command = info["info"]["command_line"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        info, command = {}, None
-    if not command:
+    except json.JSONDecodeError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _command(info: dict) -> tuple:
+    """(the recorded command, the `torchrr record` flags its recording needs again)."""
+    command = (info.get("info") or {}).get("command_line")
+    if not command or not isinstance(command, list):
         raise NotRerunnable("the trace does not record the command that ran")
     # Fingerprints are written only under --verify-saved: without it the re-run could not see
     # the silent writes the trace found, and would look clean.
@@ -91,6 +108,51 @@ def _script(command: list, user_files: list) -> tuple:
     raise NotRerunnable("the recorded command names no script")
 
 
+def _rank_trace(trace: str, rank: int) -> str:
+    """Where the recording put rank `rank`'s trace beside `trace` (STEM.rankN.trr, as
+    environment_options.cc names them); "" when `trace` is not so named."""
+    stem, ext = os.path.splitext(trace)
+    stem, dot, middle = stem.rpartition(".")
+    if not dot or not middle.startswith("rank") or not middle[4:].isdigit():
+        return ""
+    return f"{stem}.rank{rank}{ext}"
+
+
+def _launch(trace: str, info: dict, command: list, script_index: int) -> list:
+    """For the trace of one torchrun worker (the trace's rank and world size set; its command
+    torchrun's `python -u [-m] X ARGS`): the launcher part of a command that starts every rank
+    on this machine, `python -m torch.distributed.run --standalone --nproc-per-node W`, to be
+    followed by command[2:]. [] for a trace of a process that no launcher started.
+
+    The worker's trace does not hold the launcher's own arguments; the world size, all on one
+    machine, is what the program sees of them. Refuses ranks that ran on several machines (a
+    rank's trace beside this one names another host) and workers of another launcher
+    (torch.distributed.launch's and deepspeed's pass --local-rank on the command line)."""
+    recorded = info.get("info") or {}
+    rank, world = recorded.get("rank", -1), recorded.get("world_size", 0)
+    if not isinstance(rank, int) or not isinstance(world, int) or rank < 0 or world < 1:
+        return []
+    if command[1:2] != ["-u"]:
+        raise NotRerunnable(f"rank {rank} of {world} ran `{shlex.join(command[:3])} ...`, not "
+                            "as torchrun starts a worker (`python -u ...`): its launcher is "
+                            "not known")
+    after = command[script_index + 1:script_index + 2]
+    if after and after[0].startswith(("--local-rank=", "--local_rank=")):
+        raise NotRerunnable(f"rank {rank} of {world} was given `{after[0]}`: a launcher other "
+                            "than torchrun (torch.distributed.launch, deepspeed) is not re-run")
+    host = recorded.get("host")
+    for other in range(world):
+        path = _rank_trace(trace, other)
+        if other == rank or not path or not os.path.isfile(path):
+            continue
+        other_host = (_info(path).get("info") or {}).get("host")
+        if other_host and host and other_host != host:
+            raise NotRerunnable(f"the ranks ran on several machines ({host}, {other_host} in "
+                                f"{path}): only a launch on one machine is re-run")
+    return [command[0], "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(world)]
+
+
 def _copy_size(root: str) -> int:
     total = 0
     for directory, dirs, files in os.walk(root):
@@ -105,11 +167,54 @@ def _copy_size(root: str) -> int:
     return total
 
 
-def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str) -> tuple:
-    """Runs the recorded command under `torchrr record` on patched copies in `workdir`. Returns
-    (the new trace, the CompletedProcess, a map from copied paths back to the user's)."""
-    command, flags = _command(trace)
+@dataclass
+class Rerun:
+    """What one re-run under `torchrr record` left: its traces, the program's end, and how to
+    name the user's files in what it found."""
+    trace: str                    # The new trace to judge: the same rank's, under torchrun.
+    returncode: int = 0
+    stderr: str = ""
+    paths: dict = field(default_factory=dict)   # Copied directory -> the user's.
+    rank: Optional[int] = None    # Under torchrun: the rank `trace` is.
+    ranks: dict = field(default_factory=dict)   # Under torchrun: rank -> its new trace.
+    launch: str = ""              # Under torchrun: the launch that ran, as the user would type it.
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, which `torchrr record` passes to the program (torchrun to its workers); SIGKILL
+    after _STOP_GRACE_S."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _record(argv: list, cwd: str, env: dict, timeout: float, workdir: str) -> tuple:
+    """Runs `argv` (a `torchrr record`), its output kept in `workdir`. Returns (exit status,
+    stderr); raises TimeoutExpired after it was stopped at `timeout` seconds."""
+    with open(os.path.join(workdir, "stdout"), "wb") as out, \
+            open(os.path.join(workdir, "stderr"), "wb") as err:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise
+    with open(os.path.join(workdir, "stderr"), "rb") as err:
+        stderr = err.read().decode("utf-8", "replace")
+    return proc.returncode, stderr
+
+
+def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str) -> Rerun:
+    """Runs the recorded command under `torchrr record` on patched copies in `workdir` (a rank's
+    trace: the whole torchrun launch)."""
+    info = _info(trace)
+    command, flags = _command(info)
     index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))
+    launcher = _launch(trace, info, command, index)
     outside = [p for p in texts if os.path.commonpath([root, p]) != root]
     if outside:
         raise NotRerunnable(f"the patch edits {outside[0]}, outside the script's directory "
@@ -121,16 +226,27 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str)
     for path, text in texts.items():
         with open(os.path.join(copy, os.path.relpath(path, root)), "w") as f:
             f.write(text)
+    recorded = list(command)
     if command[index - 1] != "-m":  # A module is found from the (copied) working directory.
         command[index] = os.path.join(copy, os.path.relpath(script, root))
     inside = os.path.commonpath([root, cwd]) == root
     run_cwd = os.path.join(copy, os.path.relpath(cwd, root)) if inside else cwd
     new_trace = os.path.join(workdir, "check.trr")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES")}
-    proc = subprocess.run([_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command],
-                          capture_output=True, text=True, cwd=run_cwd, env=env, timeout=timeout)
-    return new_trace, proc, {os.path.realpath(copy): root}
+    drop = {"TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES"}
+    result = Rerun(new_trace, paths={os.path.realpath(copy): root})
+    if launcher:
+        command = launcher + command[2:]  # torchrun adds the -u itself.
+        drop.update(_LAUNCH_ENV)
+        result.rank = info["info"]["rank"]
+        result.ranks = {r: os.path.join(workdir, f"check.rank{r}.trr")
+                        for r in range(info["info"]["world_size"])}
+        result.trace = result.ranks[result.rank]
+        result.launch = shlex.join(["torchrun", *launcher[3:], *recorded[2:]])
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    result.returncode, result.stderr = _record(
+        [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command], run_cwd, env,
+        timeout, workdir)
+    return result
 
 
 def _back(path: str, paths: dict) -> str:
@@ -140,32 +256,68 @@ def _back(path: str, paths: dict) -> str:
     return path
 
 
-def verdict(new_trace: str, proc: subprocess.CompletedProcess, paths: dict) -> tuple:
-    """(clean, the lines saying what the re-run found)."""
+def _where(violations: list, paths: dict) -> list:
+    """One indented line for each of the first three violations: its kind, op and culprit line
+    (in the user's file)."""
+    lines = []
+    for v in violations[:3]:
+        culprit = (v.get("changed_source") or v.get("culprit") or {}).get("user_frame") or {}
+        lines.append(f"  {v.get('kind')}: {(v.get('culprit') or {}).get('op')} at "
+                     f"{_back(culprit.get('file') or '?', paths)}:{culprit.get('line')}")
+    return lines
+
+
+def _count(violations: list) -> str:
+    return f"{len(violations)} violation{'s' if len(violations) != 1 else ''}"
+
+
+def _last_error(stderr: str, paths: dict) -> str:
+    """The program's last line on stderr that says something (torchrun ends with rules of '=')."""
+    lines = [line for line in stderr.splitlines() if line.strip(" =-")]
+    return _back(lines[-1], paths) if lines else ""
+
+
+def verdict(run: Rerun) -> tuple:
+    """(clean, the lines saying what the re-run found): the replay of its trace (the same rank's
+    under torchrun, then a line for each other rank whose trace holds violations or is missing)."""
+    lead = "with this patch"
     try:
-        document, code = _fix.replay_json(new_trace)
+        document, code = _fix.replay_json(run.trace)
     except _fix.TraceUnreadable as error:
-        tail = [line for line in proc.stderr.splitlines() if line.strip()][-1:]
-        return False, [f"with this patch: no trace to replay ({error})", *tail]
+        tail = _last_error(run.stderr, run.paths)
+        return False, [f"{lead}: no trace to replay ({error})"] + ([tail] if tail else [])
     violations = document.get("violations", [])
     lines = []
     if violations:
-        lines.append(f"with this patch: {len(violations)} violation"
-                     f"{'s' if len(violations) != 1 else ''} remain")
-        for v in violations[:3]:
-            culprit = (v.get("changed_source") or v.get("culprit") or {}).get("user_frame") or {}
-            lines.append(f"  {v.get('kind')}: {(v.get('culprit') or {}).get('op')} at "
-                         f"{_back(culprit.get('file') or '?', paths)}:{culprit.get('line')}")
+        lines.append(f"{lead}: {_count(violations)} remain")
+        lines += _where(violations, run.paths)
     else:
         passes = document.get("backward_passes", 0)
-        lines.append(f"with this patch: backward ran ({passes} pass{'es' * (passes != 1)}), "
-                     "0 violations")
-    program_failed = proc.returncode != 0 and not violations
+        lines.append(f"{lead}: backward ran ({passes} pass{'es' * (passes != 1)}), 0 violations")
+    clean, found = not violations and code == 0, bool(violations)
+    if run.launch:
+        lines.append(f"  (rank {run.rank} of the launch re-run as: {run.launch})")
+    for rank, trace in run.ranks.items():
+        if rank == run.rank:
+            continue
+        try:
+            other, other_code = _fix.replay_json(trace)
+        except _fix.TraceUnreadable:
+            lines.append(f"but rank {rank} wrote no trace to replay")
+            clean = False
+            continue
+        found = found or bool(other.get("violations"))
+        if other.get("violations"):
+            lines.append(f"but rank {rank}'s trace has {_count(other['violations'])}")
+            lines += _where(other["violations"], run.paths)
+        clean = clean and not other.get("violations") and other_code == 0
+    # A violation PyTorch raised ends the program: its status says nothing more then.
+    program_failed = run.returncode != 0 and not found
     if program_failed:
-        error = [line for line in proc.stderr.splitlines() if line.strip()]
-        lines.append(f"but the program exited with status {proc.returncode}"
-                     + (f": {_back(error[-1], paths)}" if error else ""))
-    return not violations and not program_failed and code == 0, lines
+        error = _last_error(run.stderr, run.paths)
+        lines.append(f"but the program exited with status {run.returncode}"
+                     + (f": {error}" if error else ""))
+    return clean and not program_failed, lines
 
 
 def apply(space: "_fix.Workspace", texts: dict) -> list:
@@ -198,14 +350,14 @@ def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dic
         return codes["no_fix"] if document.get("violations") else codes["ok"]
     with tempfile.TemporaryDirectory(prefix="torchrr-fix-") as workdir:
         try:
-            new_trace, proc, paths = rerun(args.trace, document, texts, args.timeout, workdir)
+            run = rerun(args.trace, document, texts, args.timeout, workdir)
         except NotRerunnable as error:
             sys.stderr.write(f"torchrr: cannot re-run the recorded command: {error}\n")
             return codes["not_rerun"]
         except subprocess.TimeoutExpired:
             say(f"with this patch: the program ran past --timeout {args.timeout:g}s")
             return codes["violations"]
-        clean, lines = verdict(new_trace, proc, paths)
+        clean, lines = verdict(run)
     for line in lines:
         say(line)
     if not clean:
