@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct FixOptions {
   bool check = false;
   bool apply = false;
   double timeout_s = 600;
+  unsigned steps = 0;  // 0: the whole run.
 };
 
 // The exit codes torchrr._fix returns, passed to it so that exit_codes.h stays their one list.
@@ -50,6 +52,10 @@ int RunFix(const FixOptions& options) {
   if (options.json) command.push_back("--json");
   if (options.check) command.push_back("--check");
   if (options.apply) command.push_back("--apply");
+  if (options.steps > 0) {
+    command.push_back("--steps");
+    command.push_back(std::to_string(options.steps));
+  }
   const std::string python_path = package.parent_path().string();
   int rc = RunProgram(command, [&] {
     const char* old = std::getenv("PYTHONPATH");
@@ -84,6 +90,9 @@ void RegisterFixCommand(CLI::App& app, int* exit_code) {
                 "FILE.orig)");
   fix->add_option("--timeout", options->timeout_s, "Seconds the re-run may take (--check)")
       ->check(CLI::PositiveNumber);
+  fix->add_option("--steps", options->steps,
+                  "Stop the re-run once its first N training steps are recorded (--check)")
+      ->check(CLI::Range(1u, std::numeric_limits<unsigned>::max()));
   fix->callback([options, exit_code] {
     FixOptions run = *options;
     run.check = run.check || run.apply;

@@ -349,7 +349,7 @@ def test_check_reruns_a_command_recorded_as_python_dash_m(tmp_path):
     assert gone.returncode == 11 and "trainer" in gone.stderr, gone.stdout + gone.stderr
 
 
-# A training loop that never ends: only --timeout ends its re-run.
+# A training loop that never ends: only --steps (or --timeout) ends its re-run.
 FOREVER = """
     w = torch.ones(4, requires_grad=True)
     opt = torch.optim.SGD([w], lr=0.1)
@@ -360,6 +360,27 @@ FOREVER = """
         opt.step()
         opt.zero_grad()
     """
+
+
+def test_steps_stops_the_rerun_after_its_first_steps(tmp_path):
+    script, trace = record_program(tmp_path, "forever", FOREVER)
+    before = files_under(tmp_path)
+    check = fix("--check", "--steps", 3, "--timeout", 120, trace, cwd=script.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert ("with this patch, in the first 3 steps: backward ran (3 passes), 0 violations"
+            in check.stdout.splitlines()), check.stdout
+    assert files_under(tmp_path) == before, "--check wrote beside the user's files"
+    zero = fix("--check", "--steps", 0, trace, cwd=script.parent)
+    assert zero.returncode == 2 and "--steps" in zero.stderr, zero.stdout + zero.stderr
+
+
+def test_steps_beyond_the_programs_end_is_a_whole_run(tmp_path):
+    body, _, _ = PLANTED["mul_after_sigmoid"]
+    script, trace = record_program(tmp_path, "short", body)
+    check = fix("--check", "--steps", 5, trace, cwd=script.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "with this patch: backward ran (1 pass), 0 violations" in check.stdout.splitlines(), \
+        check.stdout
 
 
 def test_a_rerun_past_the_timeout_is_stopped(tmp_path):

@@ -68,6 +68,17 @@ def test_another_ranks_violations_make_the_check_fail(tmp_path):
     assert script.read_text() == PROGRAM, "--check wrote the user's file"
 
 
+def test_steps_stops_a_launch_that_never_ends(tmp_path):
+    script, _, _ = record_ranks(tmp_path, "ranks.py", PROGRAM, "forever")
+    before = files_under(tmp_path)
+    check = fix("--check", "--steps", 2, "--timeout", 120, "run.rank0.trr", cwd=tmp_path,
+                timeout=240)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert ("with this patch, in the first 2 steps: backward ran (2 passes), 0 violations"
+            in check.stdout.splitlines()), check.stdout
+    assert files_under(tmp_path) == before, "--check wrote beside the user's files"
+
+
 def test_ranks_on_several_machines_are_refused(tmp_path):
     record_ranks(tmp_path, "ranks.py", PROGRAM, "1")
     # rank 0's trace as another machine would have written it: its host is another name.

@@ -379,6 +379,7 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--apply", action="store_true")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--steps", type=int, default=None)
     args = parser.parse_args(argv)
     try:
         document, _ = replay_json(args.trace)

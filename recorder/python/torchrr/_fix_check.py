@@ -2,8 +2,9 @@
 ``python -m module ...``, or the torchrun launch a rank's trace came from) under ``torchrr
 record`` with the patch applied to copies of the files (a temporary copy of the script's
 directory, or for ``-m`` of the working directory the module was imported from; the user's files
-are never written), replays that trace and says what remains. ``--apply`` then writes the
-checked patch to the user's files, each with a ``.orig`` backup.
+are never written), replays that trace and says what remains. ``--steps N`` stops the re-run once
+its first N steps are recorded. ``--apply`` then writes the checked patch to the user's files,
+each with a ``.orig`` backup.
 
 The trace does not record the working directory: it is found from the script's argument and the
 absolute path the trace's frames give the same script. A rank's trace does not record the
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -32,6 +34,9 @@ _COPY_LIMIT = 256 << 20  # 256 MiB: a script's directory, not a data set.
 # Set by an enclosing launch: the re-run's launcher sets its own for its workers.
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# How often a re-run bounded by --steps looks whether its traces are written: each look is a
+# `torchrr info` per trace not yet written, a few milliseconds.
+_POLL_S = 0.25
 # After SIGTERM, how long the re-run may take to end before SIGKILL: torchrun gives its workers
 # 30 s after passing SIGTERM on before it kills them.
 _STOP_GRACE_S = 40
@@ -178,6 +183,21 @@ class Rerun:
     rank: Optional[int] = None    # Under torchrun: the rank `trace` is.
     ranks: dict = field(default_factory=dict)   # Under torchrun: rank -> its new trace.
     launch: str = ""              # Under torchrun: the launch that ran, as the user would type it.
+    stopped: bool = False         # --steps: stopped once its first steps were written.
+
+
+def _steps_written(traces: list, steps: int, done: set) -> bool:
+    """Whether every trace in `traces` is closed with `steps` steps in it (--steps 0:N-1: the
+    recorder closes it once step N-1 is over); `done` keeps those found so. A trace the program
+    closed at its end with fewer steps is not: that program ends on its own."""
+    for path in traces:
+        if path in done or not os.path.isfile(path):
+            continue
+        info = _info(path)
+        if info.get("closed_cleanly") and \
+                (info.get("records_per_kind") or {}).get("step", 0) >= steps:
+            done.add(path)
+    return all(path in done for path in traces)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -191,26 +211,38 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def _record(argv: list, cwd: str, env: dict, timeout: float, workdir: str) -> tuple:
-    """Runs `argv` (a `torchrr record`), its output kept in `workdir`. Returns (exit status,
-    stderr); raises TimeoutExpired after it was stopped at `timeout` seconds."""
+def _record(argv: list, cwd: str, env: dict, timeout: float, workdir: str,
+            bounded_traces: list, steps: Optional[int]) -> tuple:
+    """Runs `argv` (a `torchrr record`), its output kept in `workdir`. With `steps`, stops it
+    once each of `bounded_traces` is written with that many steps. Returns (exit status, stderr,
+    whether it was stopped so); raises TimeoutExpired after it was stopped at `timeout`
+    seconds."""
     with open(os.path.join(workdir, "stdout"), "wb") as out, \
             open(os.path.join(workdir, "stderr"), "wb") as err:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-        raise
+    deadline, done, stopped = time.monotonic() + timeout, set(), False
+    while proc.poll() is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _stop(proc)
+            raise subprocess.TimeoutExpired(argv, timeout)
+        try:
+            proc.wait(timeout=min(left, _POLL_S) if steps else left)
+        except subprocess.TimeoutExpired:
+            if steps and _steps_written(bounded_traces, steps, done):
+                _stop(proc)
+                stopped = True
     with open(os.path.join(workdir, "stderr"), "rb") as err:
         stderr = err.read().decode("utf-8", "replace")
-    return proc.returncode, stderr
+    return proc.returncode, stderr, stopped
 
 
-def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str) -> Rerun:
+def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
+          steps: Optional[int] = None) -> Rerun:
     """Runs the recorded command under `torchrr record` on patched copies in `workdir` (a rank's
-    trace: the whole torchrun launch)."""
+    trace: the whole torchrun launch); with `steps`, stops it once its first `steps` steps are
+    recorded."""
     info = _info(trace)
     command, flags = _command(info)
     index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))
@@ -242,10 +274,12 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str)
                         for r in range(info["info"]["world_size"])}
         result.trace = result.ranks[result.rank]
         result.launch = shlex.join(["torchrun", *launcher[3:], *recorded[2:]])
+    if steps:
+        flags = [*flags, "--steps", f"0:{steps - 1}"]
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    result.returncode, result.stderr = _record(
+    result.returncode, result.stderr, result.stopped = _record(
         [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command], run_cwd, env,
-        timeout, workdir)
+        timeout, workdir, list(result.ranks.values()) or [new_trace], steps)
     return result
 
 
@@ -277,10 +311,11 @@ def _last_error(stderr: str, paths: dict) -> str:
     return _back(lines[-1], paths) if lines else ""
 
 
-def verdict(run: Rerun) -> tuple:
+def verdict(run: Rerun, steps: Optional[int] = None) -> tuple:
     """(clean, the lines saying what the re-run found): the replay of its trace (the same rank's
-    under torchrun, then a line for each other rank whose trace holds violations or is missing)."""
-    lead = "with this patch"
+    under torchrun, then a line for each other rank whose trace holds violations or is missing);
+    "in the first N steps" when --steps stopped it."""
+    lead = f"with this patch, in the first {steps} steps" if run.stopped else "with this patch"
     try:
         document, code = _fix.replay_json(run.trace)
     except _fix.TraceUnreadable as error:
@@ -312,7 +347,7 @@ def verdict(run: Rerun) -> tuple:
             lines += _where(other["violations"], run.paths)
         clean = clean and not other.get("violations") and other_code == 0
     # A violation PyTorch raised ends the program: its status says nothing more then.
-    program_failed = run.returncode != 0 and not found
+    program_failed = run.returncode != 0 and not run.stopped and not found
     if program_failed:
         error = _last_error(run.stderr, run.paths)
         lines.append(f"but the program exited with status {run.returncode}"
@@ -350,14 +385,14 @@ def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dic
         return codes["no_fix"] if document.get("violations") else codes["ok"]
     with tempfile.TemporaryDirectory(prefix="torchrr-fix-") as workdir:
         try:
-            run = rerun(args.trace, document, texts, args.timeout, workdir)
+            run = rerun(args.trace, document, texts, args.timeout, workdir, args.steps)
         except NotRerunnable as error:
             sys.stderr.write(f"torchrr: cannot re-run the recorded command: {error}\n")
             return codes["not_rerun"]
         except subprocess.TimeoutExpired:
             say(f"with this patch: the program ran past --timeout {args.timeout:g}s")
             return codes["violations"]
-        clean, lines = verdict(run)
+        clean, lines = verdict(run, args.steps)
     for line in lines:
         say(line)
     if not clean:
