@@ -167,9 +167,12 @@ int RunRepro(const ReproCommandOptions& options) {
                    replayer::Printable(options.output).c_str());
       return kExitOther;
     }
-    std::fprintf(stderr, "torchrr: wrote %s: violation %zu, %zu of the trace's %llu ops\n",
+    const std::string stand_ins =
+        repro.stand_ins == 0 ? "" : ", " + std::to_string(repro.stand_ins) + " through a stand-in";
+    std::fprintf(stderr, "torchrr: wrote %s: violation %zu, %zu of the trace's %llu ops%s\n",
                  replayer::Printable(options.output).c_str(), options.violation,
-                 repro.slice_ops, static_cast<unsigned long long>(repro.trace_ops));
+                 repro.slice_ops, static_cast<unsigned long long>(repro.trace_ops),
+                 stand_ins.c_str());
   }
   if (options.check) {
     std::fflush(stderr);

@@ -118,8 +118,76 @@ def test_a_silent_write_shows_the_gradient_difference(tmp_path, case):
     assert "the gradients differ" in ran.stdout
 
 
-def test_an_autograd_function_is_refused_with_its_own_exit_code(tmp_path):
-    trace, proc = _recorded(tmp_path, CUSTOM_FUNCTION)
+def test_an_autograd_function_is_called_through_a_stand_in_that_keeps_its_save(tmp_path):
+    text = _raises_the_recorded_message(tmp_path, CUSTOM_FUNCTION)
+    # Square's body is not called: a Function of the same name saves the same input.
+    assert "class Square(torch.autograd.Function):" in text
+    assert "ctx.save_for_backward(inputs[0])" in text
+    assert "1 of them through a stand-in" in text
+
+
+# The Function saves its output: PyTorch's message names the output's grad_fn, which the stand-in's
+# class name gives its node.
+SAVED_OUTPUT_FUNCTION = textwrap.dedent("""\
+    import torch
+
+
+    class Exp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.exp()
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            (y,) = ctx.saved_tensors
+            return grad * y
+
+
+    x = torch.randn(4, 3, requires_grad=True)
+    y = Exp.apply(x * 2)
+    y.mul_(3)
+    y.sum().backward()
+    """)
+
+
+def test_a_stand_in_saves_its_output_under_the_recorded_name(tmp_path):
+    text = _raises_the_recorded_message(tmp_path, SAVED_OUTPUT_FUNCTION)
+    assert "class Exp(torch.autograd.Function):" in text
+    assert "ctx.save_for_backward(outputs[0])" in text
+
+
+# Compiled regions and reentrant checkpointing are custom Functions too: AOTAutograd's region saves
+# its input (aot_eager) or its output (inductor, after a graph break), checkpoint saves its inputs.
+@pytest.mark.parametrize("case", ["compile_input_write", "compile_output_write",
+                                  "checkpoint_reentrant_input"])
+def test_compiled_regions_and_checkpoint_functions_raise_the_same_message(tmp_path, case):
+    text = _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())
+    assert "(torch.autograd.Function):" in text
+
+
+# Inductor hands a saved view of the region's input back over the input's bytes with a counter of
+# its own; a Function's ctx stash is kept with no version check: both silent, the stand-in keeps
+# each save as it was (`.data` of the input, a ctx attribute).
+@pytest.mark.parametrize("case,kept", [("compile_inductor_saved_view", ".data.as_strided("),
+                                       ("compile_ctx_stash", "ctx.unchecked = ")])
+def test_a_compiled_regions_silent_save_shows_the_gradient_difference(tmp_path, case, kept):
+    trace, proc = _recorded(tmp_path, (CASES / f"{case}.py").read_text())
+    if PYTORCH_INPLACE in proc.stderr:
+        pytest.skip("this torch checks the stashed tensor's version (before 2.11)")
+    out = tmp_path / "repro.py"
+    made = _repro(trace, out)
+    assert made.returncode == 0, made.stderr
+    assert "1 through a stand-in" in made.stderr and kept in out.read_text()
+    ran = _run(out)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "the gradients differ" in ran.stdout
+
+
+def test_what_it_cannot_express_is_refused_with_its_own_exit_code(tmp_path):
+    # Non-reentrant checkpointing recomputes the saved tensor in backward.
+    trace, proc = _recorded(tmp_path, (CASES / "checkpoint_input.py").read_text())
     assert PYTORCH_INPLACE in proc.stderr
     out = tmp_path / "repro.py"
     made = _repro(trace, out)

@@ -1,5 +1,6 @@
 // torchrr repro's script (replayer/include/torchrr/replayer/repro.h) for hand-built traces: which
 // ops the slice keeps, how they are called, what is made up, and what is refused.
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -108,6 +109,81 @@ Repro ReproOfSaveBy(const std::string& op) {
   return ReproOf(b);
 }
 
+// The ids of a custom Function's trace (FunctionCall).
+struct FunctionIds {
+  format::ObjectId h = 0, y = 0;
+};
+
+// h = x.exp(); y = Fn.apply(x or h), its node (`name`Backward) custom, saving what `saved` picks
+// (given b, x, h); h.add_(1); backward raises. The Function's op has no recorded outputs, as an
+// autograd.Function's apply, which is not a dispatcher op, has none.
+template <typename Pick>
+FunctionIds FunctionCall(TraceBuilder& b, const std::string& name, bool takes_h, Pick saved) {
+  auto x = b.Leaf({4, 8});
+  auto h = b.Forward("aten::exp", "ExpBackward0", {x}, {{"result", kOutput}}, b.At(10));
+  const format::ObjectId keep = saved(b, x, h.out);
+  auto y = b.Forward(name, name + "Backward", {takes_h ? h.out : x}, {{"saved_tensors", keep}},
+                     b.At(11));
+  for (format::Record& r : b.records) {
+    if (auto* op = std::get_if<format::OpRecord>(&r); op != nullptr && op->op == y.op) {
+      op->outputs.clear();
+    }
+    if (auto* n = std::get_if<format::NodeRecord>(&r); n != nullptr && n->node == y.node) {
+      n->saved_kind = format::SavedSetKind::kCustom;
+    }
+  }
+  auto add = b.InplaceForward("aten::add_", "AddBackward0", h.out, {}, b.At(12));
+  AddValue(b, add.op, {.position = 1, .kind = format::ValueKind::kInt, .i = 1});
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+  b.Backward({loss.node, y.node}, y.node);
+  return {h.out, y.out};
+}
+
+// Fn saves its input h: its op is a stand-in of the node's class name that saves its input; a
+// name that is no identifier (the script is run, the trace is anyone's) makes the class StandIn.
+TEST(ReproTest, CallsAnAutogradFunctionThroughAStandInThatKeepsItsSave) {
+  for (const std::string name : {"Square", "__import__('os').system('x')#"}) {
+    TraceBuilder b;
+    const FunctionIds ids = FunctionCall(
+        b, name, true, [](TraceBuilder&, format::ObjectId, format::ObjectId h) { return h; });
+    Repro repro = ReproOf(b);
+    ASSERT_TRUE(repro.ok) << repro.error;
+    EXPECT_EQ(repro.slice_ops, 3u);  // exp (it made the saved tensor), the Function, add_.
+    EXPECT_EQ(repro.stand_ins, 1u);
+    const std::string& s = repro.script;
+    const std::string cls = name == "Square" ? "Square" : "StandIn";
+    EXPECT_NE(s.find("class " + cls + "(torch.autograd.Function):"), std::string::npos) << s;
+    EXPECT_NE(s.find("t" + std::to_string(ids.y) + ", = " + cls + ".apply(t" +
+                     std::to_string(ids.h) + ")"), std::string::npos) << s;
+    EXPECT_NE(s.find("outputs = [output(1, [4, 8], torch.float32, 'cpu')]"), std::string::npos)
+        << s;
+    EXPECT_NE(s.find("ctx.save_for_backward(inputs[0])"), std::string::npos) << s;
+    EXPECT_NE(s.find("def standin_backward(ctx, *grads):"), std::string::npos) << s;
+    std::istringstream lines(s);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.find("__import__") == std::string::npos) continue;
+      EXPECT_EQ(line.substr(line.find_first_not_of(' '), 2), "# ") << line;
+    }
+  }
+}
+
+// Fn, called on x, saved a tensor with h's counter over bytes of its own: none of its inputs and
+// outputs, nor over their bytes. The violation's save cannot be kept, and the script is refused
+// rather than not reproduce.
+TEST(ReproTest, RefusesAStandInWhoseSaveIsNoneOfItsTensors) {
+  TraceBuilder b;
+  FunctionCall(b, "Fn", false, [](TraceBuilder& b, format::ObjectId, format::ObjectId h) {
+    auto inner = b.View(h, {8, 4}, {1, 8}, 0);
+    b.Info(inner).storage = b.NewId();
+    b.records.push_back(b.Info(inner));
+    return inner;
+  });
+  Repro repro = ReproOf(b);
+  EXPECT_FALSE(repro.ok);
+  EXPECT_NE(repro.error.find("FnBackward saved is not one of its op's inputs or outputs"),
+            std::string::npos) << repro.error;
+}
+
 TEST(ReproTest, RefusesAnOpOutsideAten) {
   Repro repro = ReproOfSaveBy("mylib::fused");
   EXPECT_FALSE(repro.ok);
@@ -189,6 +265,13 @@ TEST(ReproTest, JudgesARunByTheRecordedMessage) {
                       "an inplace operation: [CPUFloatType [4]], which is output 0 of "
                       "SigmoidBackward0, is at version 1; expected version 0 instead. Hint: x";
   EXPECT_TRUE(JudgeRepro(v, 1, raised).reproduced);
+  // torch.compile wraps the message it raised while tracing backward; PyTorch's words count.
+  v.pytorch_message = "backend='inductor' raised:\nRuntimeError: one of the variables needed for "
+                      "gradient computation has been modified by an inplace operation: "
+                      "[torch.FloatTensor [4]], which is output 0 of SigmoidBackward0, is at "
+                      "version 1; expected version 0 instead. Hint: x";
+  EXPECT_TRUE(JudgeRepro(v, 1, raised).reproduced);
+  EXPECT_FALSE(JudgeRepro(v, 1, other_version).reproduced);
   v.pytorch_message.reset();
   EXPECT_TRUE(JudgeRepro(v, 1, other_version).reproduced);
   v.kind = ViolationKind::kSilent;

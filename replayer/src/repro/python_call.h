@@ -35,6 +35,19 @@ std::string OpCall(const format::OpRecord& op, const TraceIndex& index, std::str
 // result with no dtype argument asking for it.
 std::string AutocastOf(const format::OpRecord& op, const TraceIndex& index);
 
+// A stand-in for `op`, which created the custom node `node` (an autograd.Function's apply, a
+// compiled region's, activation checkpointing's reentrant Function), whose body the script cannot
+// call: a class of the node's Function name (so PyTorch's message names the same grad_fn) whose
+// forward returns seeded tensors of the recorded outputs' metadata and saves what the node saved
+// (the inputs, the outputs, views of either, or made-up tensors of its own), and whose backward
+// (`standin_backward`, kStandInHelpers) reads them back, where PyTorch checks their versions.
+// Returns the class and the statement that calls it; "" and sets *why, one line, when the save
+// of the version counter `counter` (the violation's) cannot be kept.
+std::string StandInCall(const format::OpRecord& op, const format::NodeRecord& node,
+                        const TraceIndex& index, ObjectId counter, std::string* why);
+// The helpers a script with a stand-in carries: `output` and `standin_backward`.
+extern const char* const kStandInHelpers;
+
 // `lines` with each non-empty line prefixed by `by`; every line ends with a line break.
 std::string Indent(const std::string& lines, const std::string& by);
 

@@ -25,14 +25,9 @@ std::string WithoutTensorType(std::string_view text) {
   return out;
 }
 
-// What the script must print: the first sentence of PyTorch's recorded message (up to its first
-// ". ", before the hint whose wording changes across releases), or PyTorch's words for the kind.
-std::string ExpectedMessage(const Violation& v) {
-  if (v.pytorch_message && !v.pytorch_message->empty()) {
-    const std::string& message = *v.pytorch_message;
-    return WithoutTensorType(message.substr(0, message.find(". ")));
-  }
-  switch (v.kind) {
+// PyTorch's words for the kind: how its message starts.
+std::string_view KindWords(ViolationKind kind) {
+  switch (kind) {
     case ViolationKind::kDetached:
       return "Trying to use a saved tensor that has been detached in-place";
     case ViolationKind::kFreed: return "Trying to backward through the graph a second time";
@@ -40,6 +35,20 @@ std::string ExpectedMessage(const Violation& v) {
       return "one of the variables needed for gradient computation has been modified by an "
              "inplace operation";
   }
+}
+
+// What the script must print: the first sentence of PyTorch's recorded message (up to its first
+// ". ", before the hint whose wording changes across releases), from where PyTorch's words start
+// (a compiler that raised it wraps it: "backend='inductor' raised:\nRuntimeError: ..."), or
+// PyTorch's words for the kind.
+std::string ExpectedMessage(const Violation& v) {
+  const std::string_view words = KindWords(v.kind);
+  if (v.pytorch_message && !v.pytorch_message->empty()) {
+    std::string_view message = *v.pytorch_message;
+    if (size_t at = message.find(words); at != std::string_view::npos) message.remove_prefix(at);
+    return WithoutTensorType(message.substr(0, message.find(". ")));
+  }
+  return std::string(words);
 }
 
 // The output's last line that is not blank: the error the script ended with, or its verdict.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string_view>
 
@@ -26,6 +27,7 @@ using repro::Indent;
 using repro::Ints;
 using repro::OpCall;
 using repro::PlainLayout;
+using repro::StandInCall;
 using repro::Slice;
 using repro::TorchDType;
 using repro::TraceIndex;
@@ -102,17 +104,26 @@ std::string Refusal(const TraceIndex& index, const Report& report, const ReproOp
   const Violation& v = report.violations[options.violation];
   if (std::string why = Unsupported(v); !why.empty()) return why;
   const format::NodeRecord* node = index.Node(v.backward_node.id);
-  if (node == nullptr || node->saved_kind == format::SavedSetKind::kCustom ||
-      node->saved_kind == format::SavedSetKind::kUnknown) {
+  if (node == nullptr || node->saved_kind == format::SavedSetKind::kUnknown) {
     return Printable(v.backward_node.name) +
-           " is a node the reproducer cannot express (an autograd.Function, a compiled region)";
+           " is a node whose saved tensors the trace does not know";
+  }
+  // A custom node is called through a stand-in for the op that created it.
+  if (node->saved_kind == format::SavedSetKind::kCustom && index.CustomNode(node->created_by) != node) {
+    return Printable(v.backward_node.name) +
+           " is a custom node (an autograd.Function, a compiled region) whose creating call the "
+           "trace did not record";
   }
   // An unchecked save reproduces only when its hooks packed the tensor itself.
   if (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kUncheckedSave) {
     auto saved = std::find_if(node->saved.begin(), node->saved.end(), [&](const auto& s) {
       return index.Str(s.name) == v.tensor.saved_name && s.list_index == v.tensor.list_index;
     });
-    if (saved == node->saved.end() || saved->hook != format::SavedHook::kPackedTensor) {
+    // A stand-in keeps a custom node's unchecked save as it was: no hook, no version check.
+    const bool stand_in = node->saved_kind == format::SavedSetKind::kCustom &&
+                          saved != node->saved.end() && saved->hook == format::SavedHook::kNone;
+    if (!stand_in &&
+        (saved == node->saved.end() || saved->hook != format::SavedHook::kPackedTensor)) {
       return "the tensor was saved through hooks that did not pack the tensor itself "
              "(checkpointing, a compiled region), which the reproducer cannot express";
     }
@@ -142,6 +153,10 @@ std::string ScriptHeader(const TraceIndex& index, const Violation& v, ObjectId v
   script += "# Recorded with torch " + Printable(info.torch_version) + "; " +
             std::to_string(repro.slice_ops) + " of the trace's " + std::to_string(repro.trace_ops) +
             " ops, called through their ATen overloads, on seeded random inputs.\n";
+  if (repro.stand_ins > 0) {
+    script += "# " + std::to_string(repro.stand_ins) + " of them through a stand-in that keeps " +
+              "what its node saved (see the class).\n";
+  }
   return script + "import sys\n\nimport torch\n\n";
 }
 
@@ -191,7 +206,10 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   }
   const Violation& v = report.violations[options.violation];
   Slice slice;
-  const ObjectId victim = index.Outermost(v.victim->id);
+  // A custom node's victim is the call that created it (inside a compiled region's op, say).
+  const format::NodeRecord* node = index.Node(v.backward_node.id);
+  const ObjectId victim = index.Outermost(
+      node->saved_kind == format::SavedSetKind::kCustom ? node->created_by : v.victim->id);
   const bool freed = v.kind == ViolationKind::kFreed;
   const ObjectId culprit = freed ? 0 : index.Outermost(v.culprit->id);
   std::vector<ObjectId> later_writes;
@@ -210,7 +228,13 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
 
   // The body of run(): leaves, then the ops, then backward.
   std::string body = "gen = torch.Generator().manual_seed(0)\n";
-  std::vector<ObjectId> grads;
+  std::vector<std::string> grads;  // The leaves whose gradients run() returns.
+  std::set<ObjectId> written_in_slice;
+  for (ObjectId id : slice.ops) {
+    for (const TensorUse& use : index.Op(id)->inputs) {
+      if (use.version_after != use.version_before) written_in_slice.insert(use.tensor);
+    }
+  }
   // What each tensor's requires_grad is in the script so far: a parameter is made by an op
   // (nn.Parameter's detach) and told to require grad by requires_grad_(), which is no op.
   std::map<ObjectId, bool> requires_grad;
@@ -227,12 +251,19 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
              line + "\n";
     }
     requires_grad[tensor] = t->requires_grad;
-    if (t->requires_grad) grads.push_back(tensor);
-    std::string line = Var(tensor) + " = leaf(gen, " + Ints(t->shape) + ", " +
+    // A tensor some op made (it has a grad_fn) that the slice writes in place, standing in as a
+    // leaf: a clone of one, which the op may write as it wrote the recorded tensor (a leaf that
+    // requires grad refuses).
+    const bool made = t->requires_grad && t->grad_fn != 0 && written_in_slice.contains(tensor);
+    const std::string name = made ? Var(tensor) + "_leaf" : Var(tensor);
+    if (t->requires_grad) grads.push_back(name);
+    std::string line = name + " = leaf(gen, " + Ints(t->shape) + ", " +
                        TorchDType(t->dtype) + ", " + DeviceExpr(t->device);
     if (!PlainLayout(*t)) line += ", stride=" + Ints(t->strides);
     if (t->requires_grad) line += ", requires_grad=True";
-    return line + ")\n";
+    line += ")\n";
+    if (made) line += Var(tensor) + " = " + name + ".clone()  # not a leaf, as recorded\n";
+    return line;
   };
   for (ObjectId tensor : slice.leaves) {
     const format::TensorInfo* t =
@@ -252,12 +283,16 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     }
     const OpRecord& op = *index.Op(slice.ops[k]);
     std::string why;
-    std::string call = OpCall(op, index, &why);
+    const format::NodeRecord* custom = index.CustomNode(op.op);
+    std::string call = custom != nullptr
+                           ? StandInCall(op, *custom, index, v.tensor.version_counter, &why)
+                           : OpCall(op, index, &why);
+    out.stand_ins += custom != nullptr;
     if (call.empty()) {
       out.error = why;
       return out;
     }
-    if (identity_hooks && op.op == victim) {
+    if (identity_hooks && op.op == victim && custom == nullptr) {
       call = "# The recorded save's hooks packed the tensor itself: no version check at unpack.\n"
              "with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):\n" +
              Indent(call, "    ");
@@ -269,7 +304,7 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       if (t != nullptr && t->requires_grad && t->grad_fn == 0 && !requires_grad[use.tensor]) {
         body += Var(use.tensor) + ".requires_grad_()\n";
         requires_grad[use.tensor] = true;
-        grads.push_back(use.tensor);
+        grads.push_back(Var(use.tensor));
       }
     }
     std::string where = Printable(index.UserLine(op));
@@ -295,9 +330,9 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       call.pop_back();
     }
     body += op.grad_mode ? call + "\n" : "with torch.no_grad():\n" + Indent(call, "    ");
-    for (const TensorUse& use : op.outputs) {
-      const format::TensorInfo* t = index.InfoBefore(use.tensor, at + 1);
-      requires_grad[use.tensor] = t != nullptr && t->requires_grad;
+    for (ObjectId tensor : index.Outputs(op)) {
+      const format::TensorInfo* t = tensor == 0 ? nullptr : index.OutputInfo(op, tensor);
+      requires_grad[tensor] = t != nullptr && t->requires_grad;
     }
   }
   body += "\n# The use: backward through the victim's output reaches " +
@@ -309,12 +344,13 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   }
   body += "torch.autograd.backward([" + sums + "])\n";
   std::string returned;
-  for (ObjectId tensor : grads) returned += (returned.empty() ? "" : ", ") + Var(tensor) + ".grad";
+  for (const std::string& leaf : grads) returned += (returned.empty() ? "" : ", ") + leaf + ".grad";
   body += "return [" + returned + "]\n";
 
   std::string script = ScriptHeader(index, v, victim, culprit, info, options, out);
   script += DeviceLine(options.device, v.tensor.device);
   script += kHelpers;
+  if (out.stand_ins > 0) script += repro::kStandInHelpers;
   script += std::string("\n\ndef run(") + (silent ? "recorded_write=True" : "") + "):\n";
   script += Indent(body, "    ");
   script += ScriptMain(silent);

@@ -27,6 +27,22 @@ TraceIndex::TraceIndex(const std::vector<format::Record>& records) : records_(re
       infos_[t->tensor].push_back(i);
     }
   }
+  for (const auto& [id, node] : nodes_) {
+    if (node->saved_kind == format::SavedSetKind::kCustom && node->created_by != 0 &&
+        op_at_.contains(node->created_by)) {
+      custom_nodes_.emplace(node->created_by, node);
+      custom_outputs_[id];
+    }
+  }
+  std::unordered_set<ObjectId> placed;  // Tensors whose output position is known.
+  for (const format::Record& r : records) {
+    auto* t = std::get_if<format::TensorInfo>(&r);
+    if (t == nullptr || t->grad_fn == 0 || placed.contains(t->tensor)) continue;
+    auto outputs = custom_outputs_.find(t->grad_fn);
+    if (outputs == custom_outputs_.end()) continue;
+    placed.insert(t->tensor);
+    outputs->second.emplace(t->output_nr, t);
+  }
   // Ops are written at their end, children before parents: the nesting is known only now.
   for (size_t i = 0; i < records.size(); ++i) {
     auto* op = std::get_if<OpRecord>(&records[i]);
@@ -61,9 +77,40 @@ const format::TensorInfo* TraceIndex::InfoBefore(ObjectId tensor, size_t index) 
   return &std::get<format::TensorInfo>(records_[*(after - 1)]);
 }
 
+const format::NodeRecord* TraceIndex::CustomNode(ObjectId op) const {
+  auto it = custom_nodes_.find(op);
+  return it == custom_nodes_.end() ? nullptr : it->second;
+}
+
+std::vector<ObjectId> TraceIndex::Outputs(const OpRecord& op) const {
+  std::vector<ObjectId> out;
+  const format::NodeRecord* node = CustomNode(op.op);
+  if (node == nullptr) {
+    for (const TensorUse& use : op.outputs) out.push_back(use.tensor);
+    return out;
+  }
+  for (auto [nr, info] : custom_outputs_.at(node->node)) {
+    if (nr >= 4096) break;  // An output_nr no Function returns: a hostile trace.
+    out.resize(nr + 1, 0);
+    out[nr] = info->tensor;
+  }
+  return out;
+}
+
+const format::TensorInfo* TraceIndex::OutputInfo(const OpRecord& op, ObjectId tensor) const {
+  if (const format::NodeRecord* node = CustomNode(op.op)) {
+    for (auto [nr, info] : custom_outputs_.at(node->node)) {
+      if (info->tensor == tensor) return info;
+    }
+    return nullptr;
+  }
+  return InfoBefore(tensor, IndexOf(op.op) + 1);
+}
+
 ObjectId TraceIndex::Outermost(ObjectId op) const {
   ObjectId outer = op;
   for (int depth = 0; depth < 256; ++depth) {
+    if (custom_nodes_.contains(outer)) break;
     const OpRecord* record = Op(outer);
     if (record == nullptr || record->parent == 0) break;
     const OpRecord* parent = Op(record->parent);
@@ -132,8 +179,8 @@ bool NeededOp(const TraceIndex& index, const OpRecord& op, const Needed& needed,
   }
   // An op with no tensor operand (randn, zeros, empty) makes values the script draws itself.
   if (op.inputs.empty()) return false;
-  for (const TensorUse& use : op.outputs) {
-    if (needed.tensors.contains(use.tensor) && !Has(op.inputs, use.tensor)) return true;
+  for (ObjectId tensor : index.Outputs(op)) {
+    if (needed.tensors.contains(tensor) && !Has(op.inputs, tensor)) return true;
   }
   return false;
 }
@@ -146,7 +193,6 @@ std::string ForeignHistory(const TraceIndex& index, const format::TensorInfo& in
   const format::NodeRecord* node = index.Node(info.grad_fn);
   const std::string name = node != nullptr ? index.Str(node->name) : "an unrecorded node";
   if (node == nullptr || node->created_by == 0 ||
-      name.find("CompiledFunction") != std::string::npos ||
       name.find("CompiledFunction") != std::string::npos ||
       (node != nullptr && node->saved_kind == format::SavedSetKind::kCustom)) {
     return "a tensor it uses comes out of " + name +
@@ -230,10 +276,10 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
       }
       by_storage.emplace(info->storage, use.tensor);
     }
-    for (const TensorUse& use : op.outputs) {
-      if (defined.insert(use.tensor).second) {
-        if (const format::TensorInfo* info = index.InfoBefore(use.tensor, at + 1)) {
-          by_storage.emplace(info->storage, use.tensor);
+    for (ObjectId tensor : index.Outputs(op)) {
+      if (tensor != 0 && defined.insert(tensor).second) {
+        if (const format::TensorInfo* info = index.OutputInfo(op, tensor)) {
+          by_storage.emplace(info->storage, tensor);
         }
       }
     }
@@ -244,11 +290,11 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
     }
   }
   const OpRecord& made = *index.Op(victim);
-  for (const TensorUse& use : made.outputs) {
-    const format::TensorInfo* info = index.InfoBefore(use.tensor, index.IndexOf(victim) + 1);
+  for (ObjectId tensor : index.Outputs(made)) {
+    const format::TensorInfo* info = tensor == 0 ? nullptr : index.OutputInfo(made, tensor);
     if (info != nullptr && info->requires_grad &&
-        std::find(slice->uses.begin(), slice->uses.end(), use.tensor) == slice->uses.end()) {
-      slice->uses.push_back(use.tensor);
+        std::find(slice->uses.begin(), slice->uses.end(), tensor) == slice->uses.end()) {
+      slice->uses.push_back(tensor);
     }
   }
   if (slice->uses.empty()) return "the victim's outputs do not require grad: no backward to run";

@@ -28,8 +28,18 @@ class TraceIndex {
   // The tensor's last TensorInfo written before record `index`; nullptr when none.
   const format::TensorInfo* InfoBefore(ObjectId tensor, size_t index) const;
   // The op the user called that `op` ran inside (itself when it is one): its ancestors while they
-  // are ATen ops, not the autograd engine's.
+  // are ATen ops, not the autograd engine's, stopping at an op with a custom node (a stand-in
+  // stands for its whole call).
   ObjectId Outermost(ObjectId op) const;
+  // The custom node (an autograd.Function's, a compiled region's) `op` created, or nullptr: such
+  // an op has no ATen overload to call, and the script calls a stand-in in its place.
+  const format::NodeRecord* CustomNode(ObjectId op) const;
+  // The tensors `op` returned, by output position. The recorder sees no outputs of an op with a
+  // custom node (an autograd.Function's apply is not a dispatcher op): those are the tensors whose
+  // first TensorInfo with that node as grad_fn says which output they are; 0 where none says.
+  std::vector<ObjectId> Outputs(const format::OpRecord& op) const;
+  // The metadata of `tensor`, an output of `op`, as the op returned it; nullptr when unknown.
+  const format::TensorInfo* OutputInfo(const format::OpRecord& op, ObjectId tensor) const;
   // The outermost forward ops (not inside a backward function), in file order: their ids.
   const std::vector<ObjectId>& ForwardOps() const { return forward_ops_; }
   const std::string& Str(format::InternId id) const;
@@ -48,6 +58,9 @@ class TraceIndex {
   std::unordered_map<ObjectId, size_t> op_at_;
   std::unordered_map<ObjectId, const format::NodeRecord*> nodes_;
   std::unordered_map<ObjectId, std::vector<size_t>> infos_;  // Record indices, ascending.
+  std::unordered_map<ObjectId, const format::NodeRecord*> custom_nodes_;  // By created_by.
+  // Custom node -> output_nr -> the first TensorInfo with the node as grad_fn of that output.
+  std::unordered_map<ObjectId, std::map<uint32_t, const format::TensorInfo*>> custom_outputs_;
   std::vector<ObjectId> forward_ops_;
   bool has_values_ = false;
 };

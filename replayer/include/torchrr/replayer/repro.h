@@ -48,6 +48,7 @@ struct Repro {
   std::string error;         // When !ok: why no script, one line ("... cannot express ...").
   std::string script;        // The Python script.
   size_t slice_ops = 0;      // The recorded ops the script calls.
+  size_t stand_ins = 0;      // Of those, the ones called through a stand-in Function.
   uint64_t trace_ops = 0;    // The ops the trace holds (OpRecords of every scope).
 };
 
