@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import torchrr
-from conftest import (PYTORCH_INPLACE, REPO, marker_line, needs_build, record, same_file,
+from conftest import (PYTORCH_INPLACE, REPO, cli, marker_line, needs_build, record, same_file,
                       trace_order_problems)
 
 SAMPLE = REPO / "samples" / "python" / "peft_lora.py"
@@ -302,3 +302,22 @@ def test_compile(compile_runs, bug):
         assert marker_line(SAMPLE, rf"VICTIM\({bug}\)") in victims, victims
         return
     assert v.victim.user_frame.line == marker_line(SAMPLE, rf"VICTIM\({bug}\)")
+
+
+def test_a_compiled_regions_save_becomes_a_standalone_reproducer(compile_runs, tmp_path):
+    # optimizer_before_backward under aot_eager: the region's CompiledFunction, which saved every
+    # weight, becomes a stand-in that saves the one the message names; the script raises the run's
+    # message under plain torch, and keeps only what reaches that weight.
+    proc, trace = compile_runs["optimizer_before_backward"]
+    out = tmp_path / "repro.py"
+    made = subprocess.run([cli(), "repro", str(trace), "-o", str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert "1 through a stand-in" in made.stderr
+    text = out.read_text()
+    assert "class CompiledFunction(torch.autograd.Function):" in text
+    assert len(text.splitlines()) < 130, text
+    ran = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, timeout=120)
+    recorded = re.search(r"(one of the variables needed .*? instead)", proc.stderr)
+    assert recorded, proc.stderr[-2000:]
+    assert ran.returncode == 1 and recorded.group(1) in ran.stderr, ran.stderr[-2000:]

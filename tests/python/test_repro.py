@@ -101,10 +101,13 @@ def test_linear_then_relu_in_place_raises_the_same_message(tmp_path):
     assert "aten.relu_.default" in text
 
 
-# Catalog cases of silent writes: a weight written through .data, and saves whose hooks packed the
-# tensor itself (an identity pack, save_on_cpu of a CPU tensor), which turn the version check off.
+# Catalog cases of silent writes: a weight written through .data, saves whose hooks packed the
+# tensor itself (an identity pack, save_on_cpu of a CPU tensor), which turn the version check off,
+# a saved weight's storage swapped by `.data =` (an EMA swap, spectral norm's), and a write whose
+# version bump _unsafe_preserve_version_counter undid.
 @pytest.mark.parametrize("case", [None, "weight_norm_data", "hook_identity_pack",
-                                  "save_on_cpu_write"])
+                                  "save_on_cpu_write", "ema_swap", "spectral_norm_swap",
+                                  "preserve_version_counter"])
 def test_a_silent_write_shows_the_gradient_difference(tmp_path, case):
     source = DATA_WRITE if case is None else (CASES / f"{case}.py").read_text()
     trace, proc = _recorded(tmp_path, source)
@@ -159,9 +162,10 @@ def test_a_stand_in_saves_its_output_under_the_recorded_name(tmp_path):
 
 
 # Compiled regions and reentrant checkpointing are custom Functions too: AOTAutograd's region saves
-# its input (aot_eager) or its output (inductor, after a graph break), checkpoint saves its inputs.
+# its input (aot_eager) or its output (inductor, after a graph break), checkpoint saves its inputs;
+# non-reentrant checkpointing's frame keeps its inputs and checks their versions as a save does.
 @pytest.mark.parametrize("case", ["compile_input_write", "compile_output_write",
-                                  "checkpoint_reentrant_input"])
+                                  "checkpoint_reentrant_input", "checkpoint_input"])
 def test_compiled_regions_and_checkpoint_functions_raise_the_same_message(tmp_path, case):
     text = _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())
     assert "(torch.autograd.Function):" in text
@@ -186,9 +190,8 @@ def test_a_compiled_regions_silent_save_shows_the_gradient_difference(tmp_path, 
 
 
 def test_what_it_cannot_express_is_refused_with_its_own_exit_code(tmp_path):
-    # Non-reentrant checkpointing recomputes the saved tensor in backward.
-    trace, proc = _recorded(tmp_path, (CASES / "checkpoint_input.py").read_text())
-    assert PYTORCH_INPLACE in proc.stderr
+    # Non-reentrant checkpointing recomputes the saved tensor, the write included, in backward.
+    trace, _ = _recorded(tmp_path, (CASES / "checkpoint_recomputed_write.py").read_text())
     out = tmp_path / "repro.py"
     made = _repro(trace, out)
     assert made.returncode == 12, made.stderr

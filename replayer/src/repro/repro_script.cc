@@ -67,10 +67,11 @@ def leaf(gen, shape, dtype, device, stride=None, requires_grad=False):
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.
 std::string Unsupported(const Violation& v) {
   if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite &&
-      v.evidence != SilentEvidence::kUncheckedSave) {
+      v.evidence != SilentEvidence::kUncheckedSave &&
+      v.evidence != SilentEvidence::kStorageSwap && v.evidence != SilentEvidence::kCounterReset) {
     return std::string("a silent violation found by ") + SilentEvidenceName(v.evidence) +
-           " has no reproducer yet (only writes through another tensor, like .data, and saves "
-           "whose hooks packed the tensor itself)";
+           " has no reproducer yet (only writes through another tensor, like .data, saves "
+           "whose hooks packed the tensor itself, storage swaps and counter resets)";
   }
   if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent &&
       v.kind != ViolationKind::kDetached && v.kind != ViolationKind::kFreed) {
@@ -82,10 +83,6 @@ std::string Unsupported(const Violation& v) {
     return "the trace did not record the write (no culprit op)";
   }
   if (!v.victim || v.victim->id == 0) return "the trace does not name the op that saved the tensor";
-  if (v.recomputing || v.recomputed) {
-    return "activation checkpointing recomputes the saved tensor, which the reproducer cannot "
-           "express";
-  }
   return "";
 }
 
@@ -109,10 +106,17 @@ std::string Refusal(const TraceIndex& index, const Report& report, const ReproOp
            " is a node whose saved tensors the trace does not know";
   }
   // A custom node is called through a stand-in for the op that created it.
-  if (node->saved_kind == format::SavedSetKind::kCustom && index.CustomNode(node->created_by) != node) {
+  const bool stand_in = node->saved_kind == format::SavedSetKind::kCustom;
+  if (stand_in && index.CustomNode(node->created_by) != node) {
     return Printable(v.backward_node.name) +
            " is a custom node (an autograd.Function, a compiled region) whose creating call the "
            "trace did not record";
+  }
+  // Non-reentrant checkpointing's inputs, which its frame keeps and checks, are saved as a
+  // stand-in saves them; a tensor of the recomputation is another matter.
+  if ((v.recomputing || v.recomputed) && !stand_in) {
+    return "activation checkpointing recomputes the saved tensor, which the reproducer cannot "
+           "express";
   }
   // An unchecked save reproduces only when its hooks packed the tensor itself.
   if (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kUncheckedSave) {
@@ -120,9 +124,9 @@ std::string Refusal(const TraceIndex& index, const Report& report, const ReproOp
       return index.Str(s.name) == v.tensor.saved_name && s.list_index == v.tensor.list_index;
     });
     // A stand-in keeps a custom node's unchecked save as it was: no hook, no version check.
-    const bool stand_in = node->saved_kind == format::SavedSetKind::kCustom &&
-                          saved != node->saved.end() && saved->hook == format::SavedHook::kNone;
-    if (!stand_in &&
+    const bool unchecked = stand_in && saved != node->saved.end() &&
+                           saved->hook == format::SavedHook::kNone;
+    if (!unchecked &&
         (saved == node->saved.end() || saved->hook != format::SavedHook::kPackedTensor)) {
       return "the tensor was saved through hooks that did not pack the tensor itself "
              "(checkpointing, a compiled region), which the reproducer cannot express";
@@ -299,7 +303,7 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       call.pop_back();
     }
     const size_t at = index.IndexOf(op.op);
-    for (const TensorUse& use : op.inputs) {
+    for (const TensorUse& use : index.CallInputs(op, v.tensor.version_counter)) {
       const format::TensorInfo* t = index.InfoBefore(use.tensor, at);
       if (t != nullptr && t->requires_grad && t->grad_fn == 0 && !requires_grad[use.tensor]) {
         body += Var(use.tensor) + ".requires_grad_()\n";
@@ -313,16 +317,35 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
                        : op.op == culprit ? std::string("the culprit: ") +
                                                 (v.kind == ViolationKind::kDetached
                                                      ? "detaches the saved tensor in place"
+                                                 : v.evidence == SilentEvidence::kStorageSwap
+                                                     ? "swaps the saved tensor's storage"
                                                      : "writes the saved tensor")
                                           : "";
     if (!where.empty() || !role.empty()) {
       body += "# " + where + (where.empty() || role.empty() ? "" : " -- ") + role + "\n";
     }
-    if (op.op == culprit && silent) {
+    if (op.op == culprit && silent && v.evidence == SilentEvidence::kStorageSwap) {
+      // `t.data = new` calls this op with t and new, then swaps t's storage for new's: what
+      // backward reads of the saved t.
+      if (op.inputs.size() != 2) {
+        out.error = "the storage swap's op does not name the tensor and its new data";
+        return out;
+      }
+      call = "if recorded_write:  # `.data =`: the saved tensor's storage swapped for another's\n"
+             "    " + Var(op.inputs[0].tensor) + ".data = " + Var(op.inputs[1].tensor);
+    } else if (op.op == culprit && silent) {
       body += "if not recorded_write:  # the write made on a copy: the saved bytes stay as saved\n";
       for (ObjectId tensor : slice.written) {
         body += "    " + Var(tensor) + " = " + Var(tensor) + ".clone()\n";
       }
+      if (slice.written.empty()) body += "    pass\n";
+    }
+    if (op.op == culprit && silent && v.evidence == SilentEvidence::kCounterReset &&
+        !slice.written.empty()) {
+      call = "# The write's version bump undone, as recorded: autograd's check then passes.\n"
+             "with torch.autograd._unsafe_preserve_version_counter(" +
+             Var(*slice.written.begin()) + "):\n" + Indent(call, "    ");
+      call.pop_back();
     }
     if (std::string autocast = AutocastOf(op, index); !autocast.empty()) {
       call = "with " + autocast + ":  # what the op's result dtype shows it ran under\n" +

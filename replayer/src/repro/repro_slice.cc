@@ -85,7 +85,9 @@ const format::NodeRecord* TraceIndex::CustomNode(ObjectId op) const {
 std::vector<ObjectId> TraceIndex::Outputs(const OpRecord& op) const {
   std::vector<ObjectId> out;
   const format::NodeRecord* node = CustomNode(op.op);
-  if (node == nullptr) {
+  // No tensor names the node as its grad_fn (checkpointing's frame, whose node is the frame's
+  // saved inputs): what the op recorded returning.
+  if (node == nullptr || custom_outputs_.at(node->node).empty()) {
     for (const TensorUse& use : op.outputs) out.push_back(use.tensor);
     return out;
   }
@@ -97,8 +99,47 @@ std::vector<ObjectId> TraceIndex::Outputs(const OpRecord& op) const {
   return out;
 }
 
+std::vector<TensorUse> TraceIndex::CallInputs(const OpRecord& op, ObjectId counter) const {
+  std::vector<TensorUse> inputs = op.inputs;
+  std::stable_sort(inputs.begin(), inputs.end(), [](const TensorUse& a, const TensorUse& b) {
+    return std::pair(a.position, a.list_index) < std::pair(b.position, b.list_index);
+  });
+  const format::NodeRecord* node = CustomNode(op.op);
+  if (node == nullptr) return op.inputs;
+  const size_t at = IndexOf(op.op);
+  std::vector<TensorUse> kept;
+  bool grad = false;
+  for (const TensorUse& use : inputs) {
+    const format::TensorInfo* info = InfoBefore(use.tensor, at);
+    const bool saved = std::any_of(node->saved.begin(), node->saved.end(), [&](const auto& s) {
+      return s.defined && s.version_counter == counter &&
+             (s.tensor == use.tensor ||
+                           (info != nullptr && (s.version_counter == info->version_counter ||
+                                                s.storage == info->storage)));
+    });
+    if (!saved) continue;
+    kept.push_back(use);
+    grad = grad || (info != nullptr && info->requires_grad);
+  }
+  if (!grad) {
+    for (const TensorUse& use : inputs) {
+      const format::TensorInfo* info = InfoBefore(use.tensor, at);
+      if (info == nullptr || !info->requires_grad) continue;
+      kept.insert(std::upper_bound(kept.begin(), kept.end(), use,
+                                   [](const TensorUse& a, const TensorUse& b) {
+                                     return std::pair(a.position, a.list_index) <
+                                            std::pair(b.position, b.list_index);
+                                   }),
+                  use);
+      break;
+    }
+  }
+  return kept;
+}
+
 const format::TensorInfo* TraceIndex::OutputInfo(const OpRecord& op, ObjectId tensor) const {
-  if (const format::NodeRecord* node = CustomNode(op.op)) {
+  const format::NodeRecord* node = CustomNode(op.op);
+  if (node != nullptr && !custom_outputs_.at(node->node).empty()) {
     for (auto [nr, info] : custom_outputs_.at(node->node)) {
       if (info->tensor == tensor) return info;
     }
@@ -252,7 +293,7 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
   for (size_t k = 0; k < slice->ops.size(); ++k) {
     const OpRecord& op = *index.Op(slice->ops[k]);
     const size_t at = index.IndexOf(op.op);
-    for (const TensorUse& use : op.inputs) {
+    for (const TensorUse& use : index.CallInputs(op, saved_counter)) {
       const format::TensorInfo* info = index.InfoBefore(use.tensor, at);
       if (info == nullptr) return "the trace holds no metadata for a tensor the slice uses";
       if (defined.contains(use.tensor)) continue;

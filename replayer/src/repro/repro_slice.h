@@ -38,6 +38,12 @@ class TraceIndex {
   // custom node (an autograd.Function's apply is not a dispatcher op): those are the tensors whose
   // first TensorInfo with that node as grad_fn says which output they are; 0 where none says.
   std::vector<ObjectId> Outputs(const format::OpRecord& op) const;
+  // The tensors the script passes `op`: its recorded inputs; for a stand-in (an op with a custom
+  // node), in call order, only those the node's saves of the version counter `counter` (the
+  // violation's) are, or are views or bytes of, since the stand-in computes nothing from the
+  // others (a compiled region takes every parameter of the model), and one that requires grad
+  // when none of those does, so that its outputs require grad as the recorded ones did.
+  std::vector<format::TensorUse> CallInputs(const format::OpRecord& op, ObjectId counter) const;
   // The metadata of `tensor`, an output of `op`, as the op returned it; nullptr when unknown.
   const format::TensorInfo* OutputInfo(const format::OpRecord& op, ObjectId tensor) const;
   // The outermost forward ops (not inside a backward function), in file order: their ids.

@@ -77,11 +77,7 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
                         const TraceIndex& index, ObjectId counter, std::string* why) {
   const size_t at = index.IndexOf(op.op);
   const std::string name = ClassName(index.Str(node.name));
-  // Inputs in call order.
-  std::vector<TensorUse> inputs = op.inputs;
-  std::stable_sort(inputs.begin(), inputs.end(), [](const TensorUse& a, const TensorUse& b) {
-    return std::pair(a.position, a.list_index) < std::pair(b.position, b.list_index);
-  });
+  const std::vector<TensorUse> inputs = index.CallInputs(op, counter);
   std::vector<const TensorInfo*> input_info;
   for (const TensorUse& use : inputs) input_info.push_back(index.InfoBefore(use.tensor, at));
   const std::vector<ObjectId> outputs = index.Outputs(op);
@@ -105,14 +101,13 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
             (info != nullptr ? Meta(*info) : "[], torch.float32, 'cpu'") + ")";
   }
 
-  // What the node saved: each as the input or output it is, a view of one (the same version
-  // counter), or a tensor of the region's own that nothing outside it can write.
-  std::string saved, unchecked, notes;
+  // What the node saved of the violation's counter: each as the input or output it is, a view of
+  // one (the same version counter), or the same bytes. Its other saves are left out: no write
+  // the script makes reaches them (a compiled region saves every parameter and activation).
+  std::string saved, unchecked;
   for (const format::SavedTensor& s : node.saved) {
+    if (!s.defined || s.version_counter != counter) continue;
     std::string expr;
-    if (!s.defined) {
-      expr = "None";
-    }
     for (size_t k = 0; expr.empty() && k < inputs.size(); ++k) {
       if (inputs[k].tensor == s.tensor) expr = "inputs[" + std::to_string(k) + "]";
     }
@@ -146,18 +141,10 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
     for (size_t k = 0; expr.empty() && info != nullptr && k < outputs.size(); ++k) {
       expr = alias("outputs[" + std::to_string(k) + "]", output_info[k]);
     }
-    if (expr.empty() && info != nullptr && s.version_counter != counter &&
-        std::string_view(DTypeName(info->dtype)) != "unknown") {
-      expr = "output(0, " + Meta(*info) + ")";
-      notes = "  # output(0, ...): a tensor of its own, which nothing outside it writes";
-    }
     if (expr.empty()) {
-      if (s.version_counter == counter) {
-        *why = "the tensor " + Printable(index.Str(node.name)) +
-               " saved is not one of its op's inputs or outputs, or a view of one";
-        return "";
-      }
-      continue;  // No metadata: left out; it is not the tensor the violation is about.
+      *why = "the tensor " + Printable(index.Str(node.name)) +
+             " saved is not one of its op's inputs or outputs, or a view of one";
+      return "";
     }
     // Kept on ctx with no version check (AOTAutograd's `_tensors_no_vc_check` for a tensor an
     // autograd.Function stashed on its ctx), the stand-in keeps it so too.
@@ -166,7 +153,9 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
   }
 
   std::string call_args;
-  for (const TensorUse& use : inputs) call_args += (call_args.empty() ? "" : ", ") + Var(use.tensor);
+  for (const TensorUse& use : inputs) {
+    call_args += (call_args.empty() ? "" : ", ") + Var(use.tensor);
+  }
   std::string targets;
   for (ObjectId tensor : outputs) {
     targets += (targets.empty() ? "" : ", ") + (tensor == 0 ? std::string("_") : Var(tensor));
@@ -175,16 +164,16 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
 
   std::string text =
       "# A stand-in for " + Printable(index.Str(op.name)) +
-      ", whose body the script cannot call (an autograd.Function,\n"
-      "# a compiled region): it returns seeded tensors of the recorded outputs' metadata and\n"
+      ",\n# whose body the script cannot call (an autograd.Function's, a compiled region's,\n"
+      "# checkpointing's): it returns seeded tensors of the recorded outputs' metadata and\n"
       "# saves what " + Printable(index.Str(node.name)) +
-      " saved, so that backward checks their versions as it did.\n"
+      " saved that the write reaches,\n# so that backward checks its version as it did.\n"
       "class " + name + "(torch.autograd.Function):\n"
       "    @staticmethod\n"
       "    def forward(ctx, *inputs):\n"
       "        ctx.input_meta = [(x.shape, x.dtype, x.device) for x in inputs]\n"
       "        outputs = [" + made + "]\n"
-      "        ctx.save_for_backward(" + saved + ")" + notes + "\n" +
+      "        ctx.save_for_backward(" + saved + ")\n" +
       (unchecked.empty() ? ""
                          : "        ctx.unchecked = (" + unchecked +
                                ",)  # saved with no version check, as recorded\n") +
