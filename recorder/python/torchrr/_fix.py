@@ -1,5 +1,6 @@
 """``torchrr fix TRACE``: a patch for each culprit line of a replay, as a unified diff against the
-recorded source (``--json``: the edits as data); ``--check`` proves it by re-running the recorded
+recorded source (``--json``: the edits as data), for culprit lines of Python and of C++
+(_fix_cpp.py); ``--check`` proves it by re-running the recorded
 command on patched copies (_fix_check.py), ``--apply`` then writes it.
 
 The ``torchrr fix`` verb (replayer/cli/fix_command.cc) runs this module with ``python3 -m
@@ -19,6 +20,7 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
+from . import _fix_cpp as cpp
 from . import _fix_rewrite as rw
 
 # exit_codes.h's, passed by the verb; these defaults are the same numbers.
@@ -98,7 +100,8 @@ class Workspace:
         self.notes: list = []
         self.changed: set = set()
 
-    def source(self, path: str) -> Optional[rw.Source]:
+    def source(self, path: str):
+        """The rw.Source (a cpp.CppSource for a C++ file) of `path`, or None."""
         if path in self.sources:
             return self.sources[path]
         source = None
@@ -107,8 +110,9 @@ class Workspace:
                 data = f.read()
         except OSError:
             data = None
+        kind = cpp.CppSource if cpp.is_cpp(path) else rw.Source
         if data is not None:
-            source = rw.Source(path, data.decode("utf-8", "replace"))
+            source = kind(path, data.decode("utf-8", "replace"))
             # Whether the file was edited since the recording, as far as the lines the trace
             # carries (those around its frames, the ones a patch touches) tell; the trace's
             # XXH64 of the whole file would need a hash the standard library lacks.
@@ -121,7 +125,7 @@ class Workspace:
         elif path in self.recorded.lines:
             kept = self.recorded.lines[path]
             text = "".join(kept.get(n, "") + "\n" for n in range(1, max(kept) + 1))
-            source = rw.Source(path, text)
+            source = kind(path, text)
             self.notes.append(f"{path} is not on this machine: the patch is against the lines "
                               "the trace recorded")
         self.sources[path] = source
@@ -179,6 +183,20 @@ def _user_files(document: dict) -> list:
     return files
 
 
+def _beside(files: list, wanted) -> list:
+    """`files` and the files beside them (the first 500 of each directory) whose name is
+    `wanted`, each once."""
+    out = list(files)
+    for directory in sorted({os.path.dirname(f) for f in files}):
+        try:
+            names = sorted(os.listdir(directory))[:500]
+        except OSError:
+            continue
+        out += [os.path.join(directory, n) for n in names
+                if wanted(n) and os.path.join(directory, n) not in out]
+    return out
+
+
 def _module_fix(space: Workspace, document: dict, culprit: dict, op: str) -> Optional[rw.Rewrite]:
     """The construction of the nn.Module whose forward wrote in place (nn.ReLU(inplace=True)),
     found in the user's files and those beside them."""
@@ -189,16 +207,8 @@ def _module_fix(space: Workspace, document: dict, culprit: dict, op: str) -> Opt
     classes = rw.module_classes(culprit.get("module"), op)
     if not classes:
         return None
-    files = _user_files(document)
-    for directory in sorted({os.path.dirname(f) for f in files}):
-        try:
-            names = sorted(os.listdir(directory))[:500]
-        except OSError:
-            continue
-        files += [os.path.join(directory, n) for n in names if n.endswith(".py") and
-                  os.path.join(directory, n) not in files]
     found = []
-    for path in files:
+    for path in _beside(_user_files(document), lambda name: name.endswith(".py")):
         source = space.source(path)
         if source is not None:
             found += [(source, *match) for match in rw.module_constructions(source, classes)]
@@ -235,23 +245,28 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
                           f"no in-place op to rewrite ({kind})", choices)
     frame = _python_user_frame(culprit)
     if frame is None:
-        f = culprit.get("user_frame") or {}
-        return _uncertain(f.get("file") or "", f.get("line") or 0, None,
-                          "the culprit's line is not Python: no rewrite",
-                          ["make the op out of place, or .clone() the tensor before it"])
+        frame = culprit.get("user_frame") or {}
+        if not cpp.is_cpp(frame.get("file") or "") or not frame.get("line"):
+            return _uncertain(frame.get("file") or "", frame.get("line") or 0, None,
+                              "the culprit's line is neither Python nor C++: no rewrite",
+                              ["make the op out of place, or .clone() the tensor before it"])
     path = frame["file"]
     source = space.source(path)
     line = space.locate(path, frame["line"]) if source is not None else None
-    if source is None or source.tree is None or line is None:
+    is_cpp = cpp.is_cpp(path)
+    if source is None or source.tree is None and not is_cpp or line is None:
         return _uncertain(path, frame["line"], source,
                           "the source of this line is not here as recorded",
                           ["make the op out of place, or .clone() the tensor before it"])
     if kind == "freed":
+        flag = "true" if is_cpp else "True"
         return _uncertain(path, line, source, "backward ran twice through a freed graph",
-                          ["pass retain_graph=True to the first backward()",
+                          [f"pass retain_graph={flag} to the first backward()",
                            "run the forward again before the second backward()"])
     op = _base_op(culprit.get("op"))
     leaf = bool((v.get("tensor") or {}).get("is_leaf"))
+    if is_cpp:
+        return _cpp_fix(space, document, v, culprit, source, line, op, leaf)
     rewriter = rw.Rewriter(source, line, op)
     optimizer = any("/torch/optim/" in (f.get("file") or "") for f in culprit.get("stack") or [])
     text = source.old(rewriter.stmt.lineno, rewriter.stmt.end_lineno) if rewriter.stmt else ""
@@ -270,6 +285,59 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])
+
+
+def _cpp_fix(space: Workspace, document: dict, v: dict, culprit: dict,
+             source: "cpp.CppSource", line: int, op: str, leaf: bool) -> rw.Rewrite:
+    """The rewrite for violation `v` whose culprit's `line` is C++ (`op` the in-place op's base
+    name, `leaf` whether the tensor written is a leaf): the rules of fix_for, in _fix_cpp's
+    terms."""
+    path = source.path
+    rewriter = cpp.CppRewriter(source, line, op)
+    optimizer = any((f.get("function") or "").startswith("torch::optim::")
+                    for f in culprit.get("stack") or [])
+    text = source.code_lines[line - 1] if line <= len(source.code_lines) else ""
+    no_grad = rewriter.under_no_grad() is not None
+    # As for Python: a leaf that requires grad is written only under a no-grad guard or
+    # through .data(); one that does not (an input) may be rebound.
+    rewriter.parameter = leaf and (".data()" in text or no_grad)
+    if v.get("changed_source") or optimizer or no_grad or rewriter.parameter:
+        moved = rewriter.after_backward()
+        if moved is not None:
+            return moved
+    rewrite = rewriter.statement()
+    if rewrite is None or not rewrite.certain:
+        rewrite = _cpp_module_fix(space, document, culprit) or rewrite
+    return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
+                                 [f"make {op} out of place", ".clone() the tensor before it is "
+                                  "modified"])
+
+
+def _cpp_module_fix(space: Workspace, document: dict, culprit: dict) -> Optional[rw.Rewrite]:
+    """The `.inplace(true)` in the options of the torch::nn module whose forward wrote in place,
+    found in the user's C++ files and those beside them."""
+    name = cpp.module_class(culprit.get("stack"))
+    if name is None:
+        return None
+    files = []
+    for v in document.get("violations", []):
+        for role in ("culprit", "victim", "changed_source"):
+            for f in (v.get(role) or {}).get("stack") or []:
+                if not f.get("framework") and cpp.is_cpp(f.get("file") or "") and \
+                        f["file"] not in files:
+                    files.append(f["file"])
+    found = []
+    for path in _beside(files, cpp.is_cpp):
+        source = space.source(path)
+        if source is not None:
+            found += [(source, *match) for match in cpp.module_constructions(source, name)]
+    if not found:
+        return None
+    if len(found) == 1:
+        return cpp.construction_rewrite(*found[0], True)
+    choices = [f"{s.path}:{line}: {s.lines[line - 1].strip()} -> inplace(false)"
+               for s, line, _ in found]
+    return cpp.construction_rewrite(*found[0], False, choices)
 
 
 def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:

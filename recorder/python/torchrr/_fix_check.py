@@ -243,6 +243,8 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     """Runs the recorded command under `torchrr record` on patched copies in `workdir` (a rank's
     trace: the whole torchrun launch); with `steps`, stops it once its first `steps` steps are
     recorded."""
+    if any(_fix.cpp.is_cpp(path) for path in texts):
+        raise NotRerunnable("a C++ program is not rebuilt: apply the patch and rebuild")
     info = _info(trace)
     command, flags = _command(info)
     index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))

@@ -1,0 +1,268 @@
+"""`torchrr fix` on a culprit line of C++: the rewrites on source text alone (each shape, and the
+places where no rewrite is certain), then the C++ sample's planted bugs recorded with the CLI."""
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, MISSING_BUILD, cli, record
+from test_fix import changed_lines
+from torchrr import _fix_cpp as cpp
+
+
+def source(text):
+    return cpp.CppSource("/src/train.cc", textwrap.dedent(text).lstrip("\n"))
+
+
+def in_function(body):
+    """`body` as the body of a function with a parameter `t`, its locals declared first."""
+    return source("torch::Tensor Step(torch::Tensor t, const torch::Tensor& g) {\n"
+                  "  auto x = torch::sigmoid(t);\n"
+                  "  torch::Tensor h;\n"
+                  "  h = torch::tanh(t);\n"
+                  + textwrap.indent(textwrap.dedent(body).lstrip("\n"), "  ")
+                  + "  return x;\n}\n")
+
+
+def rewrite_at(src, line, op):
+    return cpp.CppRewriter(src, line, op).statement()
+
+
+@pytest.mark.parametrize("line, op, new", [
+    ("x.mul_(g);  // keep\n", "mul_", "  x = x.mul(g);  // keep\n"),
+    ("x += h;\n", "add_", "  x = x + h;\n"),
+    ("x -= h * 2;  /* a comment */\n", "sub_", "  x = x - (h * 2);  /* a comment */\n"),
+    ("x *= -g;\n", "mul_", "  x = x * (-g);\n"),
+    ("x /= torch::exp(h);\n", "div_", "  x = x / torch::exp(h);\n"),
+    ("torch::relu_(x);\n", "relu_", "  x = torch::relu(x);\n"),
+    ("at::sigmoid_(h);  // at::\n", "sigmoid_", "  h = at::sigmoid(h);  // at::\n"),
+    ("x.masked_fill_(x > 0.5, 0.0);\n", "fill_", "  x = x.masked_fill(x > 0.5, 0.0);\n"),
+    ("x.index_put_({0}, h);\n", "copy_", "  x = x.index_put({0}, h);\n"),
+    ("x.zero_();\n", "zero_", "  x = torch::zeros_like(x);\n"),
+    ("torch::nn::functional::relu(x, torch::nn::functional::ReLUFuncOptions().inplace(true));\n",
+     "relu_", "  x = torch::nn::functional::relu(x, "
+              "torch::nn::functional::ReLUFuncOptions().inplace(false));\n"),
+    ("h = F::relu(h, F::ReLUFuncOptions().inplace(true));\n", "relu_",
+     "  h = F::relu(h, F::ReLUFuncOptions().inplace(false));\n"),
+    ("x.mul_(g);  // \"quoted\" x += 1;\n", "mul_", "  x = x.mul(g);  // \"quoted\" x += 1;\n"),
+])
+def test_the_statement_made_out_of_place(line, op, new):
+    src = in_function(line)
+    rewrite = rewrite_at(src, 5, op)
+    assert rewrite is not None and rewrite.certain, rewrite
+    assert (rewrite.first_line, rewrite.last_line, rewrite.new) == (5, 5, new)
+    assert rewrite.old == src.lines[4]
+
+
+@pytest.mark.parametrize("body, op, why", [
+    # A statement over several lines, and a line of two statements.
+    ("x.mul_(\n    g);\n", "mul_", "several lines"),
+    ("auto y = h +\n    x.mul_(g);\n", "mul_", "several lines"),
+    ("x.mul_(g); h.add_(1);\n", "mul_", "several statements"),
+    ("if (x.defined()) { x.mul_(g); }\n", "mul_", "no statement alone"),
+    # A macro: its definition, or a call of one.
+    ("#define SCALE(v) v.mul_(g)\n", "mul_", "macro"),
+    ("SCALE_IN_PLACE(x.mul_(g));\n", "mul_", "macro"),
+    # A receiver that is an expression, a result that is used.
+    ("torch::exp(x).mul_(2);\n", "mul_", "through an expression"),
+    ("x.select(0, 1).zero_();\n", "zero_", "through an expression"),
+    ("auto y = x.mul_(2);\n", "mul_", "its result is used"),
+    ("return x.mul_(2);\n", "mul_", "its result is used"),
+    ("torch::relu_(torch::exp(x));\n", "relu_", "is an expression"),
+    # Rebinding would hide the write from other holders of the tensor.
+    ("t.mul_(2);\n", "mul_", "argument of Step()"),
+    ("t += h;\n", "add_", "argument of Step()"),
+    ("w_.mul_(2);\n", "mul_", "not declared in this function"),
+    ("self.w.mul_(2);\n", "mul_", "is a member"),
+    ("model->w += h;\n", "add_", "is a member"),
+    ("auto r = x;\nr.mul_(2);\n", "mul_", "bound to another name"),
+    ("auto& r = x;\nr.mul_(2);\n", "mul_", "is a reference"),
+    ("auto v = x.view({-1});\nv.mul_(2);\n", "mul_", "view of another tensor"),
+    ("auto v = x[0];\nv.mul_(2);\n", "mul_", "view of another tensor"),
+    ("x.copy_(h);\n", "copy_", "no out-of-place twin"),
+    ("F::relu(torch::exp(x), F::ReLUFuncOptions().inplace(true));\n", "relu_",
+     "inplace(true)"),
+    ("x[0] += h;\n", "add_", "into an expression"),
+])
+def test_no_certain_rewrite_where_the_line_is_not_one_of_the_shapes(body, op, why):
+    src = in_function(body)
+    line = 4 + len(textwrap.dedent(body).lstrip("\n").splitlines())
+    if body.startswith("x.mul_(\n"):
+        line = 5  # The call's first line.
+    rewrite = rewrite_at(src, line, op)
+    assert rewrite is not None and not rewrite.certain and rewrite.new is None, rewrite
+    assert why in rewrite.why or any(why in choice for choice in rewrite.choices), rewrite
+    assert rewrite.choices, rewrite
+
+
+def test_a_loop_variable_and_a_reference_are_not_rebound():
+    src = source("""
+        void Clamp(std::vector<torch::Tensor>& ps) {
+          for (auto p : ps) {
+            p.mul_(2);
+          }
+          const torch::Tensor& first = ps[0];
+          torch::Tensor second = ps[1].clone();
+          second.mul_(2);
+        }
+        """)
+    assert "loop's variable" in rewrite_at(src, 3, "mul_").why
+    assert rewrite_at(src, 7, "mul_").certain  # A clone is the variable's own tensor.
+
+
+def test_text_in_a_string_or_a_comment_is_not_code():
+    src = in_function('std::cout << "x += h;";\n// x.mul_(g);\n')
+    assert rewrite_at(src, 5, "add_") is None
+    assert rewrite_at(src, 6, "mul_") is None
+
+
+def test_an_op_other_than_the_lines_gets_no_rewrite():
+    # The trace says add_, the line multiplies: the write is not this statement's.
+    assert rewrite_at(in_function("x *= h;\n"), 5, "add_") is None
+
+
+def test_an_optimizer_step_moves_after_backward():
+    src = source("""
+        void Step(Model& model, torch::optim::Optimizer& opt) {
+          auto loss = model->forward(x);
+          opt.step();  // update
+          opt.zero_grad();
+          loss.backward();
+          log(loss);
+        }
+        """)
+    rewrite = cpp.CppRewriter(src, 3, "mul_").after_backward()
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (3, 5)
+    assert rewrite.new == "  opt.zero_grad();\n  loss.backward();\n  opt.step();  // update\n"
+
+
+def test_a_constraint_under_a_no_grad_guard_moves_with_its_block():
+    src = source("""
+        void Step(torch::Tensor w) {
+          auto loss = (w * w).sum();
+          {
+            torch::NoGradGuard no_grad;
+            w.clamp_(-1, 1);
+          }
+          loss.backward();
+        }
+        """)
+    rewriter = cpp.CppRewriter(src, 5, "clamp_")
+    assert rewriter.under_no_grad() is not None
+    rewrite = rewriter.after_backward()
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (3, 7), rewrite
+    assert rewrite.new == ("  loss.backward();\n  {\n    torch::NoGradGuard no_grad;\n"
+                           "    w.clamp_(-1, 1);\n  }\n")
+
+
+def test_no_move_without_a_backward_in_the_same_block():
+    src = source("""
+        void Step() {
+          if (bug) {
+            opt.step();
+          }
+          loss.backward();
+        }
+        """)
+    rewrite = cpp.CppRewriter(src, 3, "mul_").after_backward()
+    assert not rewrite.certain and rewrite.new is None
+
+
+def test_the_module_construction_with_inplace_options():
+    src = source("""
+        act_ = register_module("act", torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+        drop_ = torch::nn::Dropout(torch::nn::DropoutOptions().p(0.1).inplace(true));  // drop
+        out = F::relu(x, torch::nn::functional::ReLUFuncOptions().inplace(true));
+        """)
+    assert cpp.module_class([{"framework": True, "function": "at::_ops::relu_::call()"},
+                             {"framework": True, "function":
+                              "torch::nn::ReLUImpl::forward(at::Tensor)"}]) == "ReLU"
+    assert cpp.module_class([{"framework": False, "function": "torch::nn::ReLUImpl::forward"}]) \
+        is None
+    found = cpp.module_constructions(src, "Dropout")
+    assert [line for line, _ in found] == [2]
+    rewrite = cpp.construction_rewrite(src, *found[0], True)
+    assert rewrite.new == ("drop_ = torch::nn::Dropout(torch::nn::DropoutOptions().p(0.1)"
+                           ".inplace(false));  // drop\n")
+    assert [line for line, _ in cpp.module_constructions(src, "ReLU")] == [1]
+
+
+# -- The C++ sample's planted bugs, recorded --------------------------------------------------
+
+LORA_STEP = Path(cli()).with_name("lora_step") if MISSING_BUILD is None else None
+needs_sample = pytest.mark.skipif(LORA_STEP is None or not LORA_STEP.exists(),
+                                  reason="build/bin/lora_step is not built")
+SAMPLES = REPO / "samples" / "cpp"
+# bug: (file, the lines the patch removes, the lines it adds); None: no certain patch.
+CERTAIN = {
+    "inplace_activation": ("lora_model.cc", ["    act.mul_(gate);              "
+                                             "// BUG(inplace_activation)"],
+                           ["    act = act.mul(gate);              // BUG(inplace_activation)"]),
+    "softmax_mask": ("lora_model.cc",
+                     ["    probs.masked_fill_(future, 0.0);  // BUG(softmax_mask)"],
+                     ["    probs = probs.masked_fill(future, 0.0);  // BUG(softmax_mask)"]),
+    "optimizer_before_backward": ("lora_step.cc", ["    optimizer.step();  "
+                                                   "// BUG(optimizer_before_backward)"],
+                                  ["    optimizer.step();  // BUG(optimizer_before_backward)"]),
+}
+# bug: what the line is, that no rewrite of it is certain.
+UNCERTAIN = {
+    "residual_add": "argument of DecoderLayerImpl::forward()",
+    "two_writes": "argument of RmsNormImpl::forward()",
+    "slice_assign": "not declared in this function",
+    "view_write": "through an expression",
+}
+
+
+def _record(tmp_path, bug):
+    trace = tmp_path / f"{bug}.trr"
+    proc = record(trace, [LORA_STEP, "--device", "cpu", "--steps", "2", "--bug", bug],
+                  flags=["--quiet"])
+    assert trace.exists(), proc.stderr
+    return trace
+
+
+def fix(*args):
+    return subprocess.run([cli(), "fix", *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+@needs_sample
+@pytest.mark.parametrize("bug", sorted(CERTAIN))
+def test_a_planted_bug_on_a_rewritable_line_gets_its_cpp_patch(tmp_path, bug):
+    name, removed, added = CERTAIN[bug]
+    trace = _record(tmp_path, bug)
+    proc = fix(trace)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"--- a/samples/cpp/{name}" in proc.stdout, proc.stdout
+    diff_removed, diff_added = changed_lines(proc.stdout)
+    assert diff_removed == removed and diff_added == added, proc.stdout
+
+    edits = json.loads(fix("--json", trace).stdout)["edits"]
+    assert len(edits) == 1 and edits[0]["certain"], edits
+    assert edits[0]["file"] == str(SAMPLES / name)
+
+
+@needs_sample
+@pytest.mark.parametrize("bug", sorted(UNCERTAIN))
+def test_a_planted_bug_on_another_line_lists_the_choices(tmp_path, bug):
+    proc = fix(_record(tmp_path, bug))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "not certain" in proc.stdout and UNCERTAIN[bug] in proc.stdout, proc.stdout
+    assert "\n  - " in proc.stdout and "---" not in proc.stdout, proc.stdout
+
+
+@needs_sample
+def test_check_and_apply_refuse_to_rebuild_a_cpp_program(tmp_path):
+    trace = _record(tmp_path, "inplace_activation")
+    before = (SAMPLES / "lora_model.cc").read_bytes()
+    for flag in ("--check", "--apply"):
+        proc = fix(flag, trace)
+        assert proc.returncode == 11, proc.stdout + proc.stderr
+        assert proc.stderr == ("torchrr: cannot re-run the recorded command: a C++ program is "
+                               "not rebuilt: apply the patch and rebuild\n"), proc.stderr
+        assert "act = act.mul(gate);" in proc.stdout, "the patch is still printed"
+    assert (SAMPLES / "lora_model.cc").read_bytes() == before
+    assert not (SAMPLES / "lora_model.cc.orig").exists()
