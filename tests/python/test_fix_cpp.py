@@ -118,6 +118,16 @@ def test_text_in_a_string_or_a_comment_is_not_code():
     assert rewrite_at(src, 6, "mul_") is None
 
 
+def test_a_name_that_starts_like_a_keyword_is_a_name():
+    src = source("""
+        void Step(const torch::Tensor& g) {
+          auto forces = torch::exp(g);
+          forces.mul_(2);
+        }
+        """)
+    assert rewrite_at(src, 3, "mul_").new == "  forces = forces.mul(2);\n"
+
+
 def test_an_op_other_than_the_lines_gets_no_rewrite():
     # The trace says add_, the line multiplies: the write is not this statement's.
     assert rewrite_at(in_function("x *= h;\n"), 5, "add_") is None

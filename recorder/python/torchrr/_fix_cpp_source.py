@@ -221,8 +221,7 @@ def statement_at(src: CppSource, line: int) -> tuple:
     stripped = body.strip()
     top = top_level(stripped)
     if not stripped.endswith(";") or "{" in top or "}" in top or \
-            re.match(r"(?:if|for|while|do|else|switch|case|return\b)", stripped) and \
-            not stripped.startswith("return "):
+            re.match(r"(?:if|for|while|do|else|switch|case)\b", stripped):
         return None, "the line holds no statement alone (several lines, a block, a condition)"
     if top.count(";") > 1:
         return None, "the line holds several statements"
