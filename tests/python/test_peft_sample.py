@@ -97,6 +97,19 @@ def test_silent_bug(runs, bug):
     assert bug_line in [f.line for f in v.culprit.stack if f.python and same_file(f.file, SAMPLE)]
 
 
+def test_the_silent_bugs_reproducer_shows_the_gradient_difference(runs, tmp_path):
+    # The DLPack alias is another storage over the saved `up`: --verify-saved's addresses make it a
+    # view of up's bytes in the script, and the write through it changes the gradient.
+    proc, trace = runs["silent_dlpack"]
+    out = tmp_path / "repro.py"
+    made = subprocess.run([cli(), "repro", str(trace), "-o", str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert "(recorded as another storage over that memory)" in out.read_text()
+    ran = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 1 and "the gradients differ" in ran.stdout, ran.stdout + ran.stderr
+
+
 @pytest.mark.parametrize("bug", [b for b in BUGS if b != "none" and not b.startswith("silent_")])
 def test_planted_bug(runs, bug):
     proc, trace = runs[bug]

@@ -103,11 +103,11 @@ def test_linear_then_relu_in_place_raises_the_same_message(tmp_path):
 
 # Catalog cases of silent writes: a weight written through .data, saves whose hooks packed the
 # tensor itself (an identity pack, save_on_cpu of a CPU tensor), which turn the version check off,
-# a saved weight's storage swapped by `.data =` (an EMA swap, spectral norm's), and a write whose
-# version bump _unsafe_preserve_version_counter undid.
+# a saved weight's storage swapped by `.data =` (an EMA swap, spectral norm's), a write whose
+# version bump _unsafe_preserve_version_counter undid, and an unpack hook's float16 round trip.
 @pytest.mark.parametrize("case", [None, "weight_norm_data", "hook_identity_pack",
                                   "save_on_cpu_write", "ema_swap", "spectral_norm_swap",
-                                  "preserve_version_counter"])
+                                  "preserve_version_counter", "unpack_hook_dtype_silent"])
 def test_a_silent_write_shows_the_gradient_difference(tmp_path, case):
     source = DATA_WRITE if case is None else (CASES / f"{case}.py").read_text()
     trace, proc = _recorded(tmp_path, source)
@@ -116,6 +116,28 @@ def test_a_silent_write_shows_the_gradient_difference(tmp_path, case):
     made = _repro(trace, out)
     assert made.returncode == 0, made.stderr
     assert case is not None or ".data" in out.read_text()
+    ran = _run(out)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "the gradients differ" in ran.stdout
+
+
+def test_a_write_through_another_storage_over_the_saved_memory_shows_the_difference(tmp_path):
+    # The C++ sample's silent_raw_write scales the saved `up` through a tensor from_blob made over
+    # its memory: another storage, another counter; --verify-saved records the addresses that
+    # make it a view of the saved bytes in the script.
+    lora_step = Path(cli()).with_name("lora_step")
+    if not lora_step.exists():
+        pytest.skip("build/bin/lora_step is not built")
+    trace = tmp_path / "raw.trr"
+    proc = record(trace, [lora_step, "--device", "cpu", "--steps", "1", "--bug",
+                          "silent_raw_write"], flags=["--verify-saved"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = tmp_path / "repro.py"
+    made = _repro(trace, out)
+    assert made.returncode == 0, made.stderr
+    text = out.read_text()
+    assert "(recorded as another storage over that memory)" in text, text
+    assert "lora_model.cc" in text
     ran = _run(out)
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "the gradients differ" in ran.stdout
@@ -187,6 +209,22 @@ def test_a_compiled_regions_silent_save_shows_the_gradient_difference(tmp_path, 
     ran = _run(out)
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "the gradients differ" in ran.stdout
+
+
+# An unpack hook hands backward another shape or dtype than was saved, and backward's formula
+# fails on it: the script's hooks hand backward what the recorded one did, and it raises the
+# same error.
+@pytest.mark.parametrize("case", ["unpack_hook_shape", "unpack_hook_wrong_dtype"])
+def test_an_unpack_hooks_tensor_raises_the_same_error(tmp_path, case):
+    trace, proc = _recorded(tmp_path, (CASES / f"{case}.py").read_text())
+    recorded = re.findall(r"^RuntimeError: (.*)$", proc.stderr, re.M)
+    assert recorded, proc.stderr
+    out = tmp_path / "repro.py"
+    made = _repro(trace, out)
+    assert made.returncode == 0, made.stderr
+    assert "saved_tensors_hooks(lambda t: t, unpack)" in out.read_text()
+    ran = _run(out)
+    assert ran.returncode == 1 and f"RuntimeError: {recorded[0]}" in ran.stderr, ran.stderr
 
 
 def test_what_it_cannot_express_is_refused_with_its_own_exit_code(tmp_path):

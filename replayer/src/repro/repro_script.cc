@@ -64,22 +64,72 @@ def leaf(gen, shape, dtype, device, stride=None, requires_grad=False):
     return out.requires_grad_(requires_grad)
 )";
 
+// Whether the violation is an unpack hook's: it handed backward another dtype or shape than saved.
+bool HookHanded(const Violation& v) {
+  return v.kind == ViolationKind::kUnpackHook ||
+         (v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kUnpackHook);
+}
+
+// "torch.float16" for a dtype name a report gives; "" when it is not a plain name.
+std::string DTypeExpr(const std::string& name) {
+  if (name.empty() || name.size() > 32 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos) {
+    return "";
+  }
+  return "torch." + name;
+}
+
+// The saved_tensors_hooks around the victim that hand backward what the recorded unpack hook did:
+// the tensor saved as the recorded one was, cast and cut to what the hook returned; other saved
+// tensors as they are. With `silent`, only in the run with the recorded hook. "" when the trace's
+// dtypes are not plain names or the hook returned more elements than were saved.
+std::string UnpackHooks(const UnpackedRef& u, bool silent) {
+  const std::string dtype = DTypeExpr(u.dtype), saved_dtype = DTypeExpr(u.saved_dtype);
+  int64_t numel = 1, saved_numel = 1;
+  for (int64_t d : u.shape) numel *= d;
+  for (int64_t d : u.saved_shape) saved_numel *= d;
+  if (dtype.empty() || saved_dtype.empty() || numel > saved_numel || numel < 0) return "";
+  // A hook treats every tensor it packs alike: each of the saved dtype is cast (mm's message
+  // names which operand came first), the one of the saved shape cut.
+  std::string hook =
+      "# The recorded unpack hook handed backward " + u.dtype + " " + Ints(u.shape) + " for the " +
+      u.saved_dtype + " " + Ints(u.saved_shape) + " saved.\n"
+      "def unpack(t):\n"
+      "    if " + std::string(silent ? "not recorded_write or " : "") + "t.dtype != " +
+      saved_dtype + ":\n"
+      "        return t\n";
+  if (u.shape != u.saved_shape) {
+    hook += "    if list(t.shape) == " + Ints(u.saved_shape) + ":\n"
+            "        t = t.flatten()[:" + std::to_string(numel) + "].reshape(" + Ints(u.shape) +
+            ")\n";
+  }
+  return hook + "    return t.to(" + dtype +
+         ")\n\nwith torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):\n";
+}
+
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.
 std::string Unsupported(const Violation& v) {
   if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite &&
-      v.evidence != SilentEvidence::kUncheckedSave &&
-      v.evidence != SilentEvidence::kStorageSwap && v.evidence != SilentEvidence::kCounterReset) {
+      v.evidence != SilentEvidence::kUncheckedSave && v.evidence != SilentEvidence::kUnpackHook &&
+      v.evidence != SilentEvidence::kStorageSwap && v.evidence != SilentEvidence::kCounterReset &&
+      v.evidence != SilentEvidence::kFingerprint) {
     return std::string("a silent violation found by ") + SilentEvidenceName(v.evidence) +
            " has no reproducer yet (only writes through another tensor, like .data, saves "
-           "whose hooks packed the tensor itself, storage swaps and counter resets)";
+           "whose hooks packed the tensor itself, storage swaps, counter resets and writes "
+           "--verify-saved found)";
   }
   if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent &&
-      v.kind != ViolationKind::kDetached && v.kind != ViolationKind::kFreed) {
+      v.kind != ViolationKind::kDetached && v.kind != ViolationKind::kFreed &&
+      v.kind != ViolationKind::kUnpackHook) {
     return std::string("a violation of kind ") + ViolationKindName(v.kind) +
            " has no reproducer yet";
   }
-  // kFreed's culprit is the earlier backward pass, not a forward op: the script runs two.
-  if (v.kind != ViolationKind::kFreed && (!v.culprit || v.culprit->id == 0 || v.culprit->hook)) {
+  // kFreed's culprit is the earlier backward pass, not a forward op: the script runs two. An
+  // unpack hook's is the hook: the script hands backward what it did.
+  if (HookHanded(v)) {
+    if (!v.unpacked) return "the trace does not say what the unpack hook handed backward";
+  } else if (v.kind != ViolationKind::kFreed &&
+             (!v.culprit || v.culprit->id == 0 || v.culprit->hook)) {
     return "the trace did not record the write (no culprit op)";
   }
   if (!v.victim || v.victim->id == 0) return "the trace does not name the op that saved the tensor";
@@ -147,7 +197,14 @@ std::string ScriptHeader(const TraceIndex& index, const Violation& v, ObjectId v
                        std::to_string(options.violation) + " (" + ViolationKindName(v.kind) +
                        ")\n";
   const std::string saved = "what " + Printable(v.backward_node.name) + " saved at " + victim_line;
-  if (culprit == 0) {
+  if (HookHanded(v)) {
+    const std::string hook = v.culprit && v.culprit->user_frame
+                                 ? Printable(v.culprit->user_frame->file) + ":" +
+                                       std::to_string(v.culprit->user_frame->line)
+                                 : "(not recorded)";
+    script += "# The unpack hook defined at " + hook + "\n# handed backward another tensor than " +
+              saved + ".\n";
+  } else if (culprit == 0) {
     script += "# A second backward pass through " + saved + ",\n# which the first freed.\n";
   } else {
     script += "# The " + std::string(v.kind == ViolationKind::kDetached ? "detach_()" : "write") +
@@ -215,7 +272,8 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   const ObjectId victim = index.Outermost(
       node->saved_kind == format::SavedSetKind::kCustom ? node->created_by : v.victim->id);
   const bool freed = v.kind == ViolationKind::kFreed;
-  const ObjectId culprit = freed ? 0 : index.Outermost(v.culprit->id);
+  const bool hooked = HookHanded(v);
+  const ObjectId culprit = freed || hooked ? 0 : index.Outermost(v.culprit->id);
   std::vector<ObjectId> later_writes;
   for (const OpRef& write : v.later_culprits) later_writes.push_back(write.id);
   if (std::string why = repro::BuildSlice(index, victim, culprit, later_writes,
@@ -247,12 +305,18 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
         index.InfoBefore(tensor, index.IndexOf(slice.ops[slice.leaf_use.at(tensor)]));
     if (auto base = slice.data_of.find(tensor); base != slice.data_of.end()) {
       std::string line = Var(tensor) + " = " + Var(base->second) + ".data";
-      if (!PlainLayout(*t)) {
+      auto offset = slice.data_offset.find(tensor);
+      if (!PlainLayout(*t) || offset != slice.data_offset.end()) {
         line += ".as_strided(" + Ints(t->shape) + ", " + Ints(t->strides) + ", " +
-                std::to_string(t->storage_offset) + ")";
+                std::to_string(offset != slice.data_offset.end() ? offset->second
+                                                                 : t->storage_offset) +
+                ")";
       }
-      return "# .data of " + Var(base->second) + ": the same bytes, a version counter of its own\n" +
-             line + "\n";
+      return "# .data of " + Var(base->second) + ": the same bytes, a version counter of its own" +
+             std::string(offset != slice.data_offset.end()
+                             ? " (recorded as another storage over that memory)"
+                             : "") +
+             "\n" + line + "\n";
     }
     requires_grad[tensor] = t->requires_grad;
     // A tensor some op made (it has a grad_fn) that the slice writes in place, standing in as a
@@ -295,6 +359,16 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     if (call.empty()) {
       out.error = why;
       return out;
+    }
+    if (hooked && op.op == victim) {
+      const std::string hooks = UnpackHooks(*v.unpacked, silent);
+      if (hooks.empty()) {
+        out.error = "the unpack hook's tensor (" + Printable(v.unpacked->dtype) + " " +
+                    Ints(v.unpacked->shape) + ") is not one the script can make from the saved one";
+        return out;
+      }
+      call = hooks + Indent(call, "    ");
+      call.pop_back();
     }
     if (identity_hooks && op.op == victim && custom == nullptr) {
       call = "# The recorded save's hooks packed the tensor itself: no version check at unpack.\n"

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "torchrr/replayer/replayer.h"
+
 namespace torchrr::replayer::repro {
 
 using format::OpRecord;
@@ -290,6 +292,7 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
   // Which tensors are made up: those no earlier op of the slice made.
   std::unordered_set<ObjectId> defined;
   std::multimap<ObjectId, ObjectId> by_storage;  // Storage -> slice tensors over it, made so far.
+  std::vector<std::pair<uint64_t, ObjectId>> by_address;  // Their storages' recorded addresses.
   for (size_t k = 0; k < slice->ops.size(); ++k) {
     const OpRecord& op = *index.Op(slice->ops[k]);
     const size_t at = index.IndexOf(op.op);
@@ -308,19 +311,43 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
       if (!info->requires_grad) {
         for (auto [s, e] = by_storage.equal_range(info->storage); s != e; ++s) {
           const format::TensorInfo* base = index.InfoBefore(s->second, at);
+          // A storage id is given again to a storage made where a dead one's was: the recorded
+          // data addresses, where there are some, say whether it is the same memory.
           if (base != nullptr && base->version_counter != info->version_counter &&
-              base->dtype == info->dtype && base->storage_nbytes == info->storage_nbytes) {
+              base->dtype == info->dtype && base->storage_nbytes == info->storage_nbytes &&
+              (base->storage_address == 0 || info->storage_address == 0 ||
+               base->storage_address == info->storage_address)) {
             slice->data_of[use.tensor] = s->second;
             break;
           }
         }
       }
+      // Another storage over the same memory (from_blob, DLPack): a view of that tensor's bytes.
+      if (!info->requires_grad && !slice->data_of.contains(use.tensor) &&
+          info->storage_address != 0) {
+        for (auto [address, tensor] : by_address) {
+          const format::TensorInfo* base = index.InfoBefore(tensor, at);
+          const size_t size = DTypeSize(info->dtype);
+          if (base == nullptr || base->storage == info->storage || base->dtype != info->dtype ||
+              size == 0 || info->storage_address < address ||
+              info->storage_address >= address + base->storage_nbytes ||
+              (info->storage_address - address) % size != 0) {
+            continue;
+          }
+          slice->data_of[use.tensor] = tensor;
+          slice->data_offset[use.tensor] =
+              info->storage_offset + static_cast<int64_t>((info->storage_address - address) / size);
+          break;
+        }
+      }
       by_storage.emplace(info->storage, use.tensor);
+      if (info->storage_address != 0) by_address.emplace_back(info->storage_address, use.tensor);
     }
     for (ObjectId tensor : index.Outputs(op)) {
       if (tensor != 0 && defined.insert(tensor).second) {
         if (const format::TensorInfo* info = index.OutputInfo(op, tensor)) {
           by_storage.emplace(info->storage, tensor);
+          if (info->storage_address != 0) by_address.emplace_back(info->storage_address, tensor);
         }
       }
     }

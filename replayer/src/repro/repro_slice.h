@@ -81,6 +81,9 @@ struct Slice {
   // A leaf over another slice tensor's bytes with a counter of its own (`.data`): leaf -> that
   // tensor.
   std::map<ObjectId, ObjectId> data_of;
+  // Such a leaf over another storage at the same memory (from_blob, DLPack: --verify-saved records
+  // the addresses): its storage offset in elements of that tensor's storage.
+  std::map<ObjectId, int64_t> data_offset;
   std::set<ObjectId> written;  // The culprit's inputs whose version it moved.
   std::vector<ObjectId> uses;  // The victim's outputs that require grad: what backward starts from.
 };
