@@ -74,23 +74,42 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
   return out.str();
 }
 
-bool FixVerbMayPatch(const Violation& v) {
-  if (v.kind == ViolationKind::kFreed || v.kind == ViolationKind::kUnpackHook) return false;
-  const std::optional<OpRef>& culprit = v.changed_source ? v.changed_source : v.culprit;
-  if (!culprit || culprit->hook || !culprit->user_frame) return false;
-  const UserFrame& line = *culprit->user_frame;
-  for (const Frame& frame : culprit->stack) {
-    if (frame.file == line.file && frame.line == line.line) return frame.python;
+FixLanguage FixVerbMayPatch(const Violation& v) {
+  if (v.kind == ViolationKind::kFreed || v.kind == ViolationKind::kUnpackHook) {
+    return FixLanguage::kNone;
   }
-  return line.file.ends_with(".py");
+  const std::optional<OpRef>& culprit = v.changed_source ? v.changed_source : v.culprit;
+  if (!culprit || culprit->hook || !culprit->user_frame) return FixLanguage::kNone;
+  const UserFrame& line = *culprit->user_frame;
+  bool python = line.file.ends_with(".py");
+  for (const Frame& frame : culprit->stack) {
+    if (frame.file == line.file && frame.line == line.line) {
+      python = frame.python;
+      break;
+    }
+  }
+  if (python) return FixLanguage::kPython;
+  for (const char* ext : {".cc", ".cpp", ".cxx", ".c++", ".h", ".hpp", ".hh", ".cu"}) {
+    if (line.file.ends_with(ext)) return FixLanguage::kCpp;
+  }
+  return FixLanguage::kNone;
 }
 
 std::string FixVerbLine(const Report& report, const std::string& trace) {
-  if (std::none_of(report.violations.begin(), report.violations.end(), FixVerbMayPatch)) {
-    return "";
+  bool cpp = false;
+  for (const Violation& v : report.violations) {
+    const FixLanguage language = FixVerbMayPatch(v);
+    if (language == FixLanguage::kPython) {
+      return "try: torchrr fix " + Printable(trace) +
+             " --check (a patch for the culprit's Python line, checked by re-running the "
+             "program)\n";
+    }
+    cpp = cpp || language == FixLanguage::kCpp;
   }
-  return "try: torchrr fix " + Printable(trace) +
-         " --check (a patch for the culprit's Python line, checked by re-running the program)\n";
+  // A C++ program is not rebuilt: the patch is shown, for the user to apply and rebuild.
+  return cpp ? "try: torchrr fix " + Printable(trace) +
+                   " (a patch for the culprit's C++ line, to apply and rebuild)\n"
+             : "";
 }
 
 }  // namespace torchrr::replayer

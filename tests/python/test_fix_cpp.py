@@ -253,6 +253,11 @@ def test_a_planted_bug_on_a_rewritable_line_gets_its_cpp_patch(tmp_path, bug):
     edits = json.loads(fix("--json", trace).stdout)["edits"]
     assert len(edits) == 1 and edits[0]["certain"], edits
     assert edits[0]["file"] == str(SAMPLES / name)
+    # replay ends pointing at fix, which for C++ shows the patch and does not re-run.
+    replay = subprocess.run([cli(), "replay", str(trace)], capture_output=True, text=True,
+                            timeout=60)
+    assert replay.stdout.splitlines()[-1] == (f"try: torchrr fix {trace} (a patch for the "
+                                              "culprit's C++ line, to apply and rebuild)")
 
 
 @needs_sample

@@ -402,12 +402,15 @@ std::string FormatText(const Report& report, bool color, bool each = false);
 // line (at most three) with the code the trace carries, the fix, and the commands that show the
 // rest for `trace`; "" when the report has no violation.
 std::string FormatShortVerdict(const Report& report, const std::string& trace);
-// Whether `torchrr fix` has a rewrite to try for `v`: a culprit op (not a hook) whose user line
-// is Python, of a kind the fix verb rewrites (not a freed graph, not an unpack hook). The fix
-// verb's parser may still find the line's rewrite uncertain and list choices instead.
-bool FixVerbMayPatch(const Violation& v);
+// Whether `torchrr fix` has a rewrite to try for `v`, and in which language: a culprit op (not a
+// hook) whose user line is Python or C++, of a kind the fix verb rewrites (not a freed graph, not
+// an unpack hook). The fix verb's parser may still find the line's rewrite uncertain and list
+// choices instead.
+enum class FixLanguage : uint8_t { kNone, kPython, kCpp };
+FixLanguage FixVerbMayPatch(const Violation& v);
 // The line `replay` and the short verdict end with when a violation of `report` passes
-// FixVerbMayPatch: "try: torchrr fix run.trr --check (...)\n"; "" otherwise.
+// FixVerbMayPatch: "try: torchrr fix run.trr --check (...)\n" for a Python line, "try: torchrr
+// fix run.trr (... to apply and rebuild)\n" for C++ lines only; "" otherwise.
 std::string FixVerbLine(const Report& report, const std::string& trace);
 
 // The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).
