@@ -97,16 +97,21 @@ def test_silent_bug(runs, bug):
     assert bug_line in [f.line for f in v.culprit.stack if f.python and same_file(f.file, SAMPLE)]
 
 
-def test_the_silent_bugs_reproducer_shows_the_gradient_difference(runs, tmp_path):
-    # The DLPack alias is another storage over the saved `up`: --verify-saved's addresses make it a
-    # view of up's bytes in the script, and the write through it changes the gradient.
-    proc, trace = runs["silent_dlpack"]
-    out = tmp_path / "repro.py"
+def repro_and_run(trace, out):
+    """`torchrr repro TRACE -o OUT`, then OUT under plain Python: (repro's stderr, the script's
+    text, the script's CompletedProcess)."""
     made = subprocess.run([cli(), "repro", str(trace), "-o", str(out)], capture_output=True,
                           text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    assert "(recorded as another storage over that memory)" in out.read_text()
     ran = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, timeout=120)
+    return made.stderr, out.read_text(), ran
+
+
+def test_the_silent_bugs_reproducer_shows_the_gradient_difference(runs, tmp_path):
+    # The DLPack alias is another storage over the saved `up`: --verify-saved's addresses make it a
+    # view of up's bytes in the script, and the write through it changes the gradient.
+    _, text, ran = repro_and_run(runs["silent_dlpack"][1], tmp_path / "repro.py")
+    assert "(recorded as another storage over that memory)" in text
     assert ran.returncode == 1 and "the gradients differ" in ran.stdout, ran.stdout + ran.stderr
 
 
@@ -322,15 +327,10 @@ def test_a_compiled_regions_save_becomes_a_standalone_reproducer(compile_runs, t
     # weight, becomes a stand-in that saves the one the message names; the script raises the run's
     # message under plain torch, and keeps only what reaches that weight.
     proc, trace = compile_runs["optimizer_before_backward"]
-    out = tmp_path / "repro.py"
-    made = subprocess.run([cli(), "repro", str(trace), "-o", str(out)], capture_output=True,
-                          text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
-    assert "1 through a stand-in" in made.stderr
-    text = out.read_text()
+    said, text, ran = repro_and_run(trace, tmp_path / "repro.py")
+    assert "1 through a stand-in" in said
     assert "class CompiledFunction(torch.autograd.Function):" in text
     assert len(text.splitlines()) < 130, text
-    ran = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, timeout=120)
     recorded = re.search(r"(one of the variables needed .*? instead)", proc.stderr)
     assert recorded, proc.stderr[-2000:]
     assert ran.returncode == 1 and recorded.group(1) in ran.stderr, ran.stderr[-2000:]
