@@ -160,6 +160,16 @@ def gc_runs(tmp_path_factory):
                        ["--gradient-checkpointing"], timeout=240)
 
 
+@pytest.mark.parametrize("bug", ["inplace_activation", "optimizer_before_backward"])
+def test_a_silent_write_under_checkpointing_has_a_reproducer(gc_runs, bug, tmp_path):
+    # Checkpointing recomputed the layer in backward and handed the saved tensor over with no
+    # version check: the script calls the forward's save and write, the save under identity hooks
+    # that check nothing either, and shows the gradient difference.
+    _, text, ran = repro_and_run(gc_runs[bug][1], tmp_path / "repro.py")
+    assert "identity hooks check nothing either" in text, text
+    assert ran.returncode == 1 and "the gradients differ" in ran.stdout, ran.stdout + ran.stderr
+
+
 @pytest.mark.parametrize("bug", list(GC_EXPECT))
 def test_gradient_checkpointing(gc_runs, bug):
     proc, trace = gc_runs[bug]

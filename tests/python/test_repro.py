@@ -104,10 +104,13 @@ def test_linear_then_relu_in_place_raises_the_same_message(tmp_path):
 # Catalog cases of silent writes: a weight written through .data, saves whose hooks packed the
 # tensor itself (an identity pack, save_on_cpu of a CPU tensor), which turn the version check off,
 # a saved weight's storage swapped by `.data =` (an EMA swap, spectral norm's), a write whose
-# version bump _unsafe_preserve_version_counter undid, and an unpack hook's float16 round trip.
+# version bump _unsafe_preserve_version_counter undid, an unpack hook's float16 round trip, and
+# writes into what checkpointing recomputed and handed over unchecked (the recomputed write, an
+# optimizer step before backward).
 @pytest.mark.parametrize("case", [None, "weight_norm_data", "hook_identity_pack",
                                   "save_on_cpu_write", "ema_swap", "spectral_norm_swap",
-                                  "preserve_version_counter", "unpack_hook_dtype_silent"])
+                                  "preserve_version_counter", "unpack_hook_dtype_silent",
+                                  "checkpoint_recomputed_write", "checkpoint_optimizer_between"])
 def test_a_silent_write_shows_the_gradient_difference(tmp_path, case):
     source = DATA_WRITE if case is None else (CASES / f"{case}.py").read_text()
     trace, proc = _recorded(tmp_path, source)
@@ -228,8 +231,8 @@ def test_an_unpack_hooks_tensor_raises_the_same_error(tmp_path, case):
 
 
 def test_what_it_cannot_express_is_refused_with_its_own_exit_code(tmp_path):
-    # Non-reentrant checkpointing recomputes the saved tensor, the write included, in backward.
-    trace, _ = _recorded(tmp_path, (CASES / "checkpoint_recomputed_write.py").read_text())
+    # Selective checkpointing's cache of a saved tensor mutated: no script says that yet.
+    trace, _ = _recorded(tmp_path, (CASES / "sac_mutation.py").read_text())
     out = tmp_path / "repro.py"
     made = _repro(trace, out)
     assert made.returncode == 12, made.stderr

@@ -163,8 +163,12 @@ std::string Refusal(const TraceIndex& index, const Report& report, const ReproOp
            "trace did not record";
   }
   // Non-reentrant checkpointing's inputs, which its frame keeps and checks, are saved as a
-  // stand-in saves them; a tensor of the recomputation is another matter.
-  if ((v.recomputing || v.recomputed) && !stand_in) {
+  // stand-in saves them. A tensor the recomputation saved and wrote again, which checkpointing
+  // hands backward with no version check, is saved through identity hooks, which check nothing
+  // either; any other tensor of the recomputation is another matter.
+  const bool recomputed_unchecked = v.recomputed && v.kind == ViolationKind::kSilent &&
+                                    v.evidence == SilentEvidence::kUncheckedSave;
+  if ((v.recomputing || v.recomputed) && !stand_in && !recomputed_unchecked) {
     return "activation checkpointing recomputes the saved tensor, which the reproducer cannot "
            "express";
   }
@@ -176,8 +180,10 @@ std::string Refusal(const TraceIndex& index, const Report& report, const ReproOp
     // A stand-in keeps a custom node's unchecked save as it was: no hook, no version check.
     const bool unchecked = stand_in && saved != node->saved.end() &&
                            saved->hook == format::SavedHook::kNone;
-    if (!unchecked &&
-        (saved == node->saved.end() || saved->hook != format::SavedHook::kPackedTensor)) {
+    const bool packed = saved != node->saved.end() &&
+                        (saved->hook == format::SavedHook::kPackedTensor ||
+                         (recomputed_unchecked && saved->hook == format::SavedHook::kCheckpoint));
+    if (!unchecked && !packed) {
       return "the tensor was saved through hooks that did not pack the tensor itself "
              "(checkpointing, a compiled region), which the reproducer cannot express";
     }
@@ -269,11 +275,21 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
   Slice slice;
   // A custom node's victim is the call that created it (inside a compiled region's op, say).
   const format::NodeRecord* node = index.Node(v.backward_node.id);
-  const ObjectId victim = index.Outermost(
+  ObjectId victim = index.Outermost(
       node->saved_kind == format::SavedSetKind::kCustom ? node->created_by : v.victim->id);
   const bool freed = v.kind == ViolationKind::kFreed;
   const bool hooked = HookHanded(v);
-  const ObjectId culprit = freed || hooked ? 0 : index.Outermost(v.culprit->id);
+  ObjectId culprit = freed || hooked ? 0 : index.Outermost(v.culprit->id);
+  // Checkpointing ran the write (and maybe the save) again inside backward: the script calls the
+  // forward's own, under identity hooks that check nothing, as checkpointing's hand-over did.
+  if (v.recomputed && culprit != 0) {
+    victim = index.ForwardTwin(victim, 0);
+    culprit = victim == 0 ? 0 : index.ForwardTwin(culprit, victim);
+    if (culprit == 0) {
+      out.error = "the forward ops that checkpointing recomputed are not found in the trace";
+      return out;
+    }
+  }
   std::vector<ObjectId> later_writes;
   for (const OpRef& write : v.later_culprits) later_writes.push_back(write.id);
   if (std::string why = repro::BuildSlice(index, victim, culprit, later_writes,
@@ -371,7 +387,12 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       call.pop_back();
     }
     if (identity_hooks && op.op == victim && custom == nullptr) {
-      call = "# The recorded save's hooks packed the tensor itself: no version check at unpack.\n"
+      call = std::string(v.recomputed
+                             ? "# Checkpointing recomputed the saved tensor in backward and handed "
+                               "it over\n# with no version check: identity hooks check nothing "
+                               "either.\n"
+                             : "# The recorded save's hooks packed the tensor itself: no version "
+                               "check at unpack.\n") +
              "with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):\n" +
              Indent(call, "    ");
       call.pop_back();

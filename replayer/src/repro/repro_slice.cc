@@ -166,6 +166,26 @@ ObjectId TraceIndex::Outermost(ObjectId op) const {
   return outer;
 }
 
+ObjectId TraceIndex::ForwardTwin(ObjectId op, ObjectId after) const {
+  if (std::find(forward_ops_.begin(), forward_ops_.end(), op) != forward_ops_.end()) return op;
+  const OpRecord* record = Op(op);
+  if (record == nullptr) return 0;
+  const std::string line = UserLine(*record);
+  if (line.empty()) return 0;
+  auto same = [&](ObjectId id) {
+    const OpRecord* other = Op(id);
+    return other->name == record->name && UserLine(*other) == line;
+  };
+  if (after == 0) {
+    auto it = std::find_if(forward_ops_.rbegin(), forward_ops_.rend(), same);
+    return it == forward_ops_.rend() ? 0 : *it;
+  }
+  auto from = std::find(forward_ops_.begin(), forward_ops_.end(), after);
+  if (from == forward_ops_.end()) return 0;
+  auto it = std::find_if(from + 1, forward_ops_.end(), same);
+  return it == forward_ops_.end() ? 0 : *it;
+}
+
 const std::string& TraceIndex::Str(format::InternId id) const {
   static const std::string kEmpty;
   auto it = strings_.find(id);

@@ -46,6 +46,10 @@ class TraceIndex {
   std::vector<format::TensorUse> CallInputs(const format::OpRecord& op, ObjectId counter) const;
   // The metadata of `tensor`, an output of `op`, as the op returned it; nullptr when unknown.
   const format::TensorInfo* OutputInfo(const format::OpRecord& op, ObjectId tensor) const;
+  // For `op`, an op checkpointing recomputed inside backward: the forward op it ran again, the
+  // first outermost forward op after `after` (0: the last one) with its name and user line; `op`
+  // itself when it is a forward op, 0 when none is found.
+  ObjectId ForwardTwin(ObjectId op, ObjectId after) const;
   // The outermost forward ops (not inside a backward function), in file order: their ids.
   const std::vector<ObjectId>& ForwardOps() const { return forward_ops_; }
   const std::string& Str(format::InternId id) const;
