@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "capture/checkpoint_inputs.h"
+#include "capture/op_arguments.h"
 #include "capture/saved_variables.h"
 #include "internals/torch_internals.h"
 
@@ -31,22 +32,6 @@ class ScopedPointer {
  private:
   const T*& member_;
 };
-
-// Calls `f` on each tensor among an op's inputs: a tensor, a tensor list's, a list's.
-template <typename F>
-void ForEachInputTensor(c10::ArrayRef<const c10::IValue> inputs, F&& f) {
-  for (const c10::IValue& v : inputs) {
-    if (v.isTensor()) {
-      f(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor t : v.toTensorList()) f(t);
-    } else if (v.isList()) {
-      for (const c10::IValue& item : v.toListRef()) {
-        if (item.isTensor()) f(item.toTensor());
-      }
-    }
-  }
-}
 
 }  // namespace
 

@@ -112,8 +112,7 @@ c10::ArrayRef<const c10::IValue> InputsOf(const at::RecordFunction& fn) {
 }
 
 void RecordInputs(c10::ArrayRef<const c10::IValue> inputs, OpFrame& frame, IdRegistry& ids,
-                  Interner& interner, const WrapperInners& wrapper_inners) {
-  const WrapperInners* inners = wrapper_inners.empty() ? nullptr : &wrapper_inners;
+                  Interner& interner, const WrapperInners* inners) {
   format::OpRecord& op = frame.op;
   // One allocation each for the common case (no tensor lists).
   size_t n_tensors = 0;
@@ -151,9 +150,8 @@ void CollectOutputs(const std::vector<c10::IValue>& outputs, std::vector<OpOutpu
 }
 
 void RecordOutputs(std::vector<OpOutput>& outputs, OpFrame& frame, IdRegistry& ids,
-                   EncodedRecords& out, const WrapperInners& wrapper_inners) {
+                   EncodedRecords& out, const WrapperInners* inners) {
   format::OpRecord& op = frame.op;
-  const WrapperInners* inners = wrapper_inners.empty() ? nullptr : &wrapper_inners;
   op.outputs.reserve(outputs.size());
   for (OpOutput& output : outputs) {
     const at::Tensor& t = *output.tensor;

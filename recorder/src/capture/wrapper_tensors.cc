@@ -1,5 +1,6 @@
 #include "capture/wrapper_tensors.h"
 
+#include "capture/op_arguments.h"
 #include "python/python_nodes.h"
 
 namespace torchrr::recorder {
@@ -14,17 +15,7 @@ void ReadWrapperInner(const at::Tensor& t, WrapperInners& out) {
 }
 
 void ReadWrapperInners(c10::ArrayRef<const c10::IValue> inputs, WrapperInners& out) {
-  for (const c10::IValue& v : inputs) {
-    if (v.isTensor()) {
-      ReadWrapperInner(v.toTensor(), out);
-    } else if (v.isTensorList()) {
-      for (const at::Tensor t : v.toTensorList()) ReadWrapperInner(t, out);
-    } else if (v.isList()) {
-      for (const c10::IValue& item : v.toListRef()) {
-        if (item.isTensor()) ReadWrapperInner(item.toTensor(), out);
-      }
-    }
-  }
+  ForEachInputTensor(inputs, [&](const at::Tensor& t) { ReadWrapperInner(t, out); });
 }
 
 const at::Tensor* FindInner(const WrapperInners& inners, const c10::TensorImpl* wrapper) {

@@ -146,7 +146,7 @@ void Session::StartLocked(const at::RecordFunction& fn, ThreadState& ts, OpFrame
       ts.op_stack.size() > ts.transparent_scopes ? ts.outermost_sequence_at_start : UINT64_MAX;
   graph_->RefInputNodes(inputs, frame.thread, building_from, ts.unchecked_saves, ts.nodes,
                         frame.before);
-  RecordInputs(inputs, frame, ids_, *interner_, ts.wrapper_inners);
+  RecordInputs(inputs, frame, ids_, *interner_, ts.inners());
   // The definitions and the inputs' metadata go out now, before the records of the ops nested
   // in this one (which end, and are written, first) can name them or describe those inputs
   // as they changed.
@@ -234,7 +234,7 @@ void Session::EndLocked(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
     graph_->RefFunctionNode(ts.function_node.get(), frame, ts.saved_hooks, ts.unchecked_saves,
                             ts.saved_uses.get(), after, ts.nodes);
   }
-  RecordOutputs(ts.outputs, frame, ids_, after, ts.wrapper_inners);
+  RecordOutputs(ts.outputs, frame, ids_, after, ts.inners());
   NameSavedOutputs(ts.nodes, ts.outputs, op.outputs);
   // Order: the fingerprints taken at the start (before), the definitions and the outputs'
   // metadata as the op left them, the nodes it created (whose saved tensors those describe),

@@ -166,6 +166,9 @@ struct ThreadState {
   // What the op's wrapper-subclass inputs (OnStart) or outputs (RecordEnd) wrap, read before the
   // session's lock is taken (reading them takes the GIL).
   WrapperInners wrapper_inners;
+  // What RecordInputs and RecordOutputs look wrappers up in: nullptr when none was read, as for
+  // nearly every op.
+  const WrapperInners* inners() const { return wrapper_inners.empty() ? nullptr : &wrapper_inners; }
   // What the saved-tensor hooks of the nodes an op created packed, read before the session's lock
   // is taken (reading them takes the GIL), by SavedVariable.
   SavedHooks saved_hooks;
