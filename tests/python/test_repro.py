@@ -274,9 +274,11 @@ def test_device_flag_is_what_the_script_runs_on(tmp_path):
 # Catalog cases whose slices need what the planted ones above do not: an optimizer step inside
 # its record_function scope writing a parameter view's base twice, ops under autocast (a bfloat16
 # saved tensor from float32 operands), a saved input written by `+=`, a masked_fill_ on softmax's
-# result; a saved tensor detach_()ed; a second backward pass through a graph the first freed.
+# result; a saved tensor detach_()ed; a second backward pass through a graph the first freed; the
+# ops a compiled region ran when AOTAutograd traced its backward (after a graph break).
 @pytest.mark.parametrize("case", ["optimizer_between", "autocast_output_write", "saved_input_iadd",
-                                  "softmax_masked_fill", "detach_inplace", "freed_second_backward"])
+                                  "softmax_masked_fill", "detach_inplace", "freed_second_backward",
+                                  "compile_inside_graph_break"])
 def test_catalog_cases_raise_the_same_message(tmp_path, case):
     _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())
 

@@ -407,6 +407,15 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       }
     }
     std::string where = Printable(index.UserLine(op));
+    // An op torch.fx's Interpreter ran (a compiled region traced) has no stack of its own; the
+    // report names the user's line from the graph node's.
+    const std::optional<OpRef>& named = op.op == victim    ? v.victim
+                                        : op.op == culprit ? v.culprit
+                                                           : std::nullopt;
+    if (where.empty() && named && named->user_frame) {
+      where = Printable(named->user_frame->file) + ":" + std::to_string(named->user_frame->line) +
+              " in " + Printable(named->user_frame->function);
+    }
     std::string role = op.op == victim    ? "the victim: " + Printable(v.backward_node.name) +
                                              " saves " + Printable(v.tensor.saved_name)
                        : op.op == culprit ? std::string("the culprit: ") +

@@ -156,9 +156,12 @@ ObjectId TraceIndex::Outermost(ObjectId op) const {
     if (custom_nodes_.contains(outer)) break;
     const OpRecord* record = Op(outer);
     if (record == nullptr || record->parent == 0) break;
+    // Up into an ATen op, or a custom node's call (its stand-in stands for it), not into an op
+    // the script cannot call: a compiled region's op, which ran the ops of its graph when
+    // AOTAutograd traced it.
     const OpRecord* parent = Op(record->parent);
     if (parent == nullptr || parent->scope != OpScope::kFunction ||
-        Str(parent->name).starts_with("autograd::")) {
+        !(Str(parent->name).starts_with("aten::") || custom_nodes_.contains(parent->op))) {
       break;
     }
     outer = record->parent;

@@ -28,8 +28,8 @@ class TraceIndex {
   // The tensor's last TensorInfo written before record `index`; nullptr when none.
   const format::TensorInfo* InfoBefore(ObjectId tensor, size_t index) const;
   // The op the user called that `op` ran inside (itself when it is one): its ancestors while they
-  // are ATen ops, not the autograd engine's, stopping at an op with a custom node (a stand-in
-  // stands for its whole call).
+  // are ATen ops or the call of a custom node, stopping at such a call (a stand-in stands for it
+  // whole).
   ObjectId Outermost(ObjectId op) const;
   // The custom node (an autograd.Function's, a compiled region's) `op` created, or nullptr: such
   // an op has no ATen overload to call, and the script calls a stand-in in its place.
