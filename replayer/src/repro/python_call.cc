@@ -80,16 +80,6 @@ bool Identifier(std::string_view text) {
   return true;
 }
 
-// The Python call of a recorded op, "aten.mul_.Tensor"; "" for an op outside aten, or a name that
-// is no identifier.
-std::string Overload(const OpRecord& op, const TraceIndex& index) {
-  const std::string& name = index.Str(op.name);
-  if (!name.starts_with("aten::")) return "";
-  const std::string& overload = index.Str(op.overload);
-  const std::string method = name.substr(6);
-  if (!Identifier(method) || (!overload.empty() && !Identifier(overload))) return "";
-  return "aten." + method + "." + (overload.empty() ? "default" : overload);
-}
 
 bool Floating(format::DType dtype) { return dtype == 5 || dtype == 6 || dtype == 7 || dtype == 15; }
 bool Reduced(format::DType dtype) { return dtype == 5 || dtype == 15; }  // float16, bfloat16.
@@ -106,6 +96,15 @@ std::string Ints(const std::vector<int64_t>& values, bool as_bools) {
 }
 
 std::string TorchDType(format::DType dtype) { return std::string("torch.") + DTypeName(dtype); }
+
+std::string AtenOverload(const OpRecord& op, const TraceIndex& index) {
+  const std::string& name = index.Str(op.name);
+  if (!name.starts_with("aten::")) return "";
+  const std::string& overload = index.Str(op.overload);
+  const std::string method = name.substr(6);
+  if (!Identifier(method) || (!overload.empty() && !Identifier(overload))) return "";
+  return "aten." + method + "." + (overload.empty() ? "default" : overload);
+}
 
 std::string DeviceExpr(const format::Device& device) {
   return device.type == 0 ? "'cpu'" : "DEVICE";
@@ -128,7 +127,7 @@ bool PlainLayout(const format::TensorInfo& info) {
 }
 
 std::string OpCall(const OpRecord& op, const TraceIndex& index, std::string* why) {
-  const std::string overload = Overload(op, index);
+  const std::string overload = AtenOverload(op, index);
   if (overload.empty()) {
     const std::string& overload_name = index.Str(op.overload);
     *why = Printable(index.Str(op.name)) + (overload_name.empty() ? "" : ".") +

@@ -13,6 +13,9 @@
 
 namespace torchrr::replayer::repro {
 
+// The Python call of a recorded op, "aten.mul_.Tensor"; "" for an op outside aten, or a name that
+// is no identifier.
+std::string AtenOverload(const format::OpRecord& op, const TraceIndex& index);
 // The script's name of a tensor: "t14".
 std::string Var(ObjectId tensor);
 // "[4, 8]"; with `as_bools`, "[True, False]".

@@ -107,6 +107,54 @@ std::string UnpackHooks(const UnpackedRef& u, bool silent) {
          ")\n\nwith torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):\n";
 }
 
+// For a tensor selective activation checkpointing cached and the program then wrote
+// (kCachedMutated): the victim's call `victim_call` and that of `consumer`, the op whose node
+// backward recomputes from the cache, as a block run under a checkpoint whose policy saves what
+// `cached` (the op inside the victim that made the cached tensor) returns, as the recorded policy
+// did. Sets *uses to the consumer's outputs, which backward starts from. "" and *why when an
+// operand of the consumer is not the victim's.
+std::string SelectiveCheckpoint(const TraceIndex& index, const OpRecord& victim,
+                                const std::string& victim_call, const OpRecord& consumer,
+                                const OpRecord& cached, std::vector<ObjectId>* uses,
+                                std::string* why) {
+  const std::string saved = repro::AtenOverload(cached, index);
+  std::string consumer_call = OpCall(consumer, index, why);
+  if (saved.empty() || consumer_call.empty()) {
+    if (why->empty()) *why = "the op whose output was cached is not an ATen op";
+    return "";
+  }
+  std::vector<ObjectId> made = index.Outputs(victim);
+  for (const TensorUse& use : consumer.inputs) {
+    if (std::find(made.begin(), made.end(), use.tensor) == made.end()) {
+      *why = "the op backward recomputes from the cache takes an operand the cached op did not "
+             "make";
+      return "";
+    }
+  }
+  std::string params, returned, targets;
+  for (const TensorUse& use : victim.inputs) {
+    if (params.find(Var(use.tensor) + ",") == std::string::npos) params += Var(use.tensor) + ", ";
+  }
+  uses->clear();
+  for (ObjectId tensor : index.Outputs(consumer)) uses->push_back(tensor);
+  for (ObjectId tensor : *uses) returned += Var(tensor) + ", ";
+  for (ObjectId tensor : made) returned += Var(tensor) + ", ";
+  returned.resize(returned.size() - 2);
+  params.resize(params.size() >= 2 ? params.size() - 2 : 0);
+  return "# Selective activation checkpointing, as recorded: its policy saved what " + saved +
+         "\n# returned, the tensor it cached, and backward recomputes the rest from it.\n"
+         "import functools\n"
+         "from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,\n"
+         "                                    create_selective_checkpoint_contexts)\n\n"
+         "def policy(ctx, op, *args, **kwargs):\n"
+         "    return (CheckpointPolicy.MUST_SAVE if op == " + saved + "\n"
+         "            else CheckpointPolicy.PREFER_RECOMPUTE)\n\n"
+         "def block(" + params + "):\n" + Indent(victim_call, "    ") +
+         Indent(consumer_call, "    ") + "    return " + returned + "\n\n" + returned +
+         " = checkpoint(\n    block, " + params + ", use_reentrant=False,\n"
+         "    context_fn=functools.partial(create_selective_checkpoint_contexts, policy))";
+}
+
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.
 std::string Unsupported(const Violation& v) {
   if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite &&
@@ -120,7 +168,7 @@ std::string Unsupported(const Violation& v) {
   }
   if (v.kind != ViolationKind::kVersion && v.kind != ViolationKind::kSilent &&
       v.kind != ViolationKind::kDetached && v.kind != ViolationKind::kFreed &&
-      v.kind != ViolationKind::kUnpackHook) {
+      v.kind != ViolationKind::kUnpackHook && v.kind != ViolationKind::kCachedMutated) {
     return std::string("a violation of kind ") + ViolationKindName(v.kind) +
            " has no reproducer yet";
   }
@@ -455,6 +503,22 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       call = "with " + autocast + ":  # what the op's result dtype shows it ran under\n" +
              Indent(call, "    ");
       call.pop_back();
+    }
+    if (v.kind == ViolationKind::kCachedMutated && op.op == victim) {
+      const format::NodeRecord* consumer = index.Node(v.backward_node.id);
+      const OpRecord* made_by = consumer == nullptr ? nullptr : index.Op(consumer->created_by);
+      const OpRecord* cached = index.Producer(v.tensor.id, victim);
+      std::string why_not;
+      call = made_by == nullptr || cached == nullptr
+                 ? ""
+                 : SelectiveCheckpoint(index, op, call + "\n", *made_by, *cached, &slice.uses,
+                                       &why_not);
+      if (call.empty()) {
+        out.error = why_not.empty() ? "the trace does not name the op backward recomputes from "
+                                      "the cache, or the op that made it"
+                                    : why_not;
+        return out;
+      }
     }
     body += op.grad_mode ? call + "\n" : "with torch.no_grad():\n" + Indent(call, "    ");
     for (ObjectId tensor : index.Outputs(op)) {

@@ -189,6 +189,24 @@ ObjectId TraceIndex::ForwardTwin(ObjectId op, ObjectId after) const {
   return it == forward_ops_.end() ? 0 : *it;
 }
 
+const OpRecord* TraceIndex::Producer(ObjectId tensor, ObjectId outer) const {
+  // Ops are written at their end: the innermost that returned it comes first.
+  for (const format::Record& r : records_) {
+    const auto* op = std::get_if<OpRecord>(&r);
+    if (op == nullptr || std::none_of(op->outputs.begin(), op->outputs.end(),
+                                      [&](const TensorUse& u) { return u.tensor == tensor; })) {
+      continue;
+    }
+    ObjectId up = op->op;
+    for (int depth = 0; up != 0 && up != outer && depth < 256; ++depth) {
+      const OpRecord* parent = Op(up);
+      up = parent == nullptr ? 0 : parent->parent;
+    }
+    if (up == outer) return op;
+  }
+  return nullptr;
+}
+
 const std::string& TraceIndex::Str(format::InternId id) const {
   static const std::string kEmpty;
   auto it = strings_.find(id);

@@ -50,6 +50,9 @@ class TraceIndex {
   // first outermost forward op after `after` (0: the last one) with its name and user line; `op`
   // itself when it is a forward op, 0 when none is found.
   ObjectId ForwardTwin(ObjectId op, ObjectId after) const;
+  // The innermost op inside the call `outer` (or `outer` itself) that returned `tensor`; nullptr
+  // when none did.
+  const format::OpRecord* Producer(ObjectId tensor, ObjectId outer) const;
   // The outermost forward ops (not inside a backward function), in file order: their ids.
   const std::vector<ObjectId>& ForwardOps() const { return forward_ops_; }
   const std::string& Str(format::InternId id) const;
