@@ -64,6 +64,13 @@ def leaf(gen, shape, dtype, device, stride=None, requires_grad=False):
     return out.requires_grad_(requires_grad)
 )";
 
+// Whether the violation is a silent write --verify-saved's fingerprints saw and no recorded op
+// made (a raw kernel, numpy, ctypes on the tensor's memory): the script makes a stand-in write.
+bool UnrecordedWrite(const Violation& v) {
+  return v.kind == ViolationKind::kSilent && v.evidence == SilentEvidence::kFingerprint &&
+         (!v.culprit || v.culprit->id == 0);
+}
+
 // Whether the violation is an unpack hook's: it handed backward another dtype or shape than saved.
 bool HookHanded(const Violation& v) {
   return v.kind == ViolationKind::kUnpackHook ||
@@ -176,7 +183,7 @@ std::string Unsupported(const Violation& v) {
   // unpack hook's is the hook: the script hands backward what it did.
   if (HookHanded(v)) {
     if (!v.unpacked) return "the trace does not say what the unpack hook handed backward";
-  } else if (v.kind != ViolationKind::kFreed &&
+  } else if (v.kind != ViolationKind::kFreed && !UnrecordedWrite(v) &&
              (!v.culprit || v.culprit->id == 0 || v.culprit->hook)) {
     return "the trace did not record the write (no culprit op)";
   }
@@ -258,6 +265,9 @@ std::string ScriptHeader(const TraceIndex& index, const Violation& v, ObjectId v
                                  : "(not recorded)";
     script += "# The unpack hook defined at " + hook + "\n# handed backward another tensor than " +
               saved + ".\n";
+  } else if (UnrecordedWrite(v)) {
+    script += "# A write no recorded op made (a raw kernel, numpy, ctypes) into " + saved +
+              ".\n";
   } else if (culprit == 0) {
     script += "# A second backward pass through " + saved + ",\n# which the first freed.\n";
   } else {
@@ -327,7 +337,8 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       node->saved_kind == format::SavedSetKind::kCustom ? node->created_by : v.victim->id);
   const bool freed = v.kind == ViolationKind::kFreed;
   const bool hooked = HookHanded(v);
-  ObjectId culprit = freed || hooked ? 0 : index.Outermost(v.culprit->id);
+  const bool unrecorded = UnrecordedWrite(v);
+  ObjectId culprit = freed || hooked || unrecorded ? 0 : index.Outermost(v.culprit->id);
   // Checkpointing ran the write (and maybe the save) again inside backward: the script calls the
   // forward's own, under identity hooks that check nothing, as checkpointing's hand-over did.
   if (v.recomputed && culprit != 0) {
@@ -525,6 +536,23 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
       const format::TensorInfo* t = tensor == 0 ? nullptr : index.OutputInfo(op, tensor);
       requires_grad[tensor] = t != nullptr && t->requires_grad;
     }
+  }
+  if (unrecorded) {
+    // Where the saved tensor is a tensor of the script: made by the slice or drawn as a leaf.
+    const ObjectId saved = v.tensor.id;
+    bool known = std::find(slice.leaves.begin(), slice.leaves.end(), saved) != slice.leaves.end();
+    for (ObjectId id : slice.ops) {
+      const std::vector<ObjectId> made = index.Outputs(*index.Op(id));
+      known = known || std::find(made.begin(), made.end(), saved) != made.end();
+    }
+    if (!known) {
+      out.error = "the tensor whose bytes changed is not one the script makes";
+      return out;
+    }
+    body += "\n# --verify-saved saw these bytes change between the save and the use, but no "
+            "recorded op\n# wrote them: a stand-in write changes them, past the version "
+            "counter, as that did.\nif recorded_write:\n    with torch.no_grad():\n        " +
+            Var(saved) + ".data.add_(1)\n";
   }
   body += "\n# The use: backward through the victim's output reaches " +
           Printable(v.backward_node.name) + "\n";
