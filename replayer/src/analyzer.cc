@@ -378,14 +378,29 @@ void Analyzer::Impl::RecordBump(CounterState& counter, const format::OpRecord& r
                                 uint32_t after, const TensorState& tensor, ObjectId tensor_id,
                                 ObjectId counter_id) {
   auto& bumps = counter.bumps;
-  const bool nested_write = !bumps.empty() && bumps.back().op != 0 && !bumps.back().IsReset() &&
+  bool nested_write = !bumps.empty() && bumps.back().op != 0 && !bumps.back().IsReset() &&
                             state_.IsDescendant(bumps.back().op, r.op);
   const uint64_t content = lineage_.Of(tensor.storage);
   // A nested op showed this write already: the innermost op keeps it, the outermost op's lineage
   // stands (what a later write of the same kind is compared with).
   if (nested_write && bumps.back().after >= after) {
-    bumps.back().content = content;
-    return;
+    // Its range may also hold a move no recorded op made, seen as a gap while it ran: the op's
+    // own (a torch.library custom op bumps the counter of what it mutates, around its body's
+    // writes). Then the op made the whole range, as PyTorch's versions say, and no part of it
+    // passes for an unrecorded write.
+    size_t first = bumps.size();
+    bool gap = false;
+    while (first > 0 && bumps[first - 1].before >= before && !bumps[first - 1].IsReset() &&
+           (bumps[first - 1].op == 0 || state_.IsDescendant(bumps[first - 1].op, r.op))) {
+      gap = gap || bumps[first - 1].op == 0;
+      --first;
+    }
+    if (!gap) {
+      bumps.back().content = content;
+      return;
+    }
+    bumps.resize(first);
+    nested_write = false;
   }
   if (nested_write && bumps.back().after > before) before = bumps.back().after;
   // Writes seen as gaps before this op ended were this op's.
