@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "launch/recorder_dirs.h"
 #include "memory_limit.h"
 #include "replay_command.h"
 #include "torchrr/replayer/printable.h"
@@ -51,6 +52,7 @@ void AddMemoryLimit(CLI::App& verb) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  torchrr::cli::SetInvokedAs(argc > 0 ? argv[0] : nullptr);
   CLI::App app("torchrr: records every tensor op of a PyTorch training step and replays it "
                "offline to find the in-place op that broke autograd.",
                "torchrr");

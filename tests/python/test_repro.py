@@ -247,6 +247,14 @@ def test_a_write_no_recorded_op_made_gets_a_stand_in_write(tmp_path, case):
     assert "the gradients differ" in ran.stdout
 
 
+# A torch.library custom op writes the saved tensor: the script has none of its code, and a
+# stand-in writes the tensor once per version bump the op made, which the message counts.
+def test_an_op_outside_aten_is_called_through_a_stand_in_write(tmp_path):
+    text = _raises_the_recorded_message(tmp_path, (CASES / "custom_op_write.py").read_text())
+    assert "# A stand-in for torchrr_case::scale_, an op outside aten" in text
+    assert "torchrr_case" not in text.replace("# A stand-in for torchrr_case::scale_", "")
+
+
 def test_a_file_it_did_not_write_is_not_replaced(tmp_path):
     trace, _ = _recorded(tmp_path, SIGMOID_MUL)
     out = tmp_path / "mine.py"

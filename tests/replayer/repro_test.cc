@@ -92,10 +92,11 @@ TEST(ReproTest, SilentDataWriteComparesTheGradientsWithTheWriteOnACopy) {
 }
 
 // x = leaf; y = op(x), saving its result; y.mul_(2); backward raises. Returns the mul_'s op.
-format::ObjectId SavesThenWrites(TraceBuilder& b, const std::string& op, const std::string& node) {
+format::ObjectId SavesThenWrites(TraceBuilder& b, const std::string& op, const std::string& node,
+                                 const std::string& write = "aten::mul_") {
   auto x = b.Leaf({4, 8});
   auto y = b.Forward(op, node, {x}, {{"result", kOutput}}, b.At(11));
-  auto mul = b.InplaceForward("aten::mul_", "MulBackward1", y.out, {}, b.At(12));
+  auto mul = b.InplaceForward(write, "MulBackward1", y.out, {}, b.At(12));
   auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
   b.Backward({loss.node, mul.node, y.node}, y.node);
   return mul.op;
@@ -107,6 +108,15 @@ Repro ReproOfSaveBy(const std::string& op) {
   auto mul = SavesThenWrites(b, op, "SigmoidBackward0");
   AddValue(b, mul, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
   return ReproOf(b);
+}
+
+// Every line of `script` that holds `text` (a hostile name from the trace) is a comment.
+void ExpectOnlyInComments(const std::string& script, const std::string& text) {
+  std::istringstream lines(script);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(text) == std::string::npos) continue;
+    EXPECT_EQ(line.substr(line.find_first_not_of(' '), 2), "# ") << line;
+  }
 }
 
 // The ids of a custom Function's trace (FunctionCall).
@@ -159,11 +169,7 @@ TEST(ReproTest, CallsAnAutogradFunctionThroughAStandInThatKeepsItsSave) {
         << s;
     EXPECT_NE(s.find("ctx.save_for_backward(inputs[0])"), std::string::npos) << s;
     EXPECT_NE(s.find("def standin_backward(ctx, *grads):"), std::string::npos) << s;
-    std::istringstream lines(s);
-    for (std::string line; std::getline(lines, line);) {
-      if (line.find("__import__") == std::string::npos) continue;
-      EXPECT_EQ(line.substr(line.find_first_not_of(' '), 2), "# ") << line;
-    }
+    ExpectOnlyInComments(s, "__import__");
   }
 }
 
@@ -184,10 +190,33 @@ TEST(ReproTest, RefusesAStandInWhoseSaveIsNoneOfItsTensors) {
             std::string::npos) << repro.error;
 }
 
-TEST(ReproTest, RefusesAnOpOutsideAten) {
+// An op outside aten made the save: a stand-in, which saves nothing, would not reproduce it.
+TEST(ReproTest, RefusesAVictimOutsideAten) {
   Repro repro = ReproOfSaveBy("mylib::fused");
   EXPECT_FALSE(repro.ok);
   EXPECT_NE(repro.error.find("mylib::fused is not an ATen op"), std::string::npos) << repro.error;
+}
+
+// The write is an op outside aten (a torch.library or C++ extension op), whose code the script
+// does not have: a stand-in writes the saved tensor once per version bump recorded, with a
+// comment that says so, and no call of the op.
+TEST(ReproTest, WritesThroughAStandInForAnOpOutsideAten) {
+  for (const std::string name : {"mylib::scale_", "mylib::x(__import__('os'))"}) {
+    TraceBuilder b;
+    auto write = SavesThenWrites(b, "aten::sigmoid", "SigmoidBackward0", name);
+    AddValue(b, write, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
+    Repro repro = ReproOf(b);
+    ASSERT_TRUE(repro.ok) << repro.error;
+    EXPECT_EQ(repro.stand_ins, 1u);
+    const std::string& s = repro.script;
+    EXPECT_NE(s.find("# A stand-in for mylib::"), std::string::npos) << s;
+    EXPECT_NE(s.find("def standin_write(t, bumps):"), std::string::npos) << s;
+    EXPECT_EQ(s.find("call(mylib"), std::string::npos) << s;
+    EXPECT_EQ(s.find("ops.mylib"), std::string::npos) << s;
+    EXPECT_NE(s.find("    standin_write(t"), std::string::npos) << s;
+    EXPECT_NE(s.find(", 1)\n"), std::string::npos) << s;
+    ExpectOnlyInComments(s, "__import__");
+  }
 }
 
 // The script is run, and a trace is anyone's: an op name that is no identifier could be code.

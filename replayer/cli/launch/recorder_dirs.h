@@ -21,10 +21,15 @@ struct RecorderDirs {
 // the first.
 RecorderDirs FindRecorderDirs(const std::filesystem::path& exe);
 
+// Notes how the user called torchrr (main's argv[0]): a path with a directory names the
+// environment's bin/ even where the executable is a link into a build tree.
+void SetInvokedAs(const char* argv0);
+
 // The Python the verbs that run Python run (`fix`'s planner, `repro --check`'s script), for the
-// torchrr `package` of FindRecorderDirs: $TORCHRR_PYTHON when set; else the environment's own
-// python3 when the package is installed in one (<prefix>/lib/pythonX.Y/site-packages/torchrr
-// with <prefix>/bin/python3: a virtual environment's, which has the torch torchrr was installed
+// torchrr `package` of FindRecorderDirs: $TORCHRR_PYTHON when set; else the python3 beside the
+// torchrr the user called by its path (SetInvokedAs); else the environment's own python3 when
+// the package is installed in one (<prefix>/lib/pythonX.Y/site-packages/torchrr with
+// <prefix>/bin/python3: a virtual environment's, which has the torch torchrr was installed
 // beside); else `python3`, looked up on PATH.
 std::string ScriptPython(const std::filesystem::path& package);
 

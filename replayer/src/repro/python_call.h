@@ -48,7 +48,13 @@ std::string AutocastOf(const format::OpRecord& op, const TraceIndex& index);
 // of the version counter `counter` (the violation's) cannot be kept.
 std::string StandInCall(const format::OpRecord& op, const format::NodeRecord& node,
                         const TraceIndex& index, ObjectId counter, std::string* why);
-// The helpers a script with a stand-in carries: `output` and `standin_backward`.
+// A stand-in for `op`, an op outside aten with no custom node (a torch.library or C++ extension
+// op, whose code the script does not have): its outputs made as seeded tensors of the recorded
+// metadata, and each input it wrote written in place (`standin_write`) once per recorded version bump, so that backward sees the versions
+// it saw. Returns the statements; "" and sets *why, one line, when an output's metadata is not
+// in the trace.
+std::string ForeignCall(const format::OpRecord& op, const TraceIndex& index, std::string* why);
+// The helpers a script with a stand-in carries: `output`, `standin_backward`, `standin_write`.
 extern const char* const kStandInHelpers;
 
 // `lines` with each non-empty line prefixed by `by`; every line ends with a line break.

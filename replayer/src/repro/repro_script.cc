@@ -138,9 +138,10 @@ std::string SelectiveCheckpoint(const TraceIndex& index, const OpRecord& victim,
       return "";
     }
   }
-  std::string params, returned, targets;
+  std::string params, returned;
+  std::set<ObjectId> taken;  // An operand passed twice is one parameter.
   for (const TensorUse& use : victim.inputs) {
-    if (params.find(Var(use.tensor) + ",") == std::string::npos) params += Var(use.tensor) + ", ";
+    if (taken.insert(use.tensor).second) params += Var(use.tensor) + ", ";
   }
   uses->clear();
   for (ObjectId tensor : index.Outputs(consumer)) uses->push_back(tensor);
@@ -279,8 +280,8 @@ std::string ScriptHeader(const TraceIndex& index, const Violation& v, ObjectId v
             std::to_string(repro.slice_ops) + " of the trace's " + std::to_string(repro.trace_ops) +
             " ops, called through their ATen overloads, on seeded random inputs.\n";
   if (repro.stand_ins > 0) {
-    script += "# " + std::to_string(repro.stand_ins) + " of them through a stand-in that keeps " +
-              "what its node saved (see the class).\n";
+    script += "# " + std::to_string(repro.stand_ins) + " of them through a stand-in for what " +
+              "the script cannot call (see its comment).\n";
   }
   return script + "import sys\n\nimport torch\n\n";
 }
@@ -427,10 +428,20 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     const OpRecord& op = *index.Op(slice.ops[k]);
     std::string why;
     const format::NodeRecord* custom = index.CustomNode(op.op);
+    const bool foreign = custom == nullptr && AtenOverload(op, index).empty() &&
+                         !index.Str(op.name).starts_with("aten::");
     std::string call = custom != nullptr
                            ? StandInCall(op, *custom, index, v.tensor.version_counter, &why)
-                           : OpCall(op, index, &why);
-    out.stand_ins += custom != nullptr;
+                       : foreign ? ForeignCall(op, index, &why)
+                                 : OpCall(op, index, &why);
+    out.stand_ins += custom != nullptr || foreign;
+    // A stand-in for it would save nothing: the node it made is the one backward checks.
+    if (foreign && op.op == victim) {
+      out.error = Printable(index.Str(op.name)) +
+                  " is not an ATen op, and the node it made saved the tensor: the reproducer "
+                  "cannot call it";
+      return out;
+    }
     if (call.empty()) {
       out.error = why;
       return out;
@@ -468,12 +479,13 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     std::string where = Printable(index.UserLine(op));
     // An op torch.fx's Interpreter ran (a compiled region traced) has no stack of its own; the
     // report names the user's line from the graph node's.
-    const std::optional<OpRef>& named = op.op == victim    ? v.victim
-                                        : op.op == culprit ? v.culprit
-                                                           : std::nullopt;
-    if (where.empty() && named && named->user_frame) {
-      where = Printable(named->user_frame->file) + ":" + std::to_string(named->user_frame->line) +
-              " in " + Printable(named->user_frame->function);
+    const std::optional<OpRef>* named = op.op == victim    ? &v.victim
+                                        : op.op == culprit ? &v.culprit
+                                                           : nullptr;
+    if (where.empty() && named != nullptr && *named && (*named)->user_frame) {
+      const auto& frame = *(*named)->user_frame;
+      where = Printable(frame.file) + ":" + std::to_string(frame.line) + " in " +
+              Printable(frame.function);
     }
     std::string role = op.op == victim    ? "the victim: " + Printable(v.backward_node.name) +
                                              " saves " + Printable(v.tensor.saved_name)

@@ -102,22 +102,25 @@ std::vector<ObjectId> TraceIndex::Outputs(const OpRecord& op) const {
 }
 
 std::vector<TensorUse> TraceIndex::CallInputs(const OpRecord& op, ObjectId counter) const {
-  std::vector<TensorUse> inputs = op.inputs;
-  std::stable_sort(inputs.begin(), inputs.end(), [](const TensorUse& a, const TensorUse& b) {
-    return std::pair(a.position, a.list_index) < std::pair(b.position, b.list_index);
-  });
   const format::NodeRecord* node = CustomNode(op.op);
   if (node == nullptr) return op.inputs;
+  auto by_place = [](const TensorUse& a, const TensorUse& b) {
+    return std::pair(a.position, a.list_index) < std::pair(b.position, b.list_index);
+  };
+  std::vector<TensorUse> inputs = op.inputs;
+  std::stable_sort(inputs.begin(), inputs.end(), by_place);
   const size_t at = IndexOf(op.op);
   std::vector<TensorUse> kept;
   bool grad = false;
   for (const TensorUse& use : inputs) {
     const format::TensorInfo* info = InfoBefore(use.tensor, at);
+    // The tensor itself, a view of it (its counter), or its bytes (its storage): StandInCall
+    // saves each such save through this input.
     const bool saved = std::any_of(node->saved.begin(), node->saved.end(), [&](const auto& s) {
       return s.defined && s.version_counter == counter &&
              (s.tensor == use.tensor ||
-                           (info != nullptr && (s.version_counter == info->version_counter ||
-                                                s.storage == info->storage)));
+              (info != nullptr && (s.version_counter == info->version_counter ||
+                                   s.storage == info->storage)));
     });
     if (!saved) continue;
     kept.push_back(use);
@@ -127,12 +130,7 @@ std::vector<TensorUse> TraceIndex::CallInputs(const OpRecord& op, ObjectId count
     for (const TensorUse& use : inputs) {
       const format::TensorInfo* info = InfoBefore(use.tensor, at);
       if (info == nullptr || !info->requires_grad) continue;
-      kept.insert(std::upper_bound(kept.begin(), kept.end(), use,
-                                   [](const TensorUse& a, const TensorUse& b) {
-                                     return std::pair(a.position, a.list_index) <
-                                            std::pair(b.position, b.list_index);
-                                   }),
-                  use);
+      kept.insert(std::upper_bound(kept.begin(), kept.end(), use, by_place), use);
       break;
     }
   }
@@ -309,15 +307,26 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
     needed.Add(index, *index.Op(culprit), saved_counter);
     in_slice.insert(culprit);
   }
+  // An op that ran inside one the slice calls already (the body of an op outside aten, which a
+  // stand-in stands for whole) is not called again.
+  auto inside_slice = [&](ObjectId id) {
+    const OpRecord* op = index.Op(id);
+    for (int depth = 0; op != nullptr && op->parent != 0 && depth < 256; ++depth) {
+      if (in_slice.contains(op->parent)) return true;
+      op = index.Op(op->parent);
+    }
+    return false;
+  };
   // The later writes before the use: the version backward finds is theirs.
   for (ObjectId write : later_writes) {
     const ObjectId outer = index.Outermost(write);
     if (std::find(culprit_at, forward.end(), outer) == forward.end()) continue;
+    if (inside_slice(outer)) continue;
     if (in_slice.insert(outer).second) needed.Add(index, *index.Op(outer), saved_counter);
   }
   for (auto it = culprit_at; it != forward.begin();) {
     --it;
-    if (in_slice.contains(*it)) continue;
+    if (in_slice.contains(*it) || inside_slice(*it)) continue;
     const OpRecord& op = *index.Op(*it);
     if (!NeededOp(index, op, needed, saved_counter)) continue;
     in_slice.insert(op.op);

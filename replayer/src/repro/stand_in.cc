@@ -31,13 +31,22 @@ def standin_backward(ctx, *grads):
     total += sum(float(g.double().sum()) for g in grads if g is not None and g.is_floating_point())
     return tuple(torch.full(shape, total, dtype=dtype, device=device) if needed else None
                  for (shape, dtype, device), needed in zip(ctx.input_meta, ctx.needs_input_grad))
+
+
+def standin_write(t, bumps):
+    """Writes t in place `bumps` times, one version bump each, as the op outside aten did; under
+    no_grad, so that autograd's record of t stays the one its message names."""
+    with torch.no_grad():
+        for _ in range(bumps):
+            t.logical_not_() if t.dtype == torch.bool else t.add_(1)
 )";
 
 // Names the script defines, and Python's keywords: a class of one of these names would shadow
 // what the script calls, or not parse.
 bool Taken(std::string_view name) {
   static constexpr std::string_view kTaken[] = {
-      "torch", "sys", "aten", "call", "leaf", "output", "standin_backward", "run", "gen",
+      "torch", "sys", "aten", "call", "leaf", "output", "standin_backward", "standin_write",
+      "run", "gen",
       "DEVICE", "False", "None", "True", "and", "as", "assert", "async", "await", "break",
       "class", "continue", "def", "del", "elif", "else", "except", "finally", "for", "from",
       "global", "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise",
@@ -182,6 +191,47 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
       "    backward = staticmethod(standin_backward)\n"
       "\n\n";
   return text + targets + " = " + name + ".apply(" + call_args + ")";
+}
+
+std::string ForeignCall(const OpRecord& op, const TraceIndex& index, std::string* why) {
+  const size_t at = index.IndexOf(op.op);
+  std::string made, targets;
+  for (const TensorUse& use : op.outputs) {
+    // An output that is one of its inputs (a mutable schema's `Tensor(a!)`) is that tensor.
+    if (std::any_of(op.inputs.begin(), op.inputs.end(),
+                    [&](const TensorUse& in) { return in.tensor == use.tensor; })) {
+      continue;
+    }
+    const TensorInfo* info = index.OutputInfo(op, use.tensor);
+    if (info == nullptr || std::string_view(DTypeName(info->dtype)) == "unknown") {
+      *why = "an output of " + Printable(index.Str(op.name)) + " has no metadata torch can make";
+      return "";
+    }
+    targets += (targets.empty() ? "" : ", ") + Var(use.tensor);
+    made += (made.empty() ? "" : ", ") + std::string("output(") + std::to_string(use.tensor) +
+            ", " + Meta(*info) + ")" + (info->requires_grad ? ".requires_grad_()" : "");
+  }
+  std::string writes;
+  for (const TensorUse& use : op.inputs) {
+    if (use.version_after <= use.version_before) continue;
+    const TensorInfo* info = index.InfoBefore(use.tensor, at);
+    if (info == nullptr) {
+      *why = "a tensor " + Printable(index.Str(op.name)) + " wrote is not in the trace";
+      return "";
+    }
+    writes += "standin_write(" + Var(use.tensor) + ", " +
+              std::to_string(use.version_after - use.version_before) + ")\n";
+  }
+  std::string text = "# A stand-in for " + Printable(index.Str(op.name)) +
+                     ", an op outside aten (a torch.library or extension op)\n"
+                     "# the script cannot call: it makes the op's outputs as seeded tensors of "
+                     "the recorded\n# metadata and writes what the op wrote, one version bump "
+                     "for each recorded.\n";
+  if (!targets.empty()) text += targets + " = " + made + "\n";
+  if (targets.empty() && writes.empty()) text += "pass  # it returned nothing and wrote nothing\n";
+  text += writes;
+  text.pop_back();
+  return text;
 }
 
 }  // namespace torchrr::replayer::repro
