@@ -104,6 +104,16 @@ PLANTED = {
             w.clamp_(-1, 1)  # a parameter constraint
         loss.backward()
         """, ["loss.backward()"], ["loss.backward()"]),
+    # An activation written under no_grad: made out of place there it would lose its history,
+    # and moved after backward() the loss would not see it; it is cloned where it is made.
+    "activation_under_no_grad": (
+        """
+        x = torch.randn(4, requires_grad=True)
+        y = torch.sigmoid(x)
+        with torch.no_grad():
+            y.clamp_(0.1, 0.9)  # keep it in range
+        y.sum().backward()
+        """, ["y = torch.sigmoid(x)"], ["y = torch.sigmoid(x).clone()"]),
     "two_culprits": (
         """
         x = torch.randn(4, requires_grad=True)

@@ -273,10 +273,18 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     # A leaf that requires grad can only be written under no_grad or through .data (PyTorch
     # refuses the rest); a leaf that does not (an input) may be rebound.
     rewriter.parameter = leaf and (".data" in text or rewriter.under_no_grad())
-    if v.get("changed_source") or optimizer or rewriter.under_no_grad() or rewriter.parameter:
+    # Only a parameter's write moves after backward(): an activation written under no_grad is
+    # one the forward meant to change (a clamp, a scale), and a later write would change what
+    # the loss computed.
+    if v.get("changed_source") or optimizer or rewriter.parameter:
         moved = rewriter.after_backward()
         if moved is not None:
             return moved
+    if rewriter.under_no_grad():
+        # Made out of place under no_grad, the tensor would lose its history and backward through
+        # it would fail: the write stays, into a clone made where the saved tensor is.
+        return _clone_at_victim(space, v) or _uncertain(path, line, source, _NO_GRAD_WHY,
+                                                        _NO_GRAD_CHOICES)
     rewrite = rewriter.statement()
     if rewrite is None or not rewrite.certain:
         rewrite = _module_fix(space, document, culprit, op) or rewrite
@@ -285,6 +293,15 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])
+
+
+# An activation written under no_grad: out of place it would lose its autograd history, and
+# moving the write would change what the loss computed.
+_NO_GRAD_WHY = "the write runs under no_grad: made out of place, the tensor would lose its " \
+               "autograd history"
+_NO_GRAD_CHOICES = ["clone the tensor where it is made, before autograd saves it, so that the "
+                    "write leaves the saved one alone",
+                    "move the write after backward() if the loss should not see it"]
 
 
 def _cpp_fix(space: Workspace, document: dict, v: dict, culprit: dict,
@@ -301,10 +318,12 @@ def _cpp_fix(space: Workspace, document: dict, v: dict, culprit: dict,
     # As for Python: a leaf that requires grad is written only under a no-grad guard or
     # through .data(); one that does not (an input) may be rebound.
     rewriter.parameter = leaf and (".data()" in text or no_grad)
-    if v.get("changed_source") or optimizer or no_grad or rewriter.parameter:
+    if v.get("changed_source") or optimizer or rewriter.parameter:
         moved = rewriter.after_backward()
         if moved is not None:
             return moved
+    if no_grad:
+        return _uncertain(path, line, source, _NO_GRAD_WHY, _NO_GRAD_CHOICES)
     rewrite = rewriter.statement()
     if rewrite is None or not rewrite.certain:
         rewrite = _cpp_module_fix(space, document, culprit) or rewrite

@@ -261,6 +261,15 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
         with open(os.path.join(copy, os.path.relpath(path, root)), "w") as f:
             f.write(text)
     recorded = list(command)
+    # A relative interpreter (`.venv/bin/python`) names a file of the directory the program ran
+    # in, not of the copy the re-run starts in.
+    if os.sep in command[0] and not os.path.isabs(command[0]):
+        found = [os.path.abspath(os.path.join(base, command[0])) for base in (cwd, os.getcwd())
+                 if os.path.isfile(os.path.join(base, command[0]))]
+        if not found:
+            raise NotRerunnable(f"{command[0]} is not found from here: run fix in the directory "
+                                "the program was recorded in")
+        command[0] = found[0]
     if command[index - 1] != "-m":  # A module is found from the (copied) working directory.
         command[index] = os.path.join(copy, os.path.relpath(script, root))
     inside = os.path.commonpath([root, cwd]) == root

@@ -523,5 +523,6 @@ def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
     return Rewrite(source.path, first, last, source.old(first, last),
                    source.edit(first, last, spans), True,
                    f"`{stmt.targets[0].id}` is written in place where no rewrite of that line "
-                   "can undo it (library code, a helper's argument, a hook): clone it where it "
-                   "is made, so that what autograd saved is not what is written")
+                   "can undo it (library code, a helper's argument, a hook, a write under "
+                   "no_grad): clone it where it is made, so that what autograd saved is not what "
+                   "is written")
