@@ -180,6 +180,26 @@ def test_the_patch_rewrites_the_culprit_line_and_the_check_is_clean(tmp_path, na
     assert script.read_text() == before, "--check wrote the user's file"
 
 
+# PyTorch raised nothing for a silent write, so a clean replay is not enough: the patched program's
+# gradients are compared with those it computes with every saved tensor kept as saved (the
+# out-of-place program's). The patch's are the same; the unpatched program's differ.
+def test_a_silent_violations_patch_gives_the_out_of_place_gradients(tmp_path):
+    script, trace = record_program(tmp_path, "data_write", PLANTED["data_write"][0])
+    check = fix("--check", trace, cwd=script.parent)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "and its gradients equal those with every saved tensor kept as saved" in check.stdout
+
+
+def test_gradients_a_silent_write_changed_differ_from_the_out_of_place_ones(tmp_path):
+    from torchrr import _fix_check
+    script = write_program(tmp_path, "data_write", PLANTED["data_write"][0])
+    run = _fix_check.Rerun(trace="", command=[sys.executable, str(script)],
+                           cwd=str(script.parent), env=dict(os.environ))
+    document = {"violations": [{"kind": "silent", "backward_pass": 0}]}
+    same, line = _fix_check.compare_gradients(run, document, 120, str(tmp_path))
+    assert same is False and "backward pass 0, leaf 0 (8)" in line, line
+
+
 def test_a_culprit_in_library_code_gets_a_clone_at_the_users_line(tmp_path):
     library = tmp_path / "lib" / "site-packages"
     library.mkdir(parents=True)

@@ -3,8 +3,11 @@
 record`` with the patch applied to copies of the files (a temporary copy of the script's
 directory, or for ``-m`` of the working directory the module was imported from; the user's files
 are never written), replays that trace and says what remains. ``--steps N`` stops the re-run once
-its first N steps are recorded. ``--apply`` then writes the checked patch to the user's files,
-each with a ``.orig`` backup.
+its first N steps are recorded. When a violation was silent, the patched program also runs twice
+without the recorder (_fix_grads/sitecustomize.py), as it is and with every saved tensor kept as
+saved, and the gradients of its backward passes up to the violation's are compared
+(compare_gradients). ``--apply`` then writes the checked patch to the user's files, each with a
+``.orig`` backup.
 
 The trace does not record the working directory: it is found from the script's argument and the
 absolute path the trace's frames give the same script. A rank's trace does not record the
@@ -184,6 +187,9 @@ class Rerun:
     ranks: dict = field(default_factory=dict)   # Under torchrun: rank -> its new trace.
     launch: str = ""              # Under torchrun: the launch that ran, as the user would type it.
     stopped: bool = False         # --steps: stopped once its first steps were written.
+    command: list = field(default_factory=list)  # The patched program's command line,
+    cwd: str = ""                                # run in this directory,
+    env: dict = field(default_factory=dict)      # with this environment.
 
 
 def _steps_written(traces: list, steps: int, done: set) -> bool:
@@ -288,6 +294,7 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     if steps:
         flags = [*flags, "--steps", f"0:{steps - 1}"]
     env = {k: v for k, v in os.environ.items() if k not in drop}
+    result.command, result.cwd, result.env = list(command), run_cwd, env
     result.returncode, result.stderr, result.stopped = _record(
         [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command], run_cwd, env,
         timeout, workdir, list(result.ranks.values()) or [new_trace], steps)
@@ -366,6 +373,73 @@ def verdict(run: Rerun, steps: Optional[int] = None) -> tuple:
     return clean and not program_failed, lines
 
 
+_GRADIENT_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fix_grads")
+# How close two runs' gradient statistics must be: CPU kernels may sum in another order.
+_GRADIENT_RTOL = 1e-4
+
+
+def _gradients(run: Rerun, passes: int, snapshot: bool, timeout: float, workdir: str) -> tuple:
+    """(the [shape, sum, sum of squares] of each leaf's gradient for each of the patched
+    program's first `passes` backward passes, or None; the program's last error line)."""
+    out = os.path.join(workdir, "gradients.snapshot.json" if snapshot else "gradients.json")
+    env = dict(run.env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_GRADIENT_SITE, env.get("PYTHONPATH")) if p)
+    env.update(TORCHRR_FIX_GRADIENTS=out, TORCHRR_FIX_PASSES=str(passes),
+               TORCHRR_FIX_SNAPSHOT="1" if snapshot else "0")
+    try:
+        proc = subprocess.run(run.command, cwd=run.cwd, env=env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, str(error)
+    try:
+        with open(out) as f:
+            return json.load(f), ""
+    except (OSError, ValueError):
+        return None, _last_error(proc.stderr.decode("utf-8", "replace"), run.paths)
+
+
+def _close(a: list, b: list) -> bool:
+    """Whether two gradients' [shape, sum, sum of squares] agree."""
+    if a is None or b is None:
+        return a is b
+    scale = (abs(a[2]) ** 0.5) * max(1, len(a[0])) + 1e-12
+    return a[0] == b[0] and abs(a[1] - b[1]) <= _GRADIENT_RTOL * (abs(a[1]) + scale) and \
+        abs(a[2] - b[2]) <= _GRADIENT_RTOL * abs(a[2]) + 1e-12
+
+
+def compare_gradients(run: Rerun, document: dict, timeout: float, workdir: str) -> tuple:
+    """For a patch of silent violations, which PyTorch did not raise for: (True, False, or None
+    when not compared; the line saying so) whether the patched program's gradients, up to the last
+    silent violation's backward pass, equal those it computes with every saved tensor kept as
+    saved (the program with every in-place write made out of place). (True, "") when no
+    violation was silent."""
+    silent = [v for v in document.get("violations", []) if v.get("kind") == "silent"]
+    if not silent:
+        return True, ""
+    if run.launch:
+        return None, "the gradients were not compared: a torchrun launch is re-run only recorded"
+    passes = 1 + max(int(v.get("backward_pass") or 0) for v in silent)
+    patched, error = _gradients(run, passes, False, timeout, workdir)
+    reference, reference_error = _gradients(run, passes, True, timeout, workdir)
+    if patched is None or reference is None:
+        return None, ("the gradients were not compared: the program's gradient run wrote none"
+                      + (f" ({error or reference_error})" if error or reference_error else ""))
+    if len(patched) != len(reference):
+        return False, (f"but it ran {len(patched)} backward passes, and {len(reference)} with "
+                       "every saved tensor kept as saved")
+    for number, (mine, theirs) in enumerate(zip(patched, reference)):
+        for leaf, (a, b) in enumerate(zip(mine, theirs)):
+            if len(mine) != len(theirs) or not _close(a, b):
+                shape = "x".join(map(str, (a or b or [[]])[0])) or "scalar"
+                return False, (f"but its gradients differ from those with every saved tensor "
+                               f"kept as saved, the out-of-place program's: backward pass "
+                               f"{number}, leaf {leaf} ({shape})")
+    leaves = sum(len(p) for p in patched)
+    return True, (f"and its gradients equal those with every saved tensor kept as saved, the "
+                  f"out-of-place program's ({leaves} lea{'ves' if leaves != 1 else 'f'} in "
+                  f"{len(patched)} backward pass{'es' * (len(patched) != 1)})")
+
+
 def apply(space: "_fix.Workspace", texts: dict) -> list:
     """Writes each patched text over the user's file, the old one kept as FILE.orig. Returns the
     lines saying what was written."""
@@ -404,6 +478,10 @@ def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dic
             say(f"with this patch: the program ran past --timeout {args.timeout:g}s")
             return codes["violations"]
         clean, lines = verdict(run, args.steps)
+        if clean:
+            same, line = compare_gradients(run, document, args.timeout, workdir)
+            lines += [line] if line else []
+            clean = same is not False
     for line in lines:
         say(line)
     if not clean:
