@@ -110,6 +110,14 @@ Repro ReproOfSaveBy(const std::string& op) {
   return ReproOf(b);
 }
 
+// The reproducer of SavesThenWrites(aten::sigmoid) whose write is `op`, with its argument.
+Repro ReproOfWriteBy(const std::string& op) {
+  TraceBuilder b;
+  auto write = SavesThenWrites(b, "aten::sigmoid", "SigmoidBackward0", op);
+  AddValue(b, write, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
+  return ReproOf(b);
+}
+
 // Every line of `script` that holds `text` (a hostile name from the trace) is a comment.
 void ExpectOnlyInComments(const std::string& script, const std::string& text) {
   std::istringstream lines(script);
@@ -201,11 +209,8 @@ TEST(ReproTest, RefusesAVictimOutsideAten) {
 // does not have: a stand-in writes the saved tensor once per version bump recorded, with a
 // comment that says so, and no call of the op.
 TEST(ReproTest, WritesThroughAStandInForAnOpOutsideAten) {
-  for (const std::string name : {"mylib::scale_", "mylib::x(__import__('os'))"}) {
-    TraceBuilder b;
-    auto write = SavesThenWrites(b, "aten::sigmoid", "SigmoidBackward0", name);
-    AddValue(b, write, {.position = 1, .kind = format::ValueKind::kDouble, .d = 2});
-    Repro repro = ReproOf(b);
+  for (const std::string name : {"mylib::scale_", "mylib::scale_2"}) {
+    Repro repro = ReproOfWriteBy(name);
     ASSERT_TRUE(repro.ok) << repro.error;
     EXPECT_EQ(repro.stand_ins, 1u);
     const std::string& s = repro.script;
@@ -215,7 +220,17 @@ TEST(ReproTest, WritesThroughAStandInForAnOpOutsideAten) {
     EXPECT_EQ(s.find("ops.mylib"), std::string::npos) << s;
     EXPECT_NE(s.find("    standin_write(t"), std::string::npos) << s;
     EXPECT_NE(s.find(", 1)\n"), std::string::npos) << s;
-    ExpectOnlyInComments(s, "__import__");
+  }
+}
+
+// A name of another shape than a dispatcher op's is no op a stand-in may stand for: refused, and
+// the hostile name stays out of the script.
+TEST(ReproTest, RefusesAWriteOfNoDispatcherOpsName) {
+  for (const std::string name : {"mylib::x(__import__('os'))", "Torch-Compiled Region: 0/0"}) {
+    Repro repro = ReproOfWriteBy(name);
+    EXPECT_FALSE(repro.ok);
+    EXPECT_NE(repro.error.find("is not an ATen op"), std::string::npos) << repro.error;
+    EXPECT_EQ(repro.script, "");
   }
 }
 

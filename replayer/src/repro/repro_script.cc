@@ -163,6 +163,20 @@ std::string SelectiveCheckpoint(const TraceIndex& index, const OpRecord& victim,
          "    context_fn=functools.partial(create_selective_checkpoint_contexts, policy))";
 }
 
+// Whether `name` is a dispatcher op's, `namespace::name` of identifiers (a torch.library or
+// extension op), not a range's such as "Torch-Compiled Region: 0/0".
+bool DispatcherName(std::string_view name) {
+  auto identifier = [](std::string_view part) {
+    return !part.empty() && !std::isdigit(static_cast<unsigned char>(part[0])) &&
+           std::all_of(part.begin(), part.end(), [](char c) {
+             return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+           });
+  };
+  const size_t colons = name.find("::");
+  return colons != std::string_view::npos && identifier(name.substr(0, colons)) &&
+         identifier(name.substr(colons + 2));
+}
+
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.
 std::string Unsupported(const Violation& v) {
   if (v.kind == ViolationKind::kSilent && v.evidence != SilentEvidence::kAliasedWrite &&
@@ -428,8 +442,9 @@ Repro WriteRepro(const std::vector<format::Record>& records, const Report& repor
     const OpRecord& op = *index.Op(slice.ops[k]);
     std::string why;
     const format::NodeRecord* custom = index.CustomNode(op.op);
-    const bool foreign = custom == nullptr && AtenOverload(op, index).empty() &&
-                         !index.Str(op.name).starts_with("aten::");
+    const bool foreign = custom == nullptr && op.scope == format::OpScope::kFunction &&
+                         !index.Str(op.name).starts_with("aten::") &&
+                         DispatcherName(index.Str(op.name));
     std::string call = custom != nullptr
                            ? StandInCall(op, *custom, index, v.tensor.version_counter, &why)
                        : foreign ? ForeignCall(op, index, &why)
