@@ -86,8 +86,21 @@ def _install(path, passes, snapshot):
 
     backward, grad = torch.autograd.backward, torch.autograd.grad
 
+    def tracing(tensors):
+        """Whether torch.compile is tracing the call (AOTAutograd calls torch.autograd.grad on
+        fake tensors as it builds a region's backward): not a backward pass of the program."""
+        if torch.compiler.is_compiling():
+            return True
+        try:
+            from torch._guards import detect_fake_mode
+            return detect_fake_mode([t for t in tensors if isinstance(t, torch.Tensor)]) is not None
+        except Exception:
+            return False
+
     def traced_backward(tensors, *args, **kwargs):
         roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+        if tracing(roots):
+            return backward(tensors, *args, **kwargs)
         leaves = _leaves(roots)
         result = backward(tensors, *args, **kwargs)
         done([_stats(leaf.grad) for leaf in leaves])
@@ -95,7 +108,8 @@ def _install(path, passes, snapshot):
 
     def traced_grad(*args, **kwargs):
         result = grad(*args, **kwargs)
-        done([_stats(g) for g in result])
+        if not tracing(list(result)):
+            done([_stats(g) for g in result])
         return result
 
     torch.autograd.backward, torch.autograd.grad = traced_backward, traced_grad
