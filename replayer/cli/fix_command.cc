@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
 #include "launch/child_process.h"
 #include "launch/recorder_dirs.h"
@@ -47,15 +49,15 @@ int RunFix(const FixOptions& options) {
     return kExitOther;
   }
   const std::string python = ScriptPython(package);
-  std::vector<std::string> command = {python, "-m", "torchrr._fix", options.path,
-                                      "--timeout", std::to_string(options.timeout_s)};
-  if (options.json) command.push_back("--json");
-  if (options.check) command.push_back("--check");
-  if (options.apply) command.push_back("--apply");
-  if (options.steps > 0) {
-    command.push_back("--steps");
-    command.push_back(std::to_string(options.steps));
-  }
+  // The options go as JSON, so that this table stays their one declaration; the trace's path
+  // stays an argument, whose bytes need not be UTF-8.
+  const nlohmann::json passed = {
+      {"json", options.json},
+      {"check", options.check},
+      {"apply", options.apply},
+      {"timeout", options.timeout_s},
+      {"steps", options.steps > 0 ? nlohmann::json(options.steps) : nlohmann::json(nullptr)}};
+  const std::vector<std::string> command = {python, "-m", "torchrr._fix", options.path};
   const std::string python_path = package.parent_path().string();
   int rc = RunProgram(command, [&] {
     const char* old = std::getenv("PYTHONPATH");
@@ -63,6 +65,7 @@ int RunFix(const FixOptions& options) {
     setenv("PYTHONPATH", path.c_str(), 1);
     setenv("TORCHRR_CLI", exe.c_str(), 1);
     setenv("TORCHRR_FIX_EXIT_CODES", FixExitCodes().c_str(), 1);
+    setenv("TORCHRR_FIX_OPTIONS", passed.dump().c_str(), 1);
   });
   if (rc == kExitNotRun) {
     std::fprintf(stderr, "torchrr: error: fix needs Python 3 (%s): set TORCHRR_PYTHON\n",
@@ -89,7 +92,7 @@ void RegisterFixCommand(CLI::App& app, int* exit_code) {
                 "After a clean --check, write the patch to the files (each old file kept as "
                 "FILE.orig)");
   fix->add_option("--timeout", options->timeout_s, "Seconds the re-run may take (--check)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1.0, 86400.0));
   fix->add_option("--steps", options->steps,
                   "Stop the re-run once its first N training steps are recorded (--check)")
       ->check(CLI::Range(1u, std::numeric_limits<unsigned>::max()));

@@ -203,7 +203,8 @@ void RegisterReproCommand(CLI::App& app, int* exit_code) {
   command->add_flag(
       "--check", options->check,
       "Run the script (a copy in a temporary directory) with $TORCHRR_PYTHON, else the python3 "
-      "of the environment torchrr is installed in, else python3, and say whether it reproduced: "
+      "beside the torchrr called, else that of the environment torchrr is installed in, else "
+      "python3, and say whether it reproduced: "
       "exit 0 when it raised PyTorch's recorded message (a silent write: the gradients "
       "differed), 13 when it did not");
   command->add_option("--timeout", options->timeout_s, "Seconds the script may run (--check)")

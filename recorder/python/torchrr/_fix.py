@@ -5,7 +5,8 @@ command on patched copies (_fix_check.py), ``--apply`` then writes it.
 
 The ``torchrr fix`` verb (replayer/cli/fix_command.cc) runs this module with ``python3 -m
 torchrr._fix``, because the rewrites need Python's own parser; the verb passes the CLI's path
-(TORCHRR_CLI) and its exit codes (TORCHRR_FIX_EXIT_CODES, from exit_codes.h). It reads the
+(TORCHRR_CLI), its exit codes (TORCHRR_FIX_EXIT_CODES, from exit_codes.h) and its options
+(TORCHRR_FIX_OPTIONS, as JSON: the verb's table declares them). It reads the
 trace only through that CLI (``replay --json``, ``dump --json``, ``info --json``). Standard
 library only: importing it imports no torch.
 """
@@ -458,16 +459,17 @@ def as_json(fixes: list, notes: list, diff: str) -> dict:
     return {"edits": edits, "notes": notes, "diff": diff}
 
 
+def options(argv: list) -> argparse.Namespace:
+    """The trace (the one argument) and the verb's options (TORCHRR_FIX_OPTIONS, JSON: json,
+    check, apply, timeout, steps), which fix_command.cc declares and checks."""
+    if len(argv) != 1 or "TORCHRR_FIX_OPTIONS" not in os.environ:
+        raise SystemExit("torchrr._fix is run by `torchrr fix TRACE`")
+    return argparse.Namespace(trace=argv[0], **json.loads(os.environ["TORCHRR_FIX_OPTIONS"]))
+
+
 def main(argv: Optional[list] = None) -> int:
     codes = exit_codes()
-    parser = argparse.ArgumentParser(prog="torchrr fix")
-    parser.add_argument("trace")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--check", action="store_true")
-    parser.add_argument("--apply", action="store_true")
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--steps", type=int, default=None)
-    args = parser.parse_args(argv)
+    args = options(sys.argv[1:] if argv is None else argv)
     try:
         document, _ = replay_json(args.trace)
     except TraceUnreadable as error:

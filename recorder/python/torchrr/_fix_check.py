@@ -281,7 +281,8 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     inside = os.path.commonpath([root, cwd]) == root
     run_cwd = os.path.join(copy, os.path.relpath(cwd, root)) if inside else cwd
     new_trace = os.path.join(workdir, "check.trr")
-    drop = {"TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES"}
+    drop = {"TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES",
+            "TORCHRR_FIX_OPTIONS"}
     result = Rerun(new_trace, paths={os.path.realpath(copy): root})
     if launcher:
         command = launcher + command[2:]  # torchrun adds the -u itself.
