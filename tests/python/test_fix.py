@@ -114,6 +114,17 @@ PLANTED = {
             y.clamp_(0.1, 0.9)  # keep it in range
         y.sum().backward()
         """, ["y = torch.sigmoid(x)"], ["y = torch.sigmoid(x).clone()"]),
+    # The same, into a tensor a later call saved as its input: that call is passed a clone.
+    "saved_input_under_no_grad": (
+        """
+        x = torch.randn(2, 4, requires_grad=True)
+        w = torch.randn(4, 4, requires_grad=True)
+        h = x * 2
+        y = torch.mm(h, w)
+        with torch.no_grad():
+            h.clamp_(max=1)  # keep it in range
+        y.sum().backward()
+        """, ["y = torch.mm(h, w)"], ["y = torch.mm(h.clone(), w)"]),
     "two_culprits": (
         """
         x = torch.randn(4, requires_grad=True)

@@ -284,8 +284,9 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     if rewriter.under_no_grad():
         # Made out of place under no_grad, the tensor would lose its history and backward through
         # it would fail: the write stays, into a clone made where the saved tensor is.
-        return _clone_at_victim(space, v) or _uncertain(path, line, source, _NO_GRAD_WHY,
-                                                        _NO_GRAD_CHOICES)
+        return _clone_at_victim(space, v) or \
+            _clone_argument_at_victim(space, v, rewriter.written_name()) or \
+            _uncertain(path, line, source, _NO_GRAD_WHY, _NO_GRAD_CHOICES)
     rewrite = rewriter.statement()
     if rewrite is None or not rewrite.certain:
         rewrite = _module_fix(space, document, culprit, op) or rewrite
@@ -360,18 +361,35 @@ def _cpp_module_fix(space: Workspace, document: dict, culprit: dict) -> Optional
     return cpp.construction_rewrite(*found[0], False, choices)
 
 
+def _victim_line(space: Workspace, v: dict) -> tuple:
+    """(the victim's source, its line there), or (None, None) when the source is not here."""
+    frame = (v.get("victim") or {}).get("user_frame") or {}
+    if not frame.get("file"):
+        return None, None
+    source = space.source(frame["file"])
+    line = space.locate(frame["file"], frame["line"]) if source is not None else None
+    if source is None or source.tree is None or line is None:
+        return None, None
+    return source, line
+
+
 def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:
     """A clone of the saved output at the victim's line, for a write the culprit's line cannot
     undo (library code, a helper's argument): a clone changes no value and no gradient, so the
     rewrite is safe even where it does not suffice (--check says)."""
-    frame = (v.get("victim") or {}).get("user_frame") or {}
-    if not (v.get("tensor") or {}).get("is_output") or not frame.get("file"):
+    if not (v.get("tensor") or {}).get("is_output"):
         return None
-    source = space.source(frame["file"])
-    line = space.locate(frame["file"], frame["line"]) if source is not None else None
-    if source is None or source.tree is None or line is None:
+    source, line = _victim_line(space, v)
+    return rw.clone_at_victim(source, line) if source is not None else None
+
+
+def _clone_argument_at_victim(space: Workspace, v: dict, name: str) -> Optional[rw.Rewrite]:
+    """A clone of the saved input `name` where the victim's line passes it, as safe as
+    _clone_at_victim's."""
+    if (v.get("tensor") or {}).get("is_output", True):
         return None
-    return rw.clone_at_victim(source, line)
+    source, line = _victim_line(space, v)
+    return rw.clone_argument_at_victim(source, line, name) if source is not None else None
 
 
 def plan(space: Workspace, document: dict) -> list:

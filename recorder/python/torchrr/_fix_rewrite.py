@@ -358,6 +358,23 @@ class Rewriter:
 
     # -- Moving a parameter write after backward() --------------------------------------------
 
+    def written_name(self) -> str:
+        """The name the statement writes through (`x` of `x.mul_(2)`, `x.data.mul_(2)`,
+        `x += y`, `x[0] = 0`); "" when it writes through no plain name."""
+        s = self.stmt
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and \
+                isinstance(s.value.func, ast.Attribute):
+            target = s.value.func.value
+        elif isinstance(s, ast.AugAssign):
+            target = s.target
+        elif isinstance(s, ast.Assign) and len(s.targets) == 1 and \
+                isinstance(s.targets[0], ast.Subscript):
+            target = s.targets[0].value
+        else:
+            return ""
+        target = _strip_data(target)[0]
+        return target.id if isinstance(target, ast.Name) else ""
+
     def under_no_grad(self) -> bool:
         """Whether the statement runs inside `with torch.no_grad():` (or inference_mode)."""
         node = self.stmt
@@ -505,6 +522,29 @@ def construction_rewrite(source: Source, node: ast.Call, flag: ast.AST, certain:
     return Rewrite(source.path, first, last, source.old(first, last), new if certain else None,
                    certain, f"{name}(inplace=True) writes into its input, which autograd saved",
                    list(choices))
+
+
+def clone_argument_at_victim(source: Source, line: int, name: str) -> Optional[Rewrite]:
+    """`h = f(x, w)` at the victim's line, which saved its input `x` -> `h = f(x.clone(), w)`:
+    the call saves a copy of the same values and passes the gradient back to `x`, and a later
+    write into `x` leaves the copy alone. None unless `name` is an argument of a call there, once,
+    and nowhere else in the statement."""
+    stmt = source.statement_at(line)
+    if stmt is None or not name:
+        return None
+    uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
+    if len(uses) != 1 or not isinstance(uses[0].ctx, ast.Load):
+        return None
+    arguments = {id(a) for call in _calls(stmt) for a in
+                 [*call.args, *(k.value for k in call.keywords)]}
+    if id(uses[0]) not in arguments:
+        return None
+    first, last = stmt.lineno, stmt.end_lineno
+    return Rewrite(source.path, first, last, source.old(first, last),
+                   source.edit(first, last, [_end(uses[0], ".clone()")]), True,
+                   f"`{name}` is saved by this call and written in place afterwards where no "
+                   "rewrite of that line can undo it: pass the call a clone, so that what "
+                   "autograd saved is not what is written")
 
 
 def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
