@@ -346,6 +346,8 @@ void BatchEncoder::Reset(uint64_t base_high, int64_t base_time_ns) {
   steps_.steps = StepRule();
   steps_.previous_step_ids.clear();
   steps_.step_ids.clear();
+  steps_.recent_ids = coding_ == BatchCoding::kStepsRecent;
+  steps_.recent.Clear();
 }
 
 Status BatchEncoder::Add(const Record& record) {
@@ -354,7 +356,8 @@ Status BatchEncoder::Add(const Record& record) {
   SequenceCoder sequence_before = steps_.sequence;
   size_t times_before_size = steps_.times.size();
   size_t step_ids_before = steps_.step_ids.size();
-  StepCoding* steps = coding_ == BatchCoding::kSteps ? &steps_ : nullptr;
+  const bool step_coded = coding_ != BatchCoding::kCursors;
+  StepCoding* steps = step_coded ? &steps_ : nullptr;
   Encoder encoder(fbb_, ids_, times_, steps, table_offsets_);
   fbs::Offset<void> offset =
       std::visit([&](const auto& r) { return encoder.Write(r).Union(); }, record);
@@ -368,9 +371,11 @@ Status BatchEncoder::Add(const Record& record) {
     steps_.sequence = sequence_before;
     steps_.times.resize(times_before_size);
     steps_.step_ids.resize(step_ids_before);
+    steps_.recent.Undo();
     return Status(StatusCode::kInvalidArgument, std::string(RecordKindName(record)) + why);
   }
   if (steps != nullptr) steps_.Next(record);
+  steps_.recent.Commit();
   types_.push_back(static_cast<uint8_t>(record.index() + 1));
   offsets_.push_back(offset);
   return Status::Ok();
@@ -380,7 +385,7 @@ std::span<const uint8_t> BatchEncoder::Finish() {
   auto types = fbb_.CreateVector(types_);
   auto records = fbb_.CreateVector(offsets_);
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> times;
-  if (coding_ == BatchCoding::kSteps) times = fbb_.CreateVector(steps_.times);
+  if (coding_ != BatchCoding::kCursors) times = fbb_.CreateVector(steps_.times);
   fb::RecordBatchBuilder batch(fbb_);
   batch.add_base_high(base_high_);
   batch.add_base_time_ns(base_time_ns_);

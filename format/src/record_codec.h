@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <flatbuffers/flatbuffers.h>
@@ -94,6 +96,59 @@ enum class BatchCoding : uint8_t {
   kCursors = 0,  // Formats 1.0 to 1.9: ids and times against the cursors, in the tables.
   kSteps = 1,    // 1.10: also times in the batch's time column, sequence numbers and versions as
                  // deltas, so that a repeating step repeats byte for byte.
+  kStepsRecent = 2,  // 1.11: kSteps, and ids used recently as how many id uses ago (RecentIds).
+};
+
+// The ids of a kStepsRecent batch used recently, by how many id uses ago. A training step refers
+// to its activations, nodes and views in the same pattern step after step while their ids shift
+// with every allocation that differs between steps (a storage id given again by address): the
+// distance in uses repeats where the distance from `high` does not.
+class RecentIds {
+ public:
+  static constexpr uint64_t kWindow = uint64_t{1} << 16;
+
+  // Encoding: how many uses ago x was last used (1: the use just before), 0 when not within
+  // kWindow. Then notes this use, which Undo takes back.
+  uint64_t Ago(ObjectId x) {
+    auto [it, added] = last_.try_emplace(x, 0);
+    const uint64_t previous = it->second;  // The use's clock + 1; 0: none.
+    undo_.emplace_back(x, previous);
+    it->second = ++clock_;
+    return previous != 0 && clock_ - previous <= kWindow ? clock_ - previous : 0;
+  }
+  // Decoding: the id used `ago` uses ago, 0 when there is none.
+  ObjectId At(uint64_t ago) const {
+    return ago == 0 || ago > kWindow || ago > clock_ ? 0 : ring_[(clock_ - ago) % kWindow];
+  }
+  // Decoding: notes a use of x.
+  void Use(ObjectId x) {
+    if (ring_.empty()) ring_.resize(kWindow);
+    ring_[clock_++ % kWindow] = x;
+  }
+  // Encoding: the uses noted since the last Commit are taken back (a dropped record's).
+  void Undo() {
+    for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
+      if (it->second == 0) {
+        last_.erase(it->first);
+      } else {
+        last_[it->first] = it->second;
+      }
+      --clock_;
+    }
+    undo_.clear();
+  }
+  void Commit() { undo_.clear(); }
+  void Clear() {
+    last_.clear();
+    undo_.clear();
+    clock_ = 0;
+  }
+
+ private:
+  std::unordered_map<ObjectId, uint64_t> last_;        // Encoding: id -> its last use's clock + 1.
+  std::vector<std::pair<ObjectId, uint64_t>> undo_;    // Encoding: the record's changes.
+  std::vector<ObjectId> ring_;                         // Decoding: the last kWindow uses.
+  uint64_t clock_ = 0;                                 // Uses so far.
 };
 
 // Sequence numbers (OpRecord's, NodeRecord's) in kSteps batches: -1 (none) is stored as -1 (the
@@ -143,18 +198,32 @@ struct StepCoding {
   std::vector<ObjectId> previous_step_ids;
   std::vector<ObjectId> step_ids;
 
+  bool recent_ids = false;  // A kStepsRecent batch.
+  RecentIds recent;
+
   uint64_t EncodeId(IdCoder& ids, ObjectId x) {
     const size_t k = step_ids.size();
     step_ids.push_back(x);
+    const uint64_t ago = recent_ids && x != 0 ? recent.Ago(x) : 0;
     if (x != 0 && k < previous_step_ids.size() && previous_step_ids[k] == x) {
       return kSameAsPreviousStep;
     }
+    // Tag 0 with a payload of 2 or more: used `payload - 1` uses ago. Only for an id at or below
+    // `high`, whose coding then leaves `high` as it is.
+    if (ago != 0 && x <= ids.high()) return (ago + 1) << 2;
     return ids.Encode(x);
   }
   ObjectId DecodeId(IdCoder& ids, uint64_t v) {
     const size_t k = step_ids.size();
-    ObjectId x = v == kSameAsPreviousStep && k < previous_step_ids.size() ? previous_step_ids[k]
-                                                                        : ids.Decode(v);
+    ObjectId x;
+    if (v == kSameAsPreviousStep) {
+      x = k < previous_step_ids.size() ? previous_step_ids[k] : 0;
+    } else if (recent_ids && (v & 3) == 0 && (v >> 2) >= 2) {
+      x = recent.At((v >> 2) - 1);
+    } else {
+      x = ids.Decode(v);
+    }
+    if (recent_ids && x != 0) recent.Use(x);
     step_ids.push_back(x);
     return x;
   }
@@ -270,16 +339,18 @@ DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
   DecodedBatch decoded;
   const auto coding = static_cast<BatchCoding>(batch.coding());
   StepCoding steps;
-  if (coding == BatchCoding::kSteps && batch.times() != nullptr) {
+  const bool step_coded = coding == BatchCoding::kSteps || coding == BatchCoding::kStepsRecent;
+  steps.recent_ids = coding == BatchCoding::kStepsRecent;
+  if (step_coded && batch.times() != nullptr) {
     steps.column = batch.times()->data();
     steps.column_size = batch.times()->size();
   }
   const auto* types = batch.records_type();
   const auto* tables = batch.records();
-  if (coding != BatchCoding::kCursors && coding != BatchCoding::kSteps) {
+  if (coding != BatchCoding::kCursors && !step_coded) {
     decoded.bad_coding = true;
   } else if (types != nullptr && tables != nullptr) {
-    StepCoding* step_coding = coding == BatchCoding::kSteps ? &steps : nullptr;
+    StepCoding* step_coding = step_coded ? &steps : nullptr;
     Record record;
     for (flatbuffers::uoffset_t i = 0; i < tables->size(); ++i) {
       if (DecodeRecord(static_cast<fb::Record>(types->Get(i)), tables->Get(i), ids, times,
@@ -292,7 +363,7 @@ DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
     }
   }
   // Unknown records may hold times of their own: the column's length then says nothing.
-  if (coding == BatchCoding::kSteps && decoded.unknown == 0 &&
+  if (step_coded && decoded.unknown == 0 &&
       (steps.short_column || steps.pos != steps.column_size)) {
     decoded.bad_coding = true;
   }

@@ -131,8 +131,9 @@ TEST(SequenceCoder, ExtremesRoundTrip) {
   EXPECT_FALSE(far.Encode(INT64_MIN, &stored));
 }
 
-// Step coding (1.10) changes the bytes, not the records: written with it and without, a trace
-// reads back the same, record for record, in one chunk and in many, whole and cut anywhere.
+// Step coding (1.10; recent ids, 1.11) changes the bytes, not the records: written with it and
+// without, a trace reads back the same, record for record, in one chunk and in many, whole and
+// cut anywhere.
 TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
   std::vector<Record> records = ManySteps(12);
   std::vector<Record> every = EveryKind(1000, 7, 5'000'000'000);
@@ -147,7 +148,7 @@ TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
     ExpectSameRecords(records, a.records);
     ExpectSameRecords(a.records, b.records);
     EXPECT_EQ(a.summary.header.oldest_reader_minor, 0);
-    EXPECT_EQ(b.summary.header.oldest_reader_minor, 10);
+    EXPECT_EQ(b.summary.header.oldest_reader_minor, 11);
     EXPECT_LT(stepped.size(), plain.size());
     if (chunk != 700) continue;
     ASSERT_GT(b.summary.chunks.size(), 6u);
@@ -247,6 +248,46 @@ TEST(Writer, IdTooLargeIsDroppedAndWriterGoesOn) {
   Trace trace = ReadTraceBytesAll(out);
   ASSERT_EQ(trace.records.size(), 2u);
   EXPECT_EQ(std::get<TensorInfo>(trace.records[1]).tensor, 7u);
+}
+
+// 1.11's recent ids count every id use: a dropped record's uses are taken back, or the ids after
+// it would be read as others.
+TEST(Writer, ADroppedRecordLeavesTheRecentIdsAsTheyWere) {
+  std::string out;
+  auto writer = TraceWriter::ToString(&out, SampleFileInfo());
+  TensorInfo good;
+  good.tensor = 5;
+  good.storage = 9;
+  TensorInfo bad;
+  bad.tensor = 9;
+  bad.storage = 5;
+  bad.grad_fn = kMaxObjectId + 1;
+  TensorInfo after;  // Both ids used before: coded as how many uses ago.
+  after.tensor = 5;
+  after.storage = 9;
+  EXPECT_TRUE(writer->Append(good).ok());
+  EXPECT_EQ(writer->Append(bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(writer->Append(after).ok());
+  EXPECT_TRUE(writer->Close().ok());
+  Trace trace = ReadTraceBytesAll(out);
+  ASSERT_EQ(trace.records.size(), 2u);
+  EXPECT_EQ(std::get<TensorInfo>(trace.records[1]).tensor, 5u);
+  EXPECT_EQ(std::get<TensorInfo>(trace.records[1]).storage, 9u);
+}
+
+// RecentIds, as an encoder and a decoder that see the same uses.
+TEST(RecentIds, EncodesHowManyUsesAgoAndDecodesItBack) {
+  RecentIds encoder, decoder;
+  const std::vector<ObjectId> uses = {3, 8, 3, 3, 11, 8, 3};
+  const std::vector<uint64_t> ago = {0, 0, 2, 1, 0, 4, 3};
+  for (size_t i = 0; i < uses.size(); ++i) {
+    EXPECT_EQ(encoder.Ago(uses[i]), ago[i]) << i;
+    if (ago[i] != 0) EXPECT_EQ(decoder.At(ago[i]), uses[i]) << i;
+    decoder.Use(uses[i]);
+  }
+  EXPECT_EQ(decoder.At(0), 0u);
+  EXPECT_EQ(decoder.At(uses.size() + 1), 0u);  // Before the first use: none.
+  EXPECT_EQ(decoder.At(RecentIds::kWindow + 1), 0u);
 }
 
 // Fails every write after the first `writes`.

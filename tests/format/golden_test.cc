@@ -181,8 +181,8 @@ void ExpectEveryField(const std::string& file, uint16_t minor) {
   ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
   EXPECT_EQ(trace.summary.header.major, 1);
   EXPECT_EQ(trace.summary.header.minor, minor);
-  // Step coding (1.10) is read from 1.10 on.
-  EXPECT_EQ(trace.summary.header.oldest_reader_minor, minor < 10 ? 0 : 10);
+  // Step coding is read from 1.10 on, its recent ids from 1.11 on.
+  EXPECT_EQ(trace.summary.header.oldest_reader_minor, minor < 10 ? 0 : minor);
   std::vector<Record> want = testing::ManySteps(2);
   AsOf(minor, want);
   ASSERT_EQ(trace.records.size(), want.size());
@@ -273,17 +273,29 @@ TEST(Golden, V1_10ReadsEveryField) {
   EXPECT_TRUE(v1_9.records == v1_10.records);
 }
 
-// A reader of 1.9 or before refuses a step-coded file (oldest reader 1.10) rather than decode
-// wrong times: what this reader does with a file whose oldest reader is newer than itself.
-TEST(Golden, StepCodedFileNeedsA1_10Reader) {
-  std::ifstream in(kGolden + "/v1_10.trr", std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  ASSERT_GT(bytes.size(), 16u);
-  EXPECT_EQ(bytes[14], 10);  // oldest_reader_minor, little-endian.
-  EXPECT_EQ(bytes[15], 0);
-  bytes[14] = static_cast<char>(kFormatMinor + 1);  // As a 1.10 reader sees a file for 1.11 on.
-  bytes[10] = static_cast<char>(kFormatMinor + 1);
-  EXPECT_EQ(ReadTraceBytesAll(bytes).summary.status.code(), StatusCode::kTooNew);
+// 1.11 codes the same records otherwise (recent ids): they read back as 1.10's and 1.9's.
+TEST(Golden, V1_11ReadsEveryField) {
+  ExpectEveryField("/v1_11.trr", 11);
+  const Trace v1_10 = ReadTraceFileAll(kGolden + "/v1_10.trr");
+  const Trace v1_11 = ReadTraceFileAll(kGolden + "/v1_11.trr");
+  EXPECT_TRUE(v1_10.records == v1_11.records);
+}
+
+// A reader of 1.10 or before refuses a file of 1.11's step coding (oldest reader 1.11) rather
+// than decode its recent ids as 0, and one of 1.9 or before a 1.10 file (oldest reader 1.10)
+// rather than decode wrong times: what this reader does with a file whose oldest reader is newer
+// than itself.
+TEST(Golden, StepCodedFileNeedsAReaderOfItsCoding) {
+  for (const auto& [name, oldest] : {std::pair{"/v1_10.trr", 10}, std::pair{"/v1_11.trr", 11}}) {
+    std::ifstream in(kGolden + name, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(bytes.size(), 16u);
+    EXPECT_EQ(bytes[14], oldest) << name;  // oldest_reader_minor, little-endian.
+    EXPECT_EQ(bytes[15], 0);
+    bytes[14] = static_cast<char>(kFormatMinor + 1);  // As this reader sees a later minor's file.
+    bytes[10] = static_cast<char>(kFormatMinor + 1);
+    EXPECT_EQ(ReadTraceBytesAll(bytes).summary.status.code(), StatusCode::kTooNew);
+  }
 }
 
 // The records' JSON (`torchrr dump --json` after its first line) keeps its keys, their order and
