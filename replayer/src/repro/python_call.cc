@@ -70,16 +70,6 @@ std::string Literal(const Value& v, const TraceIndex& index) {
   }
 }
 
-// Whether `text` is a Python identifier of ASCII letters, digits and underscores. A trace is
-// untrusted and the script is run: a name of anything else could be code.
-bool Identifier(std::string_view text) {
-  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
-  for (char c : text) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
-  }
-  return true;
-}
-
 
 bool Floating(format::DType dtype) { return dtype == 5 || dtype == 6 || dtype == 7 || dtype == 15; }
 bool Reduced(format::DType dtype) { return dtype == 5 || dtype == 15; }  // float16, bfloat16.
@@ -93,6 +83,14 @@ std::string Ints(const std::vector<int64_t>& values, bool as_bools) {
     text += as_bools ? (values[i] != 0 ? "True" : "False") : std::to_string(values[i]);
   }
   return text + "]";
+}
+
+bool Identifier(std::string_view text) {
+  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  for (char c : text) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
 }
 
 std::string TorchDType(format::DType dtype) { return std::string("torch.") + DTypeName(dtype); }

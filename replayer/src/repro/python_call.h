@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "repro/repro_slice.h"
@@ -16,6 +17,9 @@ namespace torchrr::replayer::repro {
 // The Python call of a recorded op, "aten.mul_.Tensor"; "" for an op outside aten, or a name that
 // is no identifier.
 std::string AtenOverload(const format::OpRecord& op, const TraceIndex& index);
+// Whether `text` is a Python identifier of ASCII letters, digits and underscores. A trace is
+// untrusted and the script is run: a name of anything else could be code.
+bool Identifier(std::string_view text);
 // The script's name of a tensor: "t14".
 std::string Var(ObjectId tensor);
 // "[4, 8]"; with `as_bools`, "[True, False]".

@@ -166,15 +166,9 @@ std::string SelectiveCheckpoint(const TraceIndex& index, const OpRecord& victim,
 // Whether `name` is a dispatcher op's, `namespace::name` of identifiers (a torch.library or
 // extension op), not a range's such as "Torch-Compiled Region: 0/0".
 bool DispatcherName(std::string_view name) {
-  auto identifier = [](std::string_view part) {
-    return !part.empty() && !std::isdigit(static_cast<unsigned char>(part[0])) &&
-           std::all_of(part.begin(), part.end(), [](char c) {
-             return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-           });
-  };
   const size_t colons = name.find("::");
-  return colons != std::string_view::npos && identifier(name.substr(0, colons)) &&
-         identifier(name.substr(colons + 2));
+  return colons != std::string_view::npos && repro::Identifier(name.substr(0, colons)) &&
+         repro::Identifier(name.substr(colons + 2));
 }
 
 // The reason a violation has no reproducer, before its slice is looked at; "" when it may.

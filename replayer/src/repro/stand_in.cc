@@ -65,13 +65,7 @@ bool Taken(std::string_view name) {
 std::string ClassName(const std::string& node_name) {
   std::string name = node_name;
   if (name.ends_with("Backward")) name.resize(name.size() - 8);
-  const bool plain = !name.empty() && name.size() <= 64 &&
-                     !std::isdigit(static_cast<unsigned char>(name[0])) &&
-                     std::all_of(name.begin(), name.end(), [](char c) {
-                       return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-                     }) &&
-                     !Taken(name);
-  return plain ? name : "StandIn";
+  return name.size() <= 64 && Identifier(name) && !Taken(name) ? name : "StandIn";
 }
 
 std::string Meta(const TensorInfo& info) {
