@@ -30,6 +30,15 @@ enum ChunkType : uint16_t {
   kChunkIndex = 3,
 };
 
+// Chunk flags (SPEC.md, "Chunk"). On a RecordBatch only (1.12): the elements of its `records`
+// vector after the first are stored as differences (record_codec.h, RecordOffsetDeltas).
+inline constexpr uint16_t kChunkFlagOffsetDeltas = 1;
+
+// Whether a reader of this version knows what `flags` mean on a chunk of this type.
+inline bool KnownChunkFlags(uint16_t type, uint16_t flags) {
+  return flags == 0 || (type == kChunkRecordBatch && flags == kChunkFlagOffsetDeltas);
+}
+
 inline void StoreLe16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v);
   p[1] = static_cast<uint8_t>(v >> 8);
@@ -72,11 +81,11 @@ inline ChunkHeader ParseChunkHeader(const uint8_t* p) {
 }
 
 // Writes the first 16 bytes (all but the checksum).
-inline void StoreChunkHeaderPrefix(uint8_t* p, uint16_t type, uint32_t compressed_len,
-                                   uint32_t raw_len) {
+inline void StoreChunkHeaderPrefix(uint8_t* p, uint16_t type, uint16_t flags,
+                                   uint32_t compressed_len, uint32_t raw_len) {
   std::memcpy(p, kChunkMagic, 4);
   StoreLe16(p + 4, type);
-  StoreLe16(p + 6, 0);
+  StoreLe16(p + 6, flags);
   StoreLe32(p + 8, compressed_len);
   StoreLe32(p + 12, raw_len);
 }

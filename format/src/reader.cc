@@ -41,7 +41,7 @@ constexpr size_t kMaxHeldBytes = 256u << 20;
 // Why a chunk header cannot be one the writer wrote, from its fields alone; "" when it could be.
 std::string ImplausibleHeader(const ChunkHeader& h) {
   if (h.compressed_len > kMaxChunkBytes || h.raw_len > kMaxChunkBytes) return "length over 64 MiB";
-  if (h.flags != 0) return "unknown flags " + Hex(h.flags);
+  if (!KnownChunkFlags(h.type, h.flags)) return "unknown flags " + Hex(h.flags);
   if (h.compressed_len > ZSTD_compressBound(h.raw_len)) {
     return "compressed length over zstd's bound for its raw length";
   }
@@ -128,6 +128,7 @@ class TraceParser::Impl {
     size_t index;                  // Its entry in summary_.chunks.
     Cursors base;
     bool neutral;                  // It ends where it starts (definitions only, say).
+    uint16_t flags;                // Its chunk header's.
     std::vector<uint8_t> payload;  // Its zstd frame.
   };
 
@@ -338,7 +339,7 @@ class TraceParser::Impl {
       return attempt;
     }
     attempt.size = whole;  // From here on the framing is trusted.
-    attempt.reason = Decompress(payload, h.compressed_len, h.raw_len);
+    attempt.reason = Decompress(payload, h.compressed_len, h.raw_len, h.flags);
     if (attempt.reason.empty() && !VerifyPayload(h.type, raw_.data(), raw_.size())) {
       attempt.reason = "FlatBuffer fails verification";
     }
@@ -360,7 +361,7 @@ class TraceParser::Impl {
         summary_.has_info = true;
         break;
       case kChunkRecordBatch:
-        OrderBatch(index, std::span<const uint8_t>(payload, h.compressed_len));
+        OrderBatch(index, h.flags, std::span<const uint8_t>(payload, h.compressed_len));
         break;
       case kChunkIndex: {
         const auto* index_table = flatbuffers::GetRoot<fb::Index>(raw_.data());
@@ -380,14 +381,19 @@ class TraceParser::Impl {
     return attempt;
   }
 
-  // Decompresses a zstd frame of exactly raw_len bytes into raw_; "" or why not.
-  std::string Decompress(const uint8_t* payload, size_t compressed_len, uint32_t raw_len) {
+  // Decompresses a zstd frame of exactly raw_len bytes into raw_ and undoes what `flags` say was
+  // done to it; "" or why not.
+  std::string Decompress(const uint8_t* payload, size_t compressed_len, uint32_t raw_len,
+                         uint16_t flags) {
     if (dctx_ == nullptr) dctx_ = ZSTD_createDCtx();
     if (dctx_ == nullptr) return "zstd: out of memory";
     raw_.resize(raw_len);
     size_t n = ZSTD_decompressDCtx(dctx_, raw_.data(), raw_.size(), payload, compressed_len);
     if (ZSTD_isError(n)) return std::string("zstd: ") + ZSTD_getErrorName(n);
     if (n != raw_len) return "raw length mismatch";
+    if ((flags & kChunkFlagOffsetDeltas) != 0 && !RecordOffsetDeltas(raw_, false)) {
+      return "record offsets out of bounds";
+    }
     return "";
   }
 
@@ -402,7 +408,7 @@ class TraceParser::Impl {
 
   // The verified RecordBatch chunk summary_.chunks[index] (its payload decompressed in raw_):
   // read now when it continues the last batch read, else held (SPEC.md, "Reading").
-  void OrderBatch(size_t index, std::span<const uint8_t> payload) {
+  void OrderBatch(size_t index, uint16_t flags, std::span<const uint8_t> payload) {
     const auto* batch = flatbuffers::GetRoot<fb::RecordBatch>(raw_.data());
     Cursors base{batch->base_high(), batch->base_time_ns()};
     if (Continues(base)) {
@@ -411,7 +417,7 @@ class TraceParser::Impl {
       DecodedBatch decoded = DecodeBatch(*batch, [](const Record&) {});
       bool neutral = Cursors{decoded.end_high, decoded.end_time_ns} == base;
       held_bytes_ += payload.size();
-      held_.push_back(HeldChunk{chunk_number_, index, base, neutral,
+      held_.push_back(HeldChunk{chunk_number_, index, base, neutral, flags,
                                 std::vector<uint8_t>(payload.begin(), payload.end())});
       if (held_bytes_ <= kMaxHeldBytes) return;
       ReadHeld(FirstHeld(), 0);
@@ -466,7 +472,7 @@ class TraceParser::Impl {
                                 : ": out of order and continues no chunk read, read " + where) +
                 " (corrupt)");
     // The same bytes decompressed and verified when the chunk was read.
-    (void)Decompress(held.payload.data(), held.payload.size(), chunk.raw_bytes);
+    (void)Decompress(held.payload.data(), held.payload.size(), chunk.raw_bytes, held.flags);
     ReadBatch(*flatbuffers::GetRoot<fb::RecordBatch>(raw_.data()), held.number, held.index);
   }
 

@@ -381,7 +381,7 @@ Status BatchEncoder::Add(const Record& record) {
   return Status::Ok();
 }
 
-std::span<const uint8_t> BatchEncoder::Finish() {
+std::span<uint8_t> BatchEncoder::Finish() {
   auto types = fbb_.CreateVector(types_);
   auto records = fbb_.CreateVector(offsets_);
   flatbuffers::Offset<flatbuffers::Vector<uint8_t>> times;
@@ -395,6 +395,51 @@ std::span<const uint8_t> BatchEncoder::Finish() {
   batch.add_times(times);
   fbb_.Finish(batch.Finish());
   return {fbb_.GetBufferPointer(), fbb_.GetSize()};
+}
+
+bool RecordOffsetDeltas(std::span<uint8_t> batch, bool to_deltas) {
+  // Walks the FlatBuffer by hand (it is not verified yet when read): root offset, the root's
+  // vtable, the `records` field, its vector. Every position is checked against the size in 64
+  // bits, so no value read can point outside the bytes.
+  const uint64_t size = batch.size();
+  uint8_t* data = batch.data();
+  auto u32 = [&](uint64_t pos, uint64_t* out) {
+    if (pos + 4 > size) return false;
+    *out = LoadLe32(data + pos);
+    return true;
+  };
+  uint64_t root = 0;
+  uint64_t distance = 0;
+  if (!u32(0, &root) || !u32(root, &distance)) return false;
+  // An soffset_t: the vtable sits at root - distance (a negative distance puts it after the table).
+  const int64_t vtable =
+      static_cast<int64_t>(root) - static_cast<int32_t>(static_cast<uint32_t>(distance));
+  constexpr uint64_t kSlot = fb::RecordBatch::VT_RECORDS;
+  if (vtable < 0 || static_cast<uint64_t>(vtable) + 4 > size) return false;
+  const uint64_t vtable_size = LoadLe16(data + vtable);
+  if (static_cast<uint64_t>(vtable) + vtable_size > size) return false;
+  if (vtable_size < kSlot + 2) return true;  // No records: nothing to code.
+  const uint64_t field = LoadLe16(data + vtable + kSlot);
+  if (field == 0) return true;
+  uint64_t vector = 0;
+  uint64_t count = 0;
+  if (!u32(root + field, &vector)) return false;
+  vector += root + field;
+  if (!u32(vector, &count) || vector + 4 + 4 * count > size) return false;
+  uint8_t* elements = data + vector + 4;
+  // The builder writes tables back to front, so each record's table sits below the one before,
+  // and its element 4 bytes further on: the element before minus this one is the earlier
+  // record's size plus 4, a small number like the rest of the batch's.
+  if (to_deltas) {
+    for (uint64_t i = count; i-- > 1;) {
+      StoreLe32(elements + 4 * i, LoadLe32(elements + 4 * (i - 1)) - LoadLe32(elements + 4 * i));
+    }
+  } else {
+    for (uint64_t i = 1; i < count; ++i) {
+      StoreLe32(elements + 4 * i, LoadLe32(elements + 4 * (i - 1)) - LoadLe32(elements + 4 * i));
+    }
+  }
+  return true;
 }
 
 EncodedSize EstimateEncodedSize(const Record& record) {

@@ -272,7 +272,7 @@ class BatchEncoder {
   // above kMaxObjectId, or, in a kSteps batch, a sequence number 2^63 from the one before.
   Status Add(const Record& record);
   // Ends the batch; the bytes stay valid until the next Reset.
-  std::span<const uint8_t> Finish();
+  std::span<uint8_t> Finish();
 
   size_t records() const { return types_.size(); }
   // Bytes the batch would have if finished now (within a few bytes).
@@ -320,6 +320,16 @@ struct DecodedBatch {
 // Decodes a verified RecordBatch, calling `emit` for each record of a known kind in order.
 template <typename Emit>
 DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit);
+
+// The `records` vector of a RecordBatch chunk flagged kChunkFlagOffsetDeltas (1.12, SPEC.md
+// "Chunk"): each element after the first stored as the element before minus itself, mod 2^32.
+// An element is the distance from itself to its record's table, which changes with every record
+// of the batch; the difference is the size of the record before plus 4, which repeats step after
+// step, so zstd removes it where it cannot remove the distances. Rewrites a finished
+// RecordBatch in place, to the differences (to_deltas) or back. False, with nothing changed, when
+// `batch` has no records vector within its bytes where its root table says: to read, the chunk is
+// corrupt; a batch that is not yet verified is only read within its bounds.
+bool RecordOffsetDeltas(std::span<uint8_t> batch, bool to_deltas);
 
 // Verifies a payload of the given chunk type. Bounded work: depth 64, one table per 4 bytes.
 bool VerifyPayload(uint16_t chunk_type, const uint8_t* data, size_t size);

@@ -104,7 +104,8 @@ uint64_t SumRawLengths(Window& file) {
       uint8_t copy[kChunkHeaderSize];
       std::copy(header, header + kChunkHeaderSize, copy);
       // The reader's checks before a checksum (reader.cc: ImplausibleHeader, ImplausibleFrame).
-      if (h.compressed_len <= kMaxChunkBytes && h.raw_len <= kMaxChunkBytes && h.flags == 0 &&
+      if (h.compressed_len <= kMaxChunkBytes && h.raw_len <= kMaxChunkBytes &&
+          KnownChunkFlags(h.type, h.flags) &&
           h.compressed_len <= ZSTD_compressBound(h.raw_len) &&
           h.compressed_len <= size - at - kChunkHeaderSize &&
           checksummed + h.compressed_len <= checksum_budget &&

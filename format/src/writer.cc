@@ -76,8 +76,11 @@ class TraceWriter::Impl {
     if (!status_.ok()) return status_;
     if (batch_.records() == 0) return Status::Ok();
     auto records = static_cast<uint32_t>(batch_.records());
-    std::span<const uint8_t> payload = batch_.Finish();
-    TORCHRR_RETURN_IF_ERROR(WriteChunk(kChunkRecordBatch, payload.data(), payload.size(), records));
+    std::span<uint8_t> payload = batch_.Finish();
+    uint16_t flags = 0;
+    if (step_coding_ && RecordOffsetDeltas(payload, true)) flags = kChunkFlagOffsetDeltas;
+    TORCHRR_RETURN_IF_ERROR(
+        WriteChunk(kChunkRecordBatch, payload.data(), payload.size(), records, flags));
     records_written_ += records;
     raw_bytes_written_ += payload.size();
     // The next batch continues the cursors, so it codes like this one would have continued.
@@ -114,12 +117,13 @@ class TraceWriter::Impl {
   size_t pending_raw_bytes() const { return batch_.records() == 0 ? 0 : batch_.raw_size(); }
 
  private:
-  // The oldest reader that can read what this writer writes: 1.0, or 1.11 for step coding, which
+  // The oldest reader that can read what this writer writes: 1.0, or 1.12 for step coding, which
   // earlier readers would decode into wrong times, sequence numbers and ids without noticing
-  // (1.10 readers do not know 1.11's recent ids: they would decode them as 0).
+  // (1.10 readers do not know 1.11's recent ids: they would decode them as 0), or refuse as
+  // corrupt (1.11 readers do not know 1.12's record offset deltas).
   static constexpr uint16_t kOldestReaderMajor = 1;
   static constexpr uint16_t kOldestReaderMinor = 0;
-  static constexpr uint16_t kOldestStepCodingReaderMinor = 11;
+  static constexpr uint16_t kOldestStepCodingReaderMinor = 12;
 
   // A record with at most this many elements in its strings and vectors takes well under 1 MiB
   // encoded: it cannot take a chunk below kMaxChunkTargetBytes near kMaxChunkBytes. Only the
@@ -138,7 +142,8 @@ class TraceWriter::Impl {
     return Status::Ok();
   }
 
-  Status WriteChunk(uint16_t type, const uint8_t* raw, size_t raw_size, uint32_t records) {
+  Status WriteChunk(uint16_t type, const uint8_t* raw, size_t raw_size, uint32_t records,
+                    uint16_t flags = 0) {
     if (raw_size > kMaxChunkBytes) {
       return Fail(Status(StatusCode::kInvalidArgument, "chunk larger than 64 MiB"));
     }
@@ -154,7 +159,7 @@ class TraceWriter::Impl {
       return Fail(Status(StatusCode::kInvalidArgument, "compressed chunk larger than 64 MiB"));
     }
     uint8_t* header = out_.data();
-    StoreChunkHeaderPrefix(header, type, static_cast<uint32_t>(compressed),
+    StoreChunkHeaderPrefix(header, type, flags, static_cast<uint32_t>(compressed),
                            static_cast<uint32_t>(raw_size));
     StoreLe64(header + kChunkHeaderChecksummedSize,
               ChunkChecksum(header, header + kChunkHeaderSize, compressed));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "container.h"
 #include "record_codec.h"
 #include "sample_records.h"
 #include "torchrr/format/json.h"
@@ -131,9 +132,9 @@ TEST(SequenceCoder, ExtremesRoundTrip) {
   EXPECT_FALSE(far.Encode(INT64_MIN, &stored));
 }
 
-// Step coding (1.10; recent ids, 1.11) changes the bytes, not the records: written with it and
-// without, a trace reads back the same, record for record, in one chunk and in many, whole and
-// cut anywhere.
+// Step coding (1.10; recent ids, 1.11; record offset deltas, 1.12) changes the bytes, not the
+// records: written with it and without, a trace reads back the same, record for record, in one
+// chunk and in many, whole and cut anywhere.
 TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
   std::vector<Record> records = ManySteps(12);
   std::vector<Record> every = EveryKind(1000, 7, 5'000'000'000);
@@ -148,8 +149,14 @@ TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
     ExpectSameRecords(records, a.records);
     ExpectSameRecords(a.records, b.records);
     EXPECT_EQ(a.summary.header.oldest_reader_minor, 0);
-    EXPECT_EQ(b.summary.header.oldest_reader_minor, 11);
+    EXPECT_EQ(b.summary.header.oldest_reader_minor, 12);
     EXPECT_LT(stepped.size(), plain.size());
+    // Record batches carry the offset deltas' flag (chunk header bytes 6 and 7), others none.
+    for (const ChunkInfo& c : b.summary.chunks) {
+      EXPECT_EQ(stepped[c.offset + 6], c.type == 2 ? 1 : 0) << c.offset;
+      EXPECT_EQ(stepped[c.offset + 7], 0);
+    }
+    for (const ChunkInfo& c : a.summary.chunks) EXPECT_EQ(plain[c.offset + 6], 0);
     if (chunk != 700) continue;
     ASSERT_GT(b.summary.chunks.size(), 6u);
     // Cut anywhere: every whole chunk before the cut, and only those, decode alone.
@@ -168,6 +175,59 @@ TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
                         cut_trace.records);
     }
   }
+}
+
+// 1.12's record offset deltas: a finished batch's `records` vector turned into differences
+// (the element before minus this one: the earlier record's size plus 4, small and positive)
+// and back gives the same bytes; bytes that hold no such vector are refused, untouched.
+TEST(RecordOffsetDeltas, RoundTripAndRefuseWhatIsNotABatch) {
+  BatchEncoder encoder(1 << 16, BatchCoding::kStepsRecent);
+  encoder.Reset(0, 0);
+  for (const Record& r : ManySteps(2)) ASSERT_TRUE(encoder.Add(r).ok());
+  std::span<uint8_t> finished = encoder.Finish();
+  const std::vector<uint8_t> batch(finished.begin(), finished.end());
+  std::vector<uint8_t> coded = batch;
+  ASSERT_TRUE(RecordOffsetDeltas(coded, true));
+  EXPECT_NE(coded, batch);
+  const auto* records = flatbuffers::GetRoot<fb::RecordBatch>(batch.data())->records();
+  ASSERT_GT(records->size(), 2u);
+  const size_t first = reinterpret_cast<const uint8_t*>(records->data()) - batch.data();
+  EXPECT_EQ(LoadLe32(coded.data() + first), LoadLe32(batch.data() + first));
+  for (size_t i = 1; i < records->size(); ++i) {
+    const uint32_t delta = LoadLe32(coded.data() + first + 4 * i);
+    EXPECT_GE(delta, 8u) << i;
+    EXPECT_LT(delta, 4096u) << i;
+  }
+  ASSERT_TRUE(RecordOffsetDeltas(coded, false));
+  EXPECT_EQ(coded, batch);
+
+  std::vector<uint8_t> tiny = {1, 2, 3};
+  EXPECT_FALSE(RecordOffsetDeltas(tiny, false));
+  // The root offset, then the vector's length, pointing past the end.
+  std::vector<uint8_t> bad_root = batch;
+  StoreLe32(bad_root.data(), static_cast<uint32_t>(bad_root.size()));
+  EXPECT_FALSE(RecordOffsetDeltas(bad_root, false));
+  EXPECT_EQ(LoadLe32(bad_root.data()), bad_root.size());
+  std::vector<uint8_t> bad_length = batch;
+  StoreLe32(bad_length.data() + first - 4, 0xffffffffu);
+  EXPECT_FALSE(RecordOffsetDeltas(bad_length, false));
+  EXPECT_TRUE(std::equal(bad_length.begin() + first, bad_length.end(), batch.begin() + first));
+}
+
+// A chunk flag this reader does not know for its chunk type (the offset deltas' flag on a
+// FileInfo chunk, with a checksum that matches) makes the chunk corrupt, not misread.
+TEST(RecordOffsetDeltas, FlagOnAnotherChunkTypeIsCorrupt) {
+  std::string trace = Write(ManySteps(2));
+  constexpr size_t kFirstChunk = 16;
+  ASSERT_EQ(trace[kFirstChunk + 4], 1);  // FileInfo.
+  auto* header = reinterpret_cast<uint8_t*>(trace.data() + kFirstChunk);
+  StoreLe16(header + 6, kChunkFlagOffsetDeltas);
+  StoreLe64(header + 16, ChunkChecksum(header, header + 24, LoadLe32(header + 8)));
+  Trace read = ReadTraceBytesAll(trace);
+  EXPECT_EQ(read.summary.status.code(), StatusCode::kCorrupt);
+  EXPECT_NE(read.summary.status.message().find("chunk 1 @ 0x10"), std::string::npos)
+      << read.summary.status.message();
+  EXPECT_FALSE(read.summary.has_info);
 }
 
 // A step-coded batch whose time column does not match its records is corrupt, said so, and
