@@ -195,12 +195,9 @@ const OpRecord* TraceIndex::Producer(ObjectId tensor, ObjectId outer) const {
                                       [&](const TensorUse& u) { return u.tensor == tensor; })) {
       continue;
     }
-    ObjectId up = op->op;
-    for (int depth = 0; up != 0 && up != outer && depth < 256; ++depth) {
-      const OpRecord* parent = Op(up);
-      up = parent == nullptr ? 0 : parent->parent;
+    if (op->op == outer || Inside(op->op, [&](ObjectId parent) { return parent == outer; })) {
+      return op;
     }
-    if (up == outer) return op;
   }
   return nullptr;
 }
@@ -310,12 +307,7 @@ std::string BuildSlice(const TraceIndex& index, ObjectId victim, ObjectId culpri
   // An op that ran inside one the slice calls already (the body of an op outside aten, which a
   // stand-in stands for whole) is not called again.
   auto inside_slice = [&](ObjectId id) {
-    const OpRecord* op = index.Op(id);
-    for (int depth = 0; op != nullptr && op->parent != 0 && depth < 256; ++depth) {
-      if (in_slice.contains(op->parent)) return true;
-      op = index.Op(op->parent);
-    }
-    return false;
+    return index.Inside(id, [&](ObjectId parent) { return in_slice.contains(parent); });
   };
   // The later writes before the use: the version backward finds is theirs.
   for (ObjectId write : later_writes) {

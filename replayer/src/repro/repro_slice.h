@@ -53,6 +53,17 @@ class TraceIndex {
   // The innermost op inside the call `outer` (or `outer` itself) that returned `tensor`; nullptr
   // when none did.
   const format::OpRecord* Producer(ObjectId tensor, ObjectId outer) const;
+  // Whether `op` ran inside an op for which `is_outer(id)` holds: its parent, its parent's
+  // parent, and so on (not `op` itself), 256 levels at most.
+  template <typename IsOuter>
+  bool Inside(ObjectId op, IsOuter&& is_outer) const {
+    const format::OpRecord* record = Op(op);
+    for (int depth = 0; record != nullptr && record->parent != 0 && depth < 256; ++depth) {
+      if (is_outer(record->parent)) return true;
+      record = Op(record->parent);
+    }
+    return false;
+  }
   // The outermost forward ops (not inside a backward function), in file order: their ids.
   const std::vector<ObjectId>& ForwardOps() const { return forward_ops_; }
   const std::string& Str(format::InternId id) const;
