@@ -223,6 +223,31 @@ TEST(ReproTest, WritesThroughAStandInForAnOpOutsideAten) {
   }
 }
 
+// An op outside aten that wrote through the saved tensor and a view of it bumped their one
+// version counter once for each, and each use records the counter's whole change (+2): the
+// stand-in writes the counter's two bumps once, not once per tensor (four).
+TEST(ReproTest, AStandInWritesEachVersionCounterOnce) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto view = b.View(y.out, {8, 4}, {1, 8}, 0);
+  auto write = b.Op({.name = "mylib::scale_both_", .inputs = {y.out, view},
+                     .writes = {y.out, view}, .stack = b.At(12)});
+  AddValue(b, write, {.position = 2, .kind = format::ValueKind::kDouble, .d = 2});
+  auto loss = b.Forward("aten::sum", "SumBackward0", {y.out}, {}, b.At(13), {});
+  b.Backward({loss.node, y.node}, y.node);
+  Repro repro = ReproOf(b);
+  ASSERT_TRUE(repro.ok) << repro.error;
+  const std::string& s = repro.script;
+  size_t writes = 0;
+  for (size_t at = s.find("    standin_write(t"); at != std::string::npos;
+       at = s.find("    standin_write(t", at + 1)) {
+    ++writes;
+  }
+  EXPECT_EQ(writes, 1u) << s;
+  EXPECT_NE(s.find("standin_write(t" + std::to_string(y.out) + ", 2)\n"), std::string::npos) << s;
+}
+
 // A name of another shape than a dispatcher op's is no op a stand-in may stand for: refused, and
 // the hostile name stays out of the script.
 TEST(ReproTest, RefusesAWriteOfNoDispatcherOpsName) {

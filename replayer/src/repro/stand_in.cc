@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <string_view>
+#include <unordered_set>
 
 #include "repro/python_call.h"
 #include "torchrr/replayer/printable.h"
@@ -206,6 +207,9 @@ std::string ForeignCall(const OpRecord& op, const TraceIndex& index, std::string
             ", " + Meta(*info) + ")" + (info->requires_grad ? ".requires_grad_()" : "");
   }
   std::string writes;
+  // One version counter's bumps once: a tensor passed twice, or a view and its base, share it,
+  // and each of their uses records the counter's whole change.
+  std::unordered_set<ObjectId> counters;
   for (const TensorUse& use : op.inputs) {
     if (use.version_after <= use.version_before) continue;
     const TensorInfo* info = index.InfoBefore(use.tensor, at);
@@ -213,6 +217,7 @@ std::string ForeignCall(const OpRecord& op, const TraceIndex& index, std::string
       *why = "a tensor " + Printable(index.Str(op.name)) + " wrote is not in the trace";
       return "";
     }
+    if (info->version_counter != 0 && !counters.insert(info->version_counter).second) continue;
     writes += "standin_write(" + Var(use.tensor) + ", " +
               std::to_string(use.version_after - use.version_before) + ")\n";
   }
