@@ -120,10 +120,15 @@ class RecentIds {
   ObjectId At(uint64_t ago) const {
     return ago == 0 || ago > kWindow || ago > clock_ ? 0 : ring_[(clock_ - ago) % kWindow];
   }
-  // Decoding: notes a use of x.
+  // Decoding: notes a use of x. The ring grows with the uses up to kWindow entries, so that a
+  // small batch (a flush, a spill) does not allocate the whole window.
   void Use(ObjectId x) {
-    if (ring_.empty()) ring_.resize(kWindow);
-    ring_[clock_++ % kWindow] = x;
+    if (ring_.size() < kWindow) {
+      ring_.push_back(x);
+    } else {
+      ring_[clock_ % kWindow] = x;
+    }
+    ++clock_;
   }
   // Encoding: the uses noted since the last Commit are taken back (a dropped record's).
   void Undo() {
@@ -147,7 +152,7 @@ class RecentIds {
  private:
   std::unordered_map<ObjectId, uint64_t> last_;        // Encoding: id -> its last use's clock + 1.
   std::vector<std::pair<ObjectId, uint64_t>> undo_;    // Encoding: the record's changes.
-  std::vector<ObjectId> ring_;                         // Decoding: the last kWindow uses.
+  std::vector<ObjectId> ring_;  // Decoding: the last kWindow uses (use n at n % kWindow).
   uint64_t clock_ = 0;                                 // Uses so far.
 };
 

@@ -350,6 +350,24 @@ TEST(RecentIds, EncodesHowManyUsesAgoAndDecodesItBack) {
   EXPECT_EQ(decoder.At(RecentIds::kWindow + 1), 0u);
 }
 
+// Past kWindow uses the decoder's ring wraps: ids used half a window ago, and then a window ago,
+// still decode to themselves; one used more than a window ago is no longer recent.
+TEST(RecentIds, DecodesAcrossTheRingsWrap) {
+  RecentIds encoder, decoder;
+  const uint64_t half = RecentIds::kWindow / 2;
+  size_t recent = 0;
+  for (uint64_t i = 0; i < 3 * RecentIds::kWindow; ++i) {
+    const ObjectId id = i < 2 * RecentIds::kWindow ? i % half + 1 : i % RecentIds::kWindow + 1;
+    const uint64_t ago = encoder.Ago(id);
+    if (ago != 0) {
+      ++recent;
+      ASSERT_EQ(decoder.At(ago), id) << i;
+    }
+    decoder.Use(id);
+  }
+  EXPECT_EQ(recent, 3 * RecentIds::kWindow - half - half);
+}
+
 // Fails every write after the first `writes`.
 class FailingSink : public ByteSink {
  public:
