@@ -211,6 +211,32 @@ def test_gradients_a_silent_write_changed_differ_from_the_out_of_place_ones(tmp_
     assert same is False and "backward pass 0, leaf 0 (8)" in line, line
 
 
+# A sum of n elements each off by a relative e is off by up to e times the L2 norm times sqrt(n):
+# a gradient whose terms cancel (sum near 0) compares within that, and a sum further off does not.
+def test_gradient_sums_compare_within_the_norm_times_the_root_of_the_element_count():
+    from torchrr import _fix_check
+    n = 10_000
+    ones = [[n], 0.0, float(n)]  # +1 and -1 alternating: sum 0, sum of squares n.
+    assert _fix_check._close(ones, [[n], 0.5, float(n)])
+    assert not _fix_check._close(ones, [[n], 5.0, float(n)])
+    assert not _fix_check._close(ones, [[n + 1], 0.0, float(n)])
+    assert _fix_check._close([[], 2.0, 4.0], [[], 2.0, 4.0])
+    assert _fix_check._close(None, None) and not _fix_check._close(None, ones)
+
+
+# A backward pass that reaches fewer leaves in one run than in the other is not equal, even when
+# one run reaches none (nothing to compare leaf by leaf).
+def test_a_backward_pass_that_reaches_other_leaves_differs(monkeypatch, tmp_path):
+    from torchrr import _fix_check
+    leaves = {False: [[]], True: [[[[4], 1.0, 1.0]]]}
+    monkeypatch.setattr(_fix_check, "_gradients",
+                        lambda run, passes, snapshot, timeout, workdir: (leaves[snapshot], ""))
+    run = _fix_check.Rerun(trace="", command=[sys.executable, "x.py"], cwd=str(tmp_path), env={})
+    document = {"violations": [{"kind": "silent", "backward_pass": 0}]}
+    same, line = _fix_check.compare_gradients(run, document, 1, str(tmp_path))
+    assert same is False and "backward pass 0 reached 0 leaves, and 1 with" in line, line
+
+
 def test_a_culprit_in_library_code_gets_a_clone_at_the_users_line(tmp_path):
     library = tmp_path / "lib" / "site-packages"
     library.mkdir(parents=True)

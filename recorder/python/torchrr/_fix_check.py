@@ -18,6 +18,7 @@ trace's world size (_launch).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -400,10 +401,11 @@ def _gradients(run: Rerun, passes: int, snapshot: bool, timeout: float, workdir:
 
 
 def _close(a: list, b: list) -> bool:
-    """Whether two gradients' [shape, sum, sum of squares] agree."""
+    """Whether two gradients' [shape, sum, sum of squares] agree. A sum of n elements each off by
+    a relative e is off by at most e times the L2 norm times sqrt(n), however the terms cancel."""
     if a is None or b is None:
         return a is b
-    scale = (abs(a[2]) ** 0.5) * max(1, len(a[0])) + 1e-12
+    scale = (abs(a[2]) * math.prod(a[0])) ** 0.5 + 1e-12
     return a[0] == b[0] and abs(a[1] - b[1]) <= _GRADIENT_RTOL * (abs(a[1]) + scale) and \
         abs(a[2] - b[2]) <= _GRADIENT_RTOL * abs(a[2]) + 1e-12
 
@@ -429,8 +431,11 @@ def compare_gradients(run: Rerun, document: dict, timeout: float, workdir: str) 
         return False, (f"but it ran {len(patched)} backward passes, and {len(reference)} with "
                        "every saved tensor kept as saved")
     for number, (mine, theirs) in enumerate(zip(patched, reference)):
+        if len(mine) != len(theirs):
+            return False, (f"but its backward pass {number} reached {len(mine)} leaves, and "
+                           f"{len(theirs)} with every saved tensor kept as saved")
         for leaf, (a, b) in enumerate(zip(mine, theirs)):
-            if len(mine) != len(theirs) or not _close(a, b):
+            if not _close(a, b):
                 shape = "x".join(map(str, (a or b or [[]])[0])) or "scalar"
                 return False, (f"but its gradients differ from those with every saved tensor "
                                f"kept as saved, the out-of-place program's: backward pass "

@@ -22,17 +22,15 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run_next_sitecustomize():
-    """The sitecustomize this one hides (the next one on sys.path) runs, as site.py would run it."""
-    import importlib.machinery
-    import importlib.util
-    rest = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != _HERE]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is not None and spec.loader is not None:
-        try:
-            spec.loader.exec_module(importlib.util.module_from_spec(spec))
-        except Exception as error:  # site.py's behaviour: report and go on.
-            sys.stderr.write(f"Error in sitecustomize ({spec.origin}): {error!r}\n")
+def _chain_to_next_sitecustomize():
+    """Runs the sitecustomize this one hides, as the recorder's does (torchrr/_site_chain.py)."""
+    import runpy
+    try:
+        chain = runpy.run_path(os.path.join(os.path.dirname(_HERE), "_site_chain.py"))
+    except Exception as error:  # A torchrr install without the file: the program goes on.
+        sys.stderr.write(f"torchrr: warning: the sitecustomize after torchrr's did not run: {error!r}\n")
+        return
+    chain["run_next_sitecustomize"](_HERE)
 
 
 def _leaves(roots):
@@ -75,11 +73,14 @@ def _install(path, passes, snapshot):
         torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t).__enter__()
     written = []
 
+    def write():
+        with open(path, "w") as f:
+            json.dump(written, f)
+
     def done(grads):
         written.append(grads)
         if len(written) >= passes:
-            with open(path, "w") as f:
-                json.dump(written, f)
+            write()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
@@ -116,8 +117,7 @@ def _install(path, passes, snapshot):
 
     def at_exit():  # A program with fewer passes: what it ran.
         if written and not os.path.exists(path):
-            with open(path, "w") as f:
-                json.dump(written, f)
+            write()
     atexit.register(at_exit)
 
 
@@ -126,7 +126,7 @@ def _has_numpy():
     return importlib.util.find_spec("numpy") is not None
 
 
-_run_next_sitecustomize()
+_chain_to_next_sitecustomize()
 if os.environ.get("TORCHRR_FIX_GRADIENTS"):
     try:
         _install(os.environ["TORCHRR_FIX_GRADIENTS"],

@@ -41,26 +41,16 @@ def _warn(message):
 
 
 def _chain_to_next_sitecustomize():
-    """Runs the sitecustomize this one hides (the next one on sys.path), as site.py would."""
-    import importlib.machinery
-    import importlib.util
-
-    def is_here(entry):
-        try:
-            return os.path.samefile(entry or os.getcwd(), _HERE)
-        except OSError:
-            return False
-
-    path = [entry for entry in sys.path if not is_here(entry)]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
+    """Runs the sitecustomize this one hides (the next one on sys.path), as site.py would.
+    torchrr/_site_chain.py does, run by its path: importing the torchrr package here would load
+    the recorder before the program's torch."""
+    import runpy
     try:
-        spec.loader.exec_module(module)
-    except Exception as error:  # site.py's behaviour: report and go on.
-        sys.stderr.write(f"Error in sitecustomize ({spec.origin}); set PYTHONVERBOSE for "
-                         f"traceback:\n{type(error).__name__}: {error}\n")
+        chain = runpy.run_path(os.path.join(os.path.dirname(_HERE), "_site_chain.py"))
+    except Exception as error:  # A torchrr install without the file: the program goes on.
+        _warn(f"the sitecustomize after torchrr's did not run: {error!r}")
+        return
+    chain["run_next_sitecustomize"](_HERE)
 
 
 # Launchers that start the ranks and run no tensor op of their own: as a console script (its name,
