@@ -8,7 +8,7 @@ echo "## Trace writer (format/): a synthetic LoRA-shaped op stream, 50 steps"
 "$B/bin/bench_format"
 echo
 if [ -x .venv/bin/torchrr ] && [ -x "$B/bin/lora_step" ]; then
-  echo "## Trace size: recorded traces written again with step coding off and on (format 1.10)"
+  echo "## Trace size: recorded traces written again with step coding off and on (the writer's default)"
   T=$(mktemp -d)
   .venv/bin/torchrr record -o "$T/cpp.trr" -- "$B/bin/lora_step" --device cpu --steps 20 >/dev/null
   .venv/bin/torchrr record -o "$T/7b.trr" -- "$B/bin/lora_step" --device cpu --steps 1 \
