@@ -47,6 +47,9 @@ def rewrite_at(src, line, op):
     ("h = F::relu(h, F::ReLUFuncOptions().inplace(true));\n", "relu_",
      "  h = F::relu(h, F::ReLUFuncOptions().inplace(false));\n"),
     ("x.mul_(g);  // \"quoted\" x += 1;\n", "mul_", "  x = x.mul(g);  // \"quoted\" x += 1;\n"),
+    # A comment aligned with its neighbours' stays in its column while the code fits before it.
+    ("x.mul_(g);          // aligned\n", "mul_", "  x = x.mul(g);       // aligned\n"),
+    ("x.mul_(g);    // aligned\n", "mul_", "  x = x.mul(g);  // aligned\n"),
 ])
 def test_the_statement_made_out_of_place(line, op, new):
     src = in_function(line)
@@ -209,7 +212,7 @@ SAMPLES = REPO / "samples" / "cpp"
 CERTAIN = {
     "inplace_activation": ("lora_model.cc", ["    act.mul_(gate);              "
                                              "// BUG(inplace_activation)"],
-                           ["    act = act.mul(gate);              // BUG(inplace_activation)"]),
+                           ["    act = act.mul(gate);         // BUG(inplace_activation)"]),
     "softmax_mask": ("lora_model.cc",
                      ["    probs.masked_fill_(future, 0.0);  // BUG(softmax_mask)"],
                      ["    probs = probs.masked_fill(future, 0.0);  // BUG(softmax_mask)"]),

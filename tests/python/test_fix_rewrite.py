@@ -11,6 +11,16 @@ def source(text):
     return rw.Source("/src/train.py", textwrap.dedent(text).lstrip("\n"))
 
 
+def test_a_comment_keeps_its_column_or_two_spaces():
+    keep = rw.keep_comment_column
+    assert keep("a;        // c\n", "b = a;        // c\n", 2, "//") == "b = a;    // c\n"
+    assert keep("a;      // c\n", "b = a;      // c\n", 2, "//") == "b = a;  // c\n"
+    assert keep("a;  // c\n", "b = a;  // c\n", 2, "//") == "b = a;  // c\n"
+    assert keep("a; // c\n", "b = a; // c\n", 2, "//") == "b = a; // c\n"  # Not aligned.
+    assert keep("a;\n", "b = a;\n", 2, "//") == "b = a;\n"
+    assert keep("a;      # c", "b = a;   # d", 2, "#") == "b = a;   # d"  # Another comment.
+
+
 def rewrite_at(text, line, op, parameter=False):
     return rw.Rewriter(source(text), line, op, parameter).statement()
 
@@ -27,6 +37,11 @@ def rewrite_at(text, line, op, parameter=False):
     ("y.data[0] = 1\n", "fill_", "y = y.clone()\ny[0] = 1\n"),
     ("p = p.masked_fill_(m,\n                    0.0)\n", "masked_fill_",
      "p = p.masked_fill(m,\n                    0.0)\n"),
+    # A comment aligned with its neighbours' stays in its column while the code fits before it.
+    ("y.mul_(2)           # keep\n", "mul_", "y = y.mul(2)        # keep\n"),
+    ("y.mul_(2)   # keep\n", "mul_", "y = y.mul(2)  # keep\n"),
+    ("p = p.masked_fill_(m,\n                    0.0)    # keep\n", "masked_fill_",
+     "p = p.masked_fill(m,\n                    0.0)    # keep\n"),
 ])
 def test_the_statement_made_out_of_place(text, op, new):
     rewrite = rewrite_at(text, 1, op)

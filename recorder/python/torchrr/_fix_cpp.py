@@ -23,7 +23,7 @@ from typing import Optional
 # CppSource and is_cpp are _fix.py's too, through this module.
 from ._fix_cpp_source import (IDENT, PATH, CppSource, closing, is_cpp, loose, split_args,
                               statement_at, top_level)
-from ._fix_rewrite import Rewrite
+from ._fix_rewrite import Rewrite, keep_comment_column
 
 _AUG_OPS = {"+": "add_", "-": "sub_", "*": "mul_", "/": "div_"}
 # In-place methods whose out-of-place twin is not the name without "_" ({r}: the receiver,
@@ -72,12 +72,13 @@ class CppRewriter:
 
     def _edit(self, spans: list) -> str:
         """The statement's line with each (start, end, text) span (offsets in the statement's
-        code) replaced."""
-        text = self.src.lines[self.line - 1]
+        code) replaced, a comment after it kept in its column."""
+        old = text = self.src.lines[self.line - 1]
         base = self.stmt.start - self.src.starts[self.line - 1]
         for start, end, new in sorted(spans, reverse=True):
             text = text[:base + start] + new + text[base + end:]
-        return text
+        code_end = self.stmt.end + 1 - self.src.starts[self.line - 1]
+        return keep_comment_column(old, text, code_end, "//")
 
     def _edited(self, spans: list) -> str:
         """The statement alone (no comment after it) with `spans` replaced: a choice's text."""

@@ -113,6 +113,22 @@ class Source:
         return "".join(self.lines[first - 1:last])
 
 
+def keep_comment_column(old: str, new: str, code_end: int, marker: str) -> str:
+    """`new`, the rewrite of line `old` whose code ends at column `code_end`: where a comment
+    (from `marker` on) follows that code after two or more spaces, aligned with its neighbours'
+    perhaps, the spaces before it are set to keep it in its column, two at the least. Otherwise
+    `new` as it is."""
+    tail = old[code_end:]
+    spaced = tail.lstrip(" ")
+    comment = spaced.rstrip("\n")
+    body = new.rstrip("\n")
+    if not spaced.startswith(marker) or len(tail) - len(spaced) < 2 or not body.endswith(comment):
+        return new
+    column = code_end + len(tail) - len(spaced)
+    code = body[:len(body) - len(comment)].rstrip(" ")
+    return code + " " * max(2, column - len(code)) + comment + new[len(body):]
+
+
 def _start(node: ast.AST, text: str) -> tuple:
     return (node.lineno, node.col_offset, node.lineno, node.col_offset, text)
 
@@ -168,7 +184,14 @@ class Rewriter:
                        new if certain else None, certain, why, list(choices))
 
     def _stmt_edit(self, spans: list, before: str = "") -> str:
-        return self.src.edit(self.stmt.lineno, self.stmt.end_lineno, spans, before)
+        """The statement's lines with `spans` replaced, `before` before them, and a comment after
+        the statement kept in its column."""
+        new = self.src.edit(self.stmt.lineno, self.stmt.end_lineno, spans, before)
+        old = self.src.lines[self.stmt.end_lineno - 1]
+        code_end = len(old.encode()[:self.stmt.end_col_offset].decode(errors="replace"))
+        head, _, last = new.rstrip("\n").rpartition("\n")
+        last = keep_comment_column(old, last + new[len(new.rstrip("\n")):], code_end, "#")
+        return head + "\n" + last if head else last
 
     def statement(self) -> Optional[Rewrite]:
         """The out-of-place rewrite of the statement itself, or None when no rule matches."""
