@@ -120,7 +120,8 @@ class Encoder {
   template <class F, class T>
   auto Arg(const F&, const T& value) {
     if constexpr (F::coding == Coding::kId) {
-      return std::tuple{steps_ == nullptr ? ids_.Encode(value) : steps_->EncodeId(ids_, value)};
+      return std::tuple{steps_ == nullptr ? ids_.Encode(value)
+                                          : steps_->EncodeId(ids_, value, F::kind)};
     } else if constexpr (F::coding == Coding::kTime) {
       uint64_t z = times_.Encode(value);
       if (steps_ == nullptr) return std::tuple{z};
@@ -220,7 +221,8 @@ class Decoder {
     if constexpr (std::is_same_v<T, Device>) {
       value = Device{in.device_type(), in.device_index()};  // Two fields of TensorInfo's.
     } else if constexpr (F::coding == Coding::kId) {
-      value = steps_ == nullptr ? ids_.Decode(get(in)) : steps_->DecodeId(ids_, get(in));
+      value = steps_ == nullptr ? ids_.Decode(get(in))
+                                : steps_->DecodeId(ids_, get(in), F::kind);
     } else if constexpr (F::coding == Coding::kTime) {
       value = times_.Decode(steps_ == nullptr ? get(in) : steps_->NextTime());
     } else if constexpr (IsSequenceNr<F>) {
@@ -346,7 +348,9 @@ void BatchEncoder::Reset(uint64_t base_high, int64_t base_time_ns) {
   steps_.steps = StepRule();
   steps_.previous_step_ids.clear();
   steps_.step_ids.clear();
-  steps_.recent_ids = coding_ == BatchCoding::kStepsRecent;
+  steps_.recent_ids =
+      coding_ == BatchCoding::kStepsRecent || coding_ == BatchCoding::kStepsRecentByKind;
+  steps_.recent_by_kind = coding_ == BatchCoding::kStepsRecentByKind;
   steps_.recent.Clear();
 }
 

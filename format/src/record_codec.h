@@ -10,6 +10,7 @@
 #ifndef TORCHRR_FORMAT_SRC_RECORD_CODEC_H_
 #define TORCHRR_FORMAT_SRC_RECORD_CODEC_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -20,6 +21,7 @@
 #include <flatbuffers/flatbuffers.h>
 
 #include "torchrr/format/reader.h"
+#include "torchrr/format/record_fields.h"
 #include "torchrr/format/records.h"
 #include "torchrr/format/status.h"
 #include "torchrr/format/step_rule.h"
@@ -97,48 +99,57 @@ enum class BatchCoding : uint8_t {
   kSteps = 1,    // 1.10: also times in the batch's time column, sequence numbers and versions as
                  // deltas, so that a repeating step repeats byte for byte.
   kStepsRecent = 2,  // 1.11: kSteps, and ids used recently as how many id uses ago (RecentIds).
+  kStepsRecentByKind = 3,  // 1.13: kStepsRecent, the uses counted among those of the id's kind.
 };
 
 // The ids of a kStepsRecent batch used recently, by how many id uses ago. A training step refers
 // to its activations, nodes and views in the same pattern step after step while their ids shift
 // with every allocation that differs between steps (a storage id given again by address): the
-// distance in uses repeats where the distance from `high` does not.
+// distance in uses repeats where the distance from `high` does not. In a kStepsRecentByKind
+// batch the uses of each IdKind are counted apart (`kind`: the IdKind, else 0): how many ids of
+// other kinds come between two uses of a tensor varies from step to step more than how many
+// tensors do.
 class RecentIds {
  public:
   static constexpr uint64_t kWindow = uint64_t{1} << 16;
 
-  // Encoding: how many uses ago x was last used (1: the use just before), 0 when not within
-  // kWindow. Then notes this use, which Undo takes back.
-  uint64_t Ago(ObjectId x) {
+  // Encoding: how many uses of its kind ago x was last used (1: the use just before), 0 when not
+  // within kWindow or last used as another kind. Then notes this use, which Undo takes back.
+  uint64_t Ago(ObjectId x, size_t kind = 0) {
     auto [it, added] = last_.try_emplace(x, 0);
-    const uint64_t previous = it->second;  // The use's clock + 1; 0: none.
-    undo_.emplace_back(x, previous);
-    it->second = ++clock_;
-    return previous != 0 && clock_ - previous <= kWindow ? clock_ - previous : 0;
+    const uint64_t previous = it->second;  // The use's clock + 1, times kKinds, plus its kind.
+    undo_.push_back(Change{x, previous, kind});
+    const uint64_t now = ++clock_[kind];
+    it->second = now * kKinds + kind;
+    if (previous == 0 || previous % kKinds != kind) return 0;
+    const uint64_t ago = now - previous / kKinds;
+    return ago <= kWindow ? ago : 0;
   }
-  // Decoding: the id used `ago` uses ago, 0 when there is none.
-  ObjectId At(uint64_t ago) const {
-    return ago == 0 || ago > kWindow || ago > clock_ ? 0 : ring_[(clock_ - ago) % kWindow];
+  // Decoding: the id of this kind used `ago` uses of it ago, 0 when there is none.
+  ObjectId At(uint64_t ago, size_t kind = 0) const {
+    const uint64_t clock = clock_[kind];
+    return ago == 0 || ago > kWindow || ago > clock ? 0 : ring_[kind][(clock - ago) % kWindow];
   }
   // Decoding: notes a use of x. The ring grows with the uses up to kWindow entries, so that a
   // small batch (a flush, a spill) does not allocate the whole window.
-  void Use(ObjectId x) {
-    if (ring_.size() < kWindow) {
-      ring_.push_back(x);
+  void Use(ObjectId x, size_t kind = 0) {
+    std::vector<ObjectId>& ring = ring_[kind];
+    if (ring.size() < kWindow) {
+      ring.push_back(x);
     } else {
-      ring_[clock_ % kWindow] = x;
+      ring[clock_[kind] % kWindow] = x;
     }
-    ++clock_;
+    ++clock_[kind];
   }
   // Encoding: the uses noted since the last Commit are taken back (a dropped record's).
   void Undo() {
     for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
-      if (it->second == 0) {
-        last_.erase(it->first);
+      if (it->previous == 0) {
+        last_.erase(it->id);
       } else {
-        last_[it->first] = it->second;
+        last_[it->id] = it->previous;
       }
-      --clock_;
+      --clock_[it->kind];
     }
     undo_.clear();
   }
@@ -146,14 +157,22 @@ class RecentIds {
   void Clear() {
     last_.clear();
     undo_.clear();
-    clock_ = 0;
+    clock_.fill(0);
   }
 
  private:
-  std::unordered_map<ObjectId, uint64_t> last_;        // Encoding: id -> its last use's clock + 1.
-  std::vector<std::pair<ObjectId, uint64_t>> undo_;    // Encoding: the record's changes.
-  std::vector<ObjectId> ring_;  // Decoding: the last kWindow uses (use n at n % kWindow).
-  uint64_t clock_ = 0;                                 // Uses so far.
+  static constexpr uint64_t kKinds = kIdKinds;
+  struct Change {
+    ObjectId id;
+    uint64_t previous;
+    size_t kind;
+  };
+  // Encoding: id -> (its last use's clock + 1) * kKinds + the kind it was used as. One table for
+  // every kind: an id names one object, of one kind.
+  std::unordered_map<ObjectId, uint64_t> last_;
+  std::vector<Change> undo_;                               // Encoding: the record's changes.
+  std::array<std::vector<ObjectId>, kIdKinds> ring_;       // Decoding: each kind's last uses.
+  std::array<uint64_t, kIdKinds> clock_{};                 // Uses so far, per kind.
 };
 
 // Sequence numbers (OpRecord's, NodeRecord's) in kSteps batches: -1 (none) is stored as -1 (the
@@ -203,13 +222,17 @@ struct StepCoding {
   std::vector<ObjectId> previous_step_ids;
   std::vector<ObjectId> step_ids;
 
-  bool recent_ids = false;  // A kStepsRecent batch.
+  bool recent_ids = false;      // A kStepsRecent or kStepsRecentByKind batch.
+  bool recent_by_kind = false;  // kStepsRecentByKind: each IdKind's uses counted apart.
   RecentIds recent;
 
-  uint64_t EncodeId(IdCoder& ids, ObjectId x) {
+  // The kind RecentIds counts an id of this kind among.
+  size_t RecentKind(IdKind kind) const { return recent_by_kind ? static_cast<size_t>(kind) : 0; }
+
+  uint64_t EncodeId(IdCoder& ids, ObjectId x, IdKind kind) {
     const size_t k = step_ids.size();
     step_ids.push_back(x);
-    const uint64_t ago = recent_ids && x != 0 ? recent.Ago(x) : 0;
+    const uint64_t ago = recent_ids && x != 0 ? recent.Ago(x, RecentKind(kind)) : 0;
     if (x != 0 && k < previous_step_ids.size() && previous_step_ids[k] == x) {
       return kSameAsPreviousStep;
     }
@@ -218,17 +241,17 @@ struct StepCoding {
     if (ago != 0 && x <= ids.high()) return (ago + 1) << 2;
     return ids.Encode(x);
   }
-  ObjectId DecodeId(IdCoder& ids, uint64_t v) {
+  ObjectId DecodeId(IdCoder& ids, uint64_t v, IdKind kind) {
     const size_t k = step_ids.size();
     ObjectId x;
     if (v == kSameAsPreviousStep) {
       x = k < previous_step_ids.size() ? previous_step_ids[k] : 0;
     } else if (recent_ids && (v & 3) == 0 && (v >> 2) >= 2) {
-      x = recent.At((v >> 2) - 1);
+      x = recent.At((v >> 2) - 1, RecentKind(kind));
     } else {
       x = ids.Decode(v);
     }
-    if (recent_ids && x != 0) recent.Use(x);
+    if (recent_ids && x != 0) recent.Use(x, RecentKind(kind));
     step_ids.push_back(x);
     return x;
   }
@@ -354,8 +377,11 @@ DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
   DecodedBatch decoded;
   const auto coding = static_cast<BatchCoding>(batch.coding());
   StepCoding steps;
-  const bool step_coded = coding == BatchCoding::kSteps || coding == BatchCoding::kStepsRecent;
-  steps.recent_ids = coding == BatchCoding::kStepsRecent;
+  const bool step_coded = coding == BatchCoding::kSteps || coding == BatchCoding::kStepsRecent ||
+                          coding == BatchCoding::kStepsRecentByKind;
+  steps.recent_ids =
+      coding == BatchCoding::kStepsRecent || coding == BatchCoding::kStepsRecentByKind;
+  steps.recent_by_kind = coding == BatchCoding::kStepsRecentByKind;
   if (step_coded && batch.times() != nullptr) {
     steps.column = batch.times()->data();
     steps.column_size = batch.times()->size();

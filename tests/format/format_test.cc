@@ -132,8 +132,8 @@ TEST(SequenceCoder, ExtremesRoundTrip) {
   EXPECT_FALSE(far.Encode(INT64_MIN, &stored));
 }
 
-// Step coding (1.10; recent ids, 1.11; record offset deltas, 1.12) changes the bytes, not the
-// records: written with it and without, a trace reads back the same, record for record, in one
+// Step coding (1.10; recent ids, 1.11; record offset deltas, 1.12; recent ids by kind, 1.13)
+// changes the bytes, not the records: written with it and without, a trace reads back the same, record for record, in one
 // chunk and in many, whole and cut anywhere.
 TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
   std::vector<Record> records = ManySteps(12);
@@ -149,7 +149,7 @@ TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
     ExpectSameRecords(records, a.records);
     ExpectSameRecords(a.records, b.records);
     EXPECT_EQ(a.summary.header.oldest_reader_minor, 0);
-    EXPECT_EQ(b.summary.header.oldest_reader_minor, 12);
+    EXPECT_EQ(b.summary.header.oldest_reader_minor, 13);
     EXPECT_LT(stepped.size(), plain.size());
     // Record batches carry the offset deltas' flag (chunk header bytes 6 and 7), others none.
     for (const ChunkInfo& c : b.summary.chunks) {
@@ -348,6 +348,32 @@ TEST(RecentIds, EncodesHowManyUsesAgoAndDecodesItBack) {
   EXPECT_EQ(decoder.At(0), 0u);
   EXPECT_EQ(decoder.At(uses.size() + 1), 0u);  // Before the first use: none.
   EXPECT_EQ(decoder.At(RecentIds::kWindow + 1), 0u);
+}
+
+// 1.13 counts an id's uses among those of its kind: a tensor used again after a storage was
+// used once ago among tensors (stored (1 + 1) << 2), where 1.11 counts two uses ago ((2 + 1) << 2).
+// Both decode back, an id named as two kinds too.
+TEST(RecentIds, ByKindCountsTheUsesOfTheIdsKind) {
+  for (const auto& [coding, stored] :
+       {std::pair{BatchCoding::kStepsRecent, uint64_t{12}},
+        std::pair{BatchCoding::kStepsRecentByKind, uint64_t{8}}}) {
+    StepCoding encoder, decoder;
+    for (StepCoding* s : {&encoder, &decoder}) {
+      s->recent_ids = true;
+      s->recent_by_kind = coding == BatchCoding::kStepsRecentByKind;
+    }
+    IdCoder encode_ids, decode_ids;
+    // The last use names tensor 5 as a storage, which no writer does: not recent among storages.
+    const std::vector<std::pair<ObjectId, IdKind>> uses = {
+        {5, IdKind::kTensor}, {9, IdKind::kStorage}, {5, IdKind::kTensor}, {5, IdKind::kStorage}};
+    std::vector<uint64_t> codes;
+    for (const auto& [id, kind] : uses) codes.push_back(encoder.EncodeId(encode_ids, id, kind));
+    EXPECT_EQ(codes[2], stored) << static_cast<int>(coding);
+    if (coding == BatchCoding::kStepsRecentByKind) EXPECT_EQ(codes[3] & 3, 2u);  // high - x.
+    for (size_t i = 0; i < uses.size(); ++i) {
+      EXPECT_EQ(decoder.DecodeId(decode_ids, codes[i], uses[i].second), uses[i].first) << i;
+    }
+  }
 }
 
 // Past kWindow uses the decoder's ring wraps: ids used half a window ago, and then a window ago,

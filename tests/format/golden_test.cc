@@ -181,7 +181,8 @@ void ExpectEveryField(const std::string& file, uint16_t minor) {
   ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
   EXPECT_EQ(trace.summary.header.major, 1);
   EXPECT_EQ(trace.summary.header.minor, minor);
-  // Step coding is read from 1.10 on, its recent ids from 1.11 on, its offset deltas from 1.12.
+  // Step coding is read from 1.10 on, its recent ids from 1.11 on, its offset deltas from 1.12,
+  // its recent ids by kind from 1.13.
   EXPECT_EQ(trace.summary.header.oldest_reader_minor, minor < 10 ? 0 : minor);
   std::vector<Record> want = testing::ManySteps(2);
   AsOf(minor, want);
@@ -289,14 +290,23 @@ TEST(Golden, V1_12ReadsEveryField) {
   EXPECT_TRUE(v1_11.records == v1_12.records);
 }
 
-// A reader of 1.11 or before refuses a file of 1.12's step coding (oldest reader 1.12) rather
-// than find its record batches corrupt, one of 1.10 or before a file of 1.11's (oldest reader
-// 1.11) rather than decode its recent ids as 0, and one of 1.9 or before a 1.10 file (oldest
-// reader 1.10) rather than decode wrong times: what this reader does with a file whose oldest
-// reader is newer than itself.
+// 1.13 codes the same records otherwise (recent ids by kind): they read back as 1.12's.
+TEST(Golden, V1_13ReadsEveryField) {
+  ExpectEveryField("/v1_13.trr", 13);
+  const Trace v1_12 = ReadTraceFileAll(kGolden + "/v1_12.trr");
+  const Trace v1_13 = ReadTraceFileAll(kGolden + "/v1_13.trr");
+  EXPECT_TRUE(v1_12.records == v1_13.records);
+}
+
+// A reader of 1.12 or before refuses a file of 1.13's step coding (oldest reader 1.13) rather
+// than decode its recent ids by kind wrong, one of 1.11 or before a file of 1.12's (oldest
+// reader 1.12) rather than find its record batches corrupt, one of 1.10 or before a file of
+// 1.11's (oldest reader 1.11) rather than decode its recent ids as 0, and one of 1.9 or before a
+// 1.10 file (oldest reader 1.10) rather than decode wrong times: what this reader does with a
+// file whose oldest reader is newer than itself.
 TEST(Golden, StepCodedFileNeedsAReaderOfItsCoding) {
   for (const auto& [name, oldest] : {std::pair{"/v1_10.trr", 10}, std::pair{"/v1_11.trr", 11},
-                                     std::pair{"/v1_12.trr", 12}}) {
+                                     std::pair{"/v1_12.trr", 12}, std::pair{"/v1_13.trr", 13}}) {
     std::ifstream in(kGolden + name, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     ASSERT_GT(bytes.size(), 16u);

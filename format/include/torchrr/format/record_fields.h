@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -109,11 +110,30 @@ namespace torchrr::format {
 // How the codec stores a field in a RecordBatch (SPEC.md, "Id and time coding").
 enum class Coding : uint8_t { kPlain, kId, kTime };
 
-// One member of a struct: its name (the JSON key and the FlatBuffers field's name) and how it is
-// coded. Empty but for the name; the member is in the type.
-template <auto kMember, Coding kCoding>
+// Which kind of object an id field names. Format 1.13 counts how recently an id was used among
+// the uses of its own kind (SPEC.md, "Step coding").
+enum class IdKind : uint8_t { kNone, kTensor, kStorage, kVersionCounter, kNode, kOp };
+inline constexpr size_t kIdKinds = 6;
+
+// The kind of object an id field of this name names; every id field's name is one of these.
+constexpr IdKind IdKindOf(std::string_view name) {
+  if (name == "tensor" || name == "variable" || name == "inner") return IdKind::kTensor;
+  if (name == "storage") return IdKind::kStorage;
+  if (name == "version_counter") return IdKind::kVersionCounter;
+  if (name == "node" || name == "grad_fn" || name == "recompute_from") return IdKind::kNode;
+  if (name == "op" || name == "parent" || name == "created_by") return IdKind::kOp;
+  return IdKind::kNone;
+}
+
+// One member of a struct: its name (the JSON key and the FlatBuffers field's name), how it is
+// coded and, for an id, the kind of object it names. Empty but for the name; the member is in
+// the type.
+template <auto kMember, Coding kCoding, IdKind kKind = IdKind::kNone>
 struct Field {
+  static_assert(kCoding != Coding::kId || kKind != IdKind::kNone,
+                "an id field whose name IdKindOf does not know");
   static constexpr Coding coding = kCoding;
+  static constexpr IdKind kind = kKind;
   const char* name;
 
   template <class R>
@@ -202,7 +222,7 @@ constexpr size_t MemberCount() {
 }  // namespace internal
 
 #define TORCHRR_FIELD_(name) Field<&Self::name, Coding::kPlain>{#name},
-#define TORCHRR_ID_FIELD_(name) Field<&Self::name, Coding::kId>{#name},
+#define TORCHRR_ID_FIELD_(name) Field<&Self::name, Coding::kId, IdKindOf(#name)>{#name},
 #define TORCHRR_TIME_FIELD_(name) Field<&Self::name, Coding::kTime>{#name},
 #define TORCHRR_DEFINE_FIELD_LIST_(S, LIST)                                                    \
   template <>                                                                                  \
