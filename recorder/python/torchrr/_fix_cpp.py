@@ -225,12 +225,32 @@ class CppRewriter:
         if used:
             why += ", and its result is used"
         elif recv and not re.fullmatch(PATH, recv):
+            root = _view_root(recv)
+            if root is not None:
+                return self._clone_before(root)
             why += f" through an expression ({recv})"
         return self._rewrite(None, why, False, [
             f"make {self.op} out of place"
             + ("" if self.op in _NO_TWIN else f" ({self.op[:-1]})")
             + " and use its result where the tensor was used",
             ".clone() the tensor before it is modified"])
+
+    def _clone_before(self, name: str) -> Rewrite:
+        """The write goes through a view of `name` (`name.select(...).zero_()`): `name` cloned on
+        a line of its own before the statement, certain when `name` is a local variable that
+        nothing else holds. The view, and the write, are then the clone's; the tensor autograd
+        saved keeps its values, and the code after sees the write as before."""
+        why = (f"`{self.op}` writes in place through a view of `{name}`, which autograd saved: "
+               "clone it first")
+        shared = None if self.parameter else self.shared(name)
+        if self.parameter or shared:
+            return self._rewrite(None, why + (f" ({name} {shared})" if shared else ""), False, [
+                f"{name} = {name}.clone(); before this line",
+                "move the write after backward() (the tensor is a leaf: a parameter)"
+                if self.parameter else "write into a new tensor and use it from here on"])
+        line = self.src.lines[self.line - 1]
+        indent = line[:len(line) - len(line.lstrip())]
+        return self._rewrite(f"{indent}{name} = {name}.clone();\n{line}", why)
 
     def _assign(self, name: str, spans: list, why: str) -> Rewrite:
         """The statement with `spans` applied (it assigns the out-of-place result to `name`):
@@ -388,6 +408,31 @@ class CppRewriter:
             k = stop + 1
         return self._rewrite(None, why, False, ["move this line after the backward() call "
                                                 "that runs the graph it changes"], first, last)
+
+
+# Methods whose result is a view of their receiver, whatever their arguments.
+_VIEW_METHODS = {"select", "narrow", "slice", "view", "view_as", "t", "transpose", "permute",
+                 "diagonal", "unsqueeze", "squeeze", "expand", "expand_as", "as_strided",
+                 "unfold", "real", "imag", "alias", "unflatten", "movedim", "swapaxes"}
+
+
+def _view_root(recv: str) -> Optional[str]:
+    """`name` when `recv` is `name` followed by one or more calls of view methods
+    (`log_probs.select(-1, pad)`), else None."""
+    root = re.match(rf"\s*({IDENT})", recv)
+    if root is None:
+        return None
+    pos = root.end()
+    call = re.compile(r"\s*\.\s*(\w+)\s*\(")
+    while pos < len(recv.rstrip()):
+        method = call.match(recv, pos)
+        if method is None or method.group(1) not in _VIEW_METHODS:
+            return None
+        end = closing(recv, method.end() - 1)
+        if end < 0:
+            return None
+        pos = end + 1
+    return root.group(1) if pos > root.end() else None
 
 
 def _is_type(head: str) -> bool:
