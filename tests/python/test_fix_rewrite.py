@@ -35,6 +35,12 @@ def rewrite_at(text, line, op, parameter=False):
     ("y.zero_()\n", "zero_", "y = torch.zeros_like(y)\n"),
     ("y[0] = 1\n", "fill_", "y = y.clone()\ny[0] = 1\n"),
     ("y.data[0] = 1\n", "fill_", "y = y.clone()\ny[0] = 1\n"),
+    # A write through a view of a local: the local is cloned first, and the write goes into the
+    # clone (the view methods return the tensor's own memory, so a rebinding would drop it).
+    ("y.select(-1, 0).zero_()  # pad\n", "zero_", "y = y.clone()\ny.select(-1, 0).zero_()  # pad\n"),
+    ("y[0].t().mul_(2)\n", "mul_", "y = y.clone()\ny[0].t().mul_(2)\n"),
+    ("y.transpose(0, 1)[0] = 1\n", "fill_", "y = y.clone()\ny.transpose(0, 1)[0] = 1\n"),
+    ("y.mT.add_(1)\n", "add_", "y = y.clone()\ny.mT.add_(1)\n"),
     ("p = p.masked_fill_(m,\n                    0.0)\n", "masked_fill_",
      "p = p.masked_fill(m,\n                    0.0)\n"),
     # A comment aligned with its neighbours' stays in its column while the code fits before it.
@@ -60,6 +66,10 @@ def test_the_statement_made_out_of_place(text, op, new):
     ("z = torch.cos(y.mul_(2))\n", 1, "mul_", "then use the result"),
     ("self.h.mul_(2)\n", 1, "mul_", "then use the result"),
     ("y.copy_(z)\n", 1, "copy_", "no out-of-place twin"),
+    ("def f(t):\n    t.select(0, 1).zero_()\n", 2, "zero_", "argument of f()"),
+    ("h = y[0]\nh.select(0, 1).mul_(2)\n", 2, "mul_", "view of another tensor (line 1)"),
+    # Not a view method: the receiver may be a copy, the name is not what is written.
+    ("y.float().mul_(2)\n", 1, "mul_", "then use the result"),
 ])
 def test_no_certain_rewrite_where_rebinding_would_change_the_program(text, line, op, why):
     rewrite = rewrite_at(text, line, op)
@@ -70,6 +80,14 @@ def test_no_certain_rewrite_where_rebinding_would_change_the_program(text, line,
 def test_a_parameter_is_never_rebound():
     rewrite = rewrite_at("p.data.mul_(2)\n", 1, "mul_", parameter=True)
     assert not rewrite.certain and "after backward()" in rewrite.choices[0]
+
+
+def test_a_write_through_a_shared_view_offers_only_valid_statements():
+    rewrite = rewrite_at("def f(t):\n    t.select(0, 1).zero_()\n", 2, "zero_")
+    assert rewrite.choices[0] == "t = t.clone() before the write"
+    # A receiver that is a call (maybe a copy) is not a statement's target.
+    rewrite = rewrite_at("y.float().mul_(2)\n", 1, "mul_")
+    assert not any("y.float() =" in choice for choice in rewrite.choices), rewrite.choices
 
 
 def test_a_library_call_named_like_the_op_is_not_a_tensor_method():

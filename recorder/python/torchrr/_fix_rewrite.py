@@ -227,13 +227,20 @@ class Rewriter:
         return self._rewrite(new, why)
 
     def _clone_before(self, base: ast.AST, what: str, spans=()) -> Rewrite:
+        """`name = name.clone()` on a line of its own before the statement, for a write into
+        `base` (`name`, `name.data`, or a view of `name`): the write then goes into the clone,
+        the tensor autograd saved keeps its values and the code after sees the write as before.
+        Certain when `name` is a local that nothing else holds."""
+        root = view_root(base)
+        if root is not None:
+            base = root
         tensor, through_data = _strip_data(base)
         name = self.src.segment(tensor)
         why = f"{what} into `{name}`, which autograd saved: clone it first"
         shared = self._shared(tensor)
         if not isinstance(tensor, ast.Name) or self.parameter or shared:
             return self._rewrite(None, why + (f" ({name} {shared})" if shared else ""), False, [
-                f"{name} = {name}.clone() before the write",
+                _clone_choice(tensor, name, "the write"),
                 "move the write after backward()" if self.parameter else
                 "write into a new tensor and use it from here on"])
         if through_data:
@@ -304,7 +311,7 @@ class Rewriter:
         new = self._stmt_edit(spans)
         return self._rewrite(None, why, False, [new.strip() + f"  (then use the result where "
                                                 f"{name} was used)",
-                                                f"{name} = {name}.clone() before this line"])
+                                                _clone_choice(tensor, name, "this line")])
 
     def _shared(self, tensor: Optional[ast.AST]) -> Optional[str]:
         """Why rebinding the name `tensor` would hide the write from other code that holds the
@@ -360,6 +367,9 @@ class Rewriter:
                     func.value.id in self.src.imported:
                 continue  # A library's function named like the op (`mylib.mul_(t)`).
             tensor = (call.args[0] if call.args else None) if module_call else func.value
+            root = view_root(tensor) if tensor is not None else None
+            if root is not None:
+                return self._clone_before(root, f"`{self.op}` writes in place through a view")
             if self.op in _NO_TWIN:
                 return self._no_twin(call, tensor, module_call, why)
             return self._assign_result(call, tensor, [_attr_name_span(func, self.op[:-1])], why)
@@ -368,7 +378,8 @@ class Rewriter:
     def _no_twin(self, call: ast.Call, tensor, module_call: bool, why: str) -> Rewrite:
         form = _NO_TWIN[self.op]
         name = self.src.segment(_strip_data(tensor)[0]) if tensor is not None else "the tensor"
-        choices = [f"{name} = {name}.clone() before the write"]
+        choices = [_clone_choice(_strip_data(tensor)[0] if tensor is not None else None, name,
+                                 "the write")]
         if form and not module_call and isinstance(self.stmt, ast.Expr) and \
                 self.stmt.value is call and isinstance(_strip_data(tensor)[0], ast.Name) and \
                 not self.parameter:
@@ -450,6 +461,44 @@ _VIEWS = {"view", "view_as", "reshape", "reshape_as", "t", "transpose", "permute
           "view_as_real", "view_as_complex", "unfold", "indices", "values", "contiguous",
           "to", "type_as", "float", "half", "double", "bfloat16", "cpu", "cuda", "data", "T",
           "mT", "H", "mH", "numpy", "as_tensor", "asarray"}
+
+
+# The methods and attributes whose result is always a view of the tensor they are called on
+# (never a copy): a write through them is a write into that tensor.
+_VIEW_METHODS = {"view", "view_as", "t", "transpose", "permute", "select", "narrow", "expand",
+                 "expand_as", "squeeze", "unsqueeze", "diagonal", "as_strided", "detach",
+                 "movedim", "moveaxis", "swapaxes", "swapdims", "unfold", "unflatten", "real",
+                 "imag", "T", "mT", "H", "mH"}
+
+
+def view_root(node: ast.AST) -> Optional[ast.Name]:
+    """The name `node` is a view of, when `node` is that name followed by one or more view
+    methods, view attributes or indexings (`y.select(0, 1)`, `y[0].t()`), else None."""
+    steps = 0
+    while True:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in _VIEW_METHODS and not node.keywords:
+            node = node.func.value
+        elif isinstance(node, ast.Attribute) and node.attr in _VIEW_METHODS:
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            break
+        steps += 1
+    return node if steps > 0 and isinstance(node, ast.Name) else None
+
+
+def _clone_choice(tensor: Optional[ast.AST], name: str, before: str) -> str:
+    """The choice of cloning the tensor written before `before`: `name = name.clone()` where
+    `name` can be assigned to (a name, an attribute, an indexing without calls), else the clone
+    where autograd saves it."""
+    node = tensor
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    if isinstance(node, ast.Name):
+        return f"{name} = {name}.clone() before {before}"
+    return ".clone() the tensor where autograd saves it (the victim's line)"
 
 
 def _is_view(value: ast.AST) -> bool:
