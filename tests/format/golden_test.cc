@@ -266,37 +266,24 @@ TEST(Golden, V1_9ReadsEveryField) {
   EXPECT_NE(wrapper.inner, wrapper.tensor);
 }
 
-// 1.10 codes the same records otherwise (step coding): they read back as 1.9's.
-TEST(Golden, V1_10ReadsEveryField) {
-  ExpectEveryField("/v1_10.trr", 10);
-  const Trace v1_9 = ReadTraceFileAll(kGolden + "/v1_9.trr");
-  const Trace v1_10 = ReadTraceFileAll(kGolden + "/v1_10.trr");
-  EXPECT_TRUE(v1_9.records == v1_10.records);
+// From 1.10 on, each minor only codes the same records otherwise: 1.10 step coding, 1.11 recent
+// ids, 1.12 record offset deltas, 1.13 recent ids by kind. Each file reads back as the minor
+// before's.
+class GoldenRecoded : public ::testing::TestWithParam<int> {};
+
+TEST_P(GoldenRecoded, ReadsEveryFieldAsTheMinorBefore) {
+  const int minor = GetParam();
+  const std::string name = "/v1_" + std::to_string(minor) + ".trr";
+  ExpectEveryField(name, static_cast<uint16_t>(minor));
+  const Trace previous = ReadTraceFileAll(kGolden + "/v1_" + std::to_string(minor - 1) + ".trr");
+  const Trace trace = ReadTraceFileAll(kGolden + name);
+  EXPECT_TRUE(previous.records == trace.records);
 }
 
-// 1.11 codes the same records otherwise (recent ids): they read back as 1.10's and 1.9's.
-TEST(Golden, V1_11ReadsEveryField) {
-  ExpectEveryField("/v1_11.trr", 11);
-  const Trace v1_10 = ReadTraceFileAll(kGolden + "/v1_10.trr");
-  const Trace v1_11 = ReadTraceFileAll(kGolden + "/v1_11.trr");
-  EXPECT_TRUE(v1_10.records == v1_11.records);
-}
-
-// 1.12 codes the same records otherwise (record offset deltas): they read back as 1.11's.
-TEST(Golden, V1_12ReadsEveryField) {
-  ExpectEveryField("/v1_12.trr", 12);
-  const Trace v1_11 = ReadTraceFileAll(kGolden + "/v1_11.trr");
-  const Trace v1_12 = ReadTraceFileAll(kGolden + "/v1_12.trr");
-  EXPECT_TRUE(v1_11.records == v1_12.records);
-}
-
-// 1.13 codes the same records otherwise (recent ids by kind): they read back as 1.12's.
-TEST(Golden, V1_13ReadsEveryField) {
-  ExpectEveryField("/v1_13.trr", 13);
-  const Trace v1_12 = ReadTraceFileAll(kGolden + "/v1_12.trr");
-  const Trace v1_13 = ReadTraceFileAll(kGolden + "/v1_13.trr");
-  EXPECT_TRUE(v1_12.records == v1_13.records);
-}
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenRecoded, ::testing::Values(10, 11, 12, 13),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "V1_" + std::to_string(info.param);
+                         });
 
 // A reader of 1.12 or before refuses a file of 1.13's step coding (oldest reader 1.13) rather
 // than decode its recent ids by kind wrong, one of 1.11 or before a file of 1.12's (oldest
