@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make demo: records a LoRA training step with a planted bug, replays the trace, checks the
-# patch `torchrr fix` proposes (Python sample only) and writes the bug report page (torchrr
-# report) that would be attached to an issue.
+# patch `torchrr fix` proposes and writes the bug report page (torchrr report) that would be
+# attached to an issue.
 # DEMO=peft (default): the transformers + PEFT sample (Python). DEMO=cpp: the C++ libtorch sample.
 # TORCHRR, PY, BUILD and DEMO_DIR name the CLI, the Python, the build tree and the output folder
 # (tests/python/test_report.py runs this script against its own build and a temporary folder).
@@ -38,15 +38,18 @@ echo "   \$ torchrr replay $trace"
 "$TORCHRR" replay "$trace"
 rc=$?
 [ "$rc" = 1 ] || { echo "demo: expected the replay to find the planted bug (exit 1), got $rc"; exit 1; }
-if [ "$DEMO" != cpp ]; then
-  echo
+echo
+if [ "$DEMO" = cpp ]; then
+  echo "== The fix: a patch for the culprit's line, checked by building the program again from"
+  echo "   a patched copy of the file and re-running it (samples/ and $BUILD/ are not written):"
+else
   echo "== The fix: a patch for the culprit's line, checked by re-running the program on a"
   echo "   patched copy of its folder (the files under samples/ are not written):"
-  echo "   \$ torchrr fix $trace --check"
-  "$TORCHRR" fix "$trace" --check --timeout 300
-  rc=$?
-  [ "$rc" = 0 ] || { echo "demo: expected the patch to check clean (exit 0), got $rc"; exit 1; }
 fi
+echo "   \$ torchrr fix $trace --check"
+"$TORCHRR" fix "$trace" --check --timeout 300
+rc=$?
+[ "$rc" = 0 ] || { echo "demo: expected the patch to check clean (exit 0), got $rc"; exit 1; }
 echo
 echo "== The bug report, one HTML page to open in a browser or attach to an issue:"
 echo "   \$ torchrr report $trace -o $page"

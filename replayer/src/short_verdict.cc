@@ -106,9 +106,9 @@ std::string FixVerbLine(const Report& report, const std::string& trace) {
     }
     cpp = cpp || language == FixLanguage::kCpp;
   }
-  // A C++ program is not rebuilt: the patch is shown, for the user to apply and rebuild.
   return cpp ? "try: torchrr fix " + Printable(trace) +
-                   " (a patch for the culprit's C++ line, to apply and rebuild)\n"
+                   " --check (a patch for the culprit's C++ line, checked by building the "
+                   "program again and re-running it)\n"
              : "";
 }
 

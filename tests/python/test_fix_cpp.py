@@ -1,6 +1,7 @@
 """`torchrr fix` on a culprit line of C++: the rewrites on source text alone (each shape, and the
 places where no rewrite is certain), then the C++ sample's planted bugs recorded with the CLI."""
 import json
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -271,11 +272,12 @@ def test_a_planted_bug_on_a_rewritable_line_gets_its_cpp_patch(tmp_path, bug):
     edits = json.loads(fix("--json", trace).stdout)["edits"]
     assert len(edits) == 1 and edits[0]["certain"], edits
     assert edits[0]["file"] == str(SAMPLES / name)
-    # replay ends pointing at fix, which for C++ shows the patch and does not re-run.
+    # replay ends pointing at fix --check, which builds a C++ program again.
     replay = subprocess.run([cli(), "replay", str(trace)], capture_output=True, text=True,
                             timeout=60)
-    assert replay.stdout.splitlines()[-1] == (f"try: torchrr fix {trace} (a patch for the "
-                                              "culprit's C++ line, to apply and rebuild)")
+    assert replay.stdout.splitlines()[-1] == (
+        f"try: torchrr fix {trace} --check (a patch for the culprit's C++ line, checked by "
+        "building the program again and re-running it)")
 
 
 @needs_sample
@@ -287,15 +289,42 @@ def test_a_planted_bug_on_another_line_lists_the_choices(tmp_path, bug):
     assert "\n  - " in proc.stdout and "---" not in proc.stdout, proc.stdout
 
 
+def _build_and_sources():
+    """Each file of the sample's sources and of its objects in the build, with its modification
+    time."""
+    objects = LORA_STEP.parent.parent / "samples"
+    files = [*SAMPLES.iterdir(), *objects.rglob("*.o"), *objects.rglob("*.a"), LORA_STEP]
+    return {path: path.stat().st_mtime_ns for path in files}
+
+
+# One bug whose line is in the sample's static library (lora_model.cc), one in the program's own
+# file (lora_step.cc): the two ways a patched object goes into the program.
 @needs_sample
-def test_check_and_apply_refuse_to_rebuild_a_cpp_program(tmp_path):
-    trace = _record(tmp_path, "inplace_activation")
+@pytest.mark.parametrize("bug", ["inplace_activation", "optimizer_before_backward"])
+def test_check_builds_the_sample_again_with_the_patch_and_replays_it(tmp_path, bug):
+    trace = _record(tmp_path, bug)
+    before = _build_and_sources()
+    proc = subprocess.run([cli(), "fix", "--check", str(trace)], capture_output=True, text=True,
+                          cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "with this patch: backward ran (2 passes), 0 violations" in proc.stdout, proc.stdout
+    assert _build_and_sources() == before, "neither the sources nor the build are written"
+
+
+@needs_sample
+def test_check_refuses_a_program_outside_a_cmake_build(tmp_path):
+    program = tmp_path / "lora_step"
+    shutil.copy(LORA_STEP, program)
+    trace = tmp_path / "copy.trr"
+    record(trace, [program, "--device", "cpu", "--steps", "2", "--bug", "inplace_activation"],
+           flags=["--quiet"])
     before = (SAMPLES / "lora_model.cc").read_bytes()
     for flag in ("--check", "--apply"):
         proc = fix(flag, trace)
         assert proc.returncode == 11, proc.stdout + proc.stderr
-        assert proc.stderr == ("torchrr: cannot re-run the recorded command: a C++ program is "
-                               "not rebuilt: apply the patch and rebuild\n"), proc.stderr
+        assert proc.stderr == (f"torchrr: cannot re-run the recorded command: {program} is not "
+                               "in a CMake build directory (none of the directories above it "
+                               "holds a CMakeCache.txt)\n"), proc.stderr
         assert "act = act.mul(gate);" in proc.stdout, "the patch is still printed"
     assert (SAMPLES / "lora_model.cc").read_bytes() == before
     assert not (SAMPLES / "lora_model.cc.orig").exists()

@@ -1,8 +1,9 @@
 """``torchrr fix --check``: re-runs the recorded command (``python script.py ...`` or
-``python -m module ...``, or the torchrun launch a rank's trace came from) under ``torchrr
-record`` with the patch applied to copies of the files (a temporary copy of the script's
-directory, or for ``-m`` of the working directory the module was imported from; the user's files
-are never written), replays that trace and says what remains. ``--steps N`` stops the re-run once
+``python -m module ...``, or the torchrun launch a rank's trace came from, or a C++ program
+built again from its CMake build, _fix_cpp_build) under ``torchrr record`` with the patch applied
+to copies of the files (a temporary copy of the script's directory, or for ``-m`` of the working
+directory the module was imported from, or of the patched C++ files; the user's files are never
+written), replays that trace and says what remains. ``--steps N`` stops the re-run once
 its first N steps are recorded. When a violation was silent, the patched program also runs twice
 without the recorder (_fix_grads/sitecustomize.py), as it is and with every saved tensor kept as
 saved, and the gradients of its backward passes up to the violation's are compared
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from . import _fix
+from . import _fix_cpp_build as _build
 
 # Not copied with the script's directory: what a re-run never imports, and what is large.
 _SKIP = shutil.ignore_patterns(".git", "__pycache__", "*.trr", ".venv", "venv", "node_modules",
@@ -191,6 +193,7 @@ class Rerun:
     command: list = field(default_factory=list)  # The patched program's command line,
     cwd: str = ""                                # run in this directory,
     env: dict = field(default_factory=dict)      # with this environment.
+    built: bool = False           # A C++ program built again with the patch (_fix_cpp_build).
 
 
 def _steps_written(traces: list, steps: int, done: set) -> bool:
@@ -250,10 +253,10 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     """Runs the recorded command under `torchrr record` on patched copies in `workdir` (a rank's
     trace: the whole torchrun launch); with `steps`, stops it once its first `steps` steps are
     recorded."""
-    if any(_fix.cpp.is_cpp(path) for path in texts):
-        raise NotRerunnable("a C++ program is not rebuilt: apply the patch and rebuild")
     info = _info(trace)
     command, flags = _command(info)
+    if any(_fix.cpp.is_cpp(path) for path in texts):
+        return _rerun_cpp(command, flags, texts, timeout, workdir, steps)
     index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))
     launcher = _launch(trace, info, command, index)
     outside = [p for p in texts if os.path.commonpath([root, p]) != root]
@@ -300,6 +303,41 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     result.returncode, result.stderr, result.stopped = _record(
         [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command], run_cwd, env,
         timeout, workdir, list(result.ranks.values()) or [new_trace], steps)
+    return result
+
+
+def _rerun_cpp(command: list, flags: list, texts: dict, timeout: float, workdir: str,
+               steps: Optional[int]) -> Rerun:
+    """The recorded C++ program built again from patched copies of its sources
+    (_fix_cpp_build), run under `torchrr record` in this directory with its recorded
+    arguments."""
+    if not all(_fix.cpp.is_cpp(path) for path in texts):
+        raise NotRerunnable("the patch edits both C++ and Python files: only one program is "
+                            "re-run")
+    executable = command[0]
+    if not os.path.isabs(executable):
+        executable = shutil.which(executable) if os.sep not in executable else \
+            os.path.abspath(executable)
+    if not executable or not os.path.isfile(executable):
+        raise NotRerunnable(f"{command[0]} is not found from here: run fix in the directory "
+                            "the program was recorded in")
+    started = time.monotonic()
+    try:
+        rebuilt, paths = _build.rebuild(executable, texts, workdir, timeout)
+    except _build.CannotRebuild as error:
+        raise NotRerunnable(f"{error}") from None
+    new_trace = os.path.join(workdir, "check.trr")
+    result = Rerun(new_trace, paths=paths, command=[rebuilt, *command[1:]], cwd=os.getcwd(),
+                   built=True)
+    drop = {"TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES",
+            "TORCHRR_FIX_OPTIONS"}
+    result.env = {k: v for k, v in os.environ.items() if k not in drop}
+    if steps:
+        flags = [*flags, "--steps", f"0:{steps - 1}"]
+    left = max(1.0, timeout - (time.monotonic() - started))
+    result.returncode, result.stderr, result.stopped = _record(
+        [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *result.command], result.cwd,
+        result.env, left, workdir, [new_trace], steps)
     return result
 
 
@@ -419,6 +457,8 @@ def compare_gradients(run: Rerun, document: dict, timeout: float, workdir: str) 
     silent = [v for v in document.get("violations", []) if v.get("kind") == "silent"]
     if not silent:
         return True, ""
+    if run.built:
+        return None, "the gradients were not compared: only a Python program's are"
     if run.launch:
         return None, "the gradients were not compared: a torchrun launch is re-run only recorded"
     passes = 1 + max(int(v.get("backward_pass") or 0) for v in silent)
@@ -480,6 +520,9 @@ def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dic
         except NotRerunnable as error:
             sys.stderr.write(f"torchrr: cannot re-run the recorded command: {error}\n")
             return codes["not_rerun"]
+        except _build.CompileFailed as error:
+            say(f"with this patch: {error}")
+            return codes["violations"]
         except subprocess.TimeoutExpired:
             say(f"with this patch: the program ran past --timeout {args.timeout:g}s")
             return codes["violations"]

@@ -409,8 +409,9 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace);
 enum class FixLanguage : uint8_t { kNone, kPython, kCpp };
 FixLanguage FixVerbMayPatch(const Violation& v);
 // The line `replay` and the short verdict end with when a violation of `report` passes
-// FixVerbMayPatch: "try: torchrr fix run.trr --check (...)\n" for a Python line, "try: torchrr
-// fix run.trr (... to apply and rebuild)\n" for C++ lines only; "" otherwise.
+// FixVerbMayPatch: "try: torchrr fix run.trr --check (...)\n", saying that the check re-runs
+// the program for a Python line, and that it builds the program again first for C++ lines only;
+// "" otherwise.
 std::string FixVerbLine(const Report& report, const std::string& trace);
 
 // The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).
