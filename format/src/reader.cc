@@ -488,7 +488,8 @@ class TraceParser::Impl {
     if (decoded.bad_coding) {
       Problem(StatusCode::kCorrupt,
               ChunkPlace(number, chunk.offset) +
-                  (batch.coding() > 1 ? ": unknown record coding " + std::to_string(batch.coding())
+                  (batch.coding() > static_cast<uint8_t>(BatchCoding::kStepsExecTimes)
+                       ? ": unknown record coding " + std::to_string(batch.coding())
                                       : std::string(": time column does not match its records")) +
                   " (corrupt)");
     }

@@ -73,6 +73,21 @@ template <class F>
 constexpr bool IsSequenceNr = std::is_same_v<F, Field<&OpRecord::sequence_nr, Coding::kPlain>> ||
                                std::is_same_v<F, Field<&NodeRecord::sequence_nr, Coding::kPlain>>;
 
+// Which time a time field is, for kStepsExecTimes (StepCoding::EncodeTime).
+template <class F>
+constexpr StepCoding::TimeRole TimeRoleOf() {
+  using Role = StepCoding::TimeRole;
+  if constexpr (std::is_same_v<F, Field<&OpRecord::start_ns, Coding::kTime>>) return Role::kOpStart;
+  if constexpr (std::is_same_v<F, Field<&OpRecord::end_ns, Coding::kTime>>) return Role::kOpEnd;
+  if constexpr (std::is_same_v<F, Field<&NodeExecRecord::start_ns, Coding::kTime>>) {
+    return Role::kExecStart;
+  }
+  if constexpr (std::is_same_v<F, Field<&NodeExecRecord::end_ns, Coding::kTime>>) {
+    return Role::kExecEnd;
+  }
+  return Role::kOther;
+}
+
 // A TensorUse as a kSteps batch stores it: version_after as its distance from version_before
 // (wrapping), 0 unless the op wrote through the tensor, where the versions themselves grow from
 // step to step.
@@ -123,9 +138,8 @@ class Encoder {
       return std::tuple{steps_ == nullptr ? ids_.Encode(value)
                                           : steps_->EncodeId(ids_, value, F::kind)};
     } else if constexpr (F::coding == Coding::kTime) {
-      uint64_t z = times_.Encode(value);
-      if (steps_ == nullptr) return std::tuple{z};
-      steps_->PutTime(z);
+      if (steps_ == nullptr) return std::tuple{times_.Encode(value)};
+      steps_->PutTime(steps_->EncodeTime(times_, value, TimeRoleOf<F>()));
       return std::tuple{uint64_t{0}};  // The default: not stored.
     } else if constexpr (IsSequenceNr<F>) {
       int64_t stored = value;
@@ -224,7 +238,8 @@ class Decoder {
       value = steps_ == nullptr ? ids_.Decode(get(in))
                                 : steps_->DecodeId(ids_, get(in), F::kind);
     } else if constexpr (F::coding == Coding::kTime) {
-      value = times_.Decode(steps_ == nullptr ? get(in) : steps_->NextTime());
+      value = steps_ == nullptr ? times_.Decode(get(in))
+                                : steps_->DecodeTime(times_, steps_->NextTime(), TimeRoleOf<F>());
     } else if constexpr (IsSequenceNr<F>) {
       value = steps_ == nullptr ? get(in) : steps_->sequence.Decode(get(in));
     } else {
@@ -348,9 +363,7 @@ void BatchEncoder::Reset(uint64_t base_high, int64_t base_time_ns) {
   steps_.steps = StepRule();
   steps_.previous_step_ids.clear();
   steps_.step_ids.clear();
-  steps_.recent_ids =
-      coding_ == BatchCoding::kStepsRecent || coding_ == BatchCoding::kStepsRecentByKind;
-  steps_.recent_by_kind = coding_ == BatchCoding::kStepsRecentByKind;
+  steps_.SetCoding(coding_);
   steps_.recent.Clear();
 }
 
@@ -358,6 +371,7 @@ Status BatchEncoder::Add(const Record& record) {
   IdCoder ids_before = ids_;
   TimeCoder times_before = times_;
   SequenceCoder sequence_before = steps_.sequence;
+  const int64_t op_times_before[2] = {steps_.op_times[0], steps_.op_times[1]};
   size_t times_before_size = steps_.times.size();
   size_t step_ids_before = steps_.step_ids.size();
   const bool step_coded = coding_ != BatchCoding::kCursors;
@@ -373,6 +387,8 @@ Status BatchEncoder::Add(const Record& record) {
     ids_ = ids_before;
     times_ = times_before;
     steps_.sequence = sequence_before;
+    steps_.op_times[0] = op_times_before[0];
+    steps_.op_times[1] = op_times_before[1];
     steps_.times.resize(times_before_size);
     steps_.step_ids.resize(step_ids_before);
     steps_.recent.Undo();

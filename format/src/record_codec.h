@@ -78,16 +78,22 @@ class TimeCoder {
   explicit TimeCoder(int64_t base = 0) : cursor_(base) {}
   // Zigzag delta from the cursor (wrapping, so every int64 round-trips); the cursor moves to t.
   uint64_t Encode(int64_t t) {
-    auto delta = static_cast<int64_t>(static_cast<uint64_t>(t) - static_cast<uint64_t>(cursor_));
+    const uint64_t z = Zigzag(static_cast<uint64_t>(t) - static_cast<uint64_t>(cursor_));
     cursor_ = t;
-    return (static_cast<uint64_t>(delta) << 1) ^ static_cast<uint64_t>(delta >> 63);
+    return z;
   }
   int64_t Decode(uint64_t z) {
-    uint64_t delta = (z >> 1) ^ (~(z & 1) + 1);
-    cursor_ = static_cast<int64_t>(static_cast<uint64_t>(cursor_) + delta);
+    cursor_ = static_cast<int64_t>(static_cast<uint64_t>(cursor_) + Unzigzag(z));
     return cursor_;
   }
   int64_t cursor() const { return cursor_; }
+  void MoveTo(int64_t t) { cursor_ = t; }
+
+  // A wrapped difference as zigzag (small of either sign, small), and back.
+  static uint64_t Zigzag(uint64_t delta) {
+    return (delta << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(delta) >> 63);
+  }
+  static uint64_t Unzigzag(uint64_t z) { return (z >> 1) ^ (~(z & 1) + 1); }
 
  private:
   int64_t cursor_;
@@ -100,6 +106,7 @@ enum class BatchCoding : uint8_t {
                  // deltas, so that a repeating step repeats byte for byte.
   kStepsRecent = 2,  // 1.11: kSteps, and ids used recently as how many id uses ago (RecentIds).
   kStepsRecentByKind = 3,  // 1.13: kStepsRecent, the uses counted among those of the id's kind.
+  kStepsExecTimes = 4,     // 1.14: kStepsRecentByKind, and a node execution's times from its op's.
 };
 
 // The ids of a kStepsRecent batch used recently, by how many id uses ago. A training step refers
@@ -222,9 +229,43 @@ struct StepCoding {
   std::vector<ObjectId> previous_step_ids;
   std::vector<ObjectId> step_ids;
 
-  bool recent_ids = false;      // A kStepsRecent or kStepsRecentByKind batch.
-  bool recent_by_kind = false;  // kStepsRecentByKind: each IdKind's uses counted apart.
+  bool recent_ids = false;      // A kStepsRecent batch or later.
+  bool recent_by_kind = false;  // kStepsRecentByKind or later: each IdKind's uses counted apart.
   RecentIds recent;
+  // kStepsExecTimes: a NodeExecRecord's start_ns and end_ns are coded as differences from the
+  // start_ns and end_ns of the last OpRecord before it in the batch (op_times; 0 before the
+  // first), not from the time cursor: the recorder writes a node's execution right after the op
+  // that ran it, with the same times, so both code as 0. The cursor still moves to each time.
+  bool exec_times_from_op = false;
+  int64_t op_times[2] = {0, 0};
+
+  // Which time of which record a time field is (TimeRoleOf).
+  enum class TimeRole : uint8_t { kOther, kOpStart, kOpEnd, kExecStart, kExecEnd };
+  uint64_t EncodeTime(TimeCoder& times, int64_t t, TimeRole role) {
+    if (exec_times_from_op && (role == TimeRole::kExecStart || role == TimeRole::kExecEnd)) {
+      const int64_t from = op_times[role == TimeRole::kExecEnd];
+      times.MoveTo(t);
+      return TimeCoder::Zigzag(static_cast<uint64_t>(t) - static_cast<uint64_t>(from));
+    }
+    if (role == TimeRole::kOpStart || role == TimeRole::kOpEnd) {
+      op_times[role == TimeRole::kOpEnd] = t;
+    }
+    return times.Encode(t);
+  }
+  int64_t DecodeTime(TimeCoder& times, uint64_t z, TimeRole role) {
+    int64_t t;
+    if (exec_times_from_op && (role == TimeRole::kExecStart || role == TimeRole::kExecEnd)) {
+      const int64_t from = op_times[role == TimeRole::kExecEnd];
+      t = static_cast<int64_t>(static_cast<uint64_t>(from) + TimeCoder::Unzigzag(z));
+      times.MoveTo(t);
+    } else {
+      t = times.Decode(z);
+    }
+    if (role == TimeRole::kOpStart || role == TimeRole::kOpEnd) {
+      op_times[role == TimeRole::kOpEnd] = t;
+    }
+    return t;
+  }
 
   // The kind RecentIds counts an id of this kind among.
   size_t RecentKind(IdKind kind) const { return recent_by_kind ? static_cast<size_t>(kind) : 0; }
@@ -255,6 +296,14 @@ struct StepCoding {
     step_ids.push_back(x);
     return x;
   }
+  // The flags of a step-coded batch of `coding`.
+  void SetCoding(BatchCoding coding) {
+    recent_ids = coding >= BatchCoding::kStepsRecent;
+    recent_by_kind = coding >= BatchCoding::kStepsRecentByKind;
+    exec_times_from_op = coding >= BatchCoding::kStepsExecTimes;
+    op_times[0] = op_times[1] = 0;
+  }
+
   // After each record, encoded or decoded.
   void Next(const Record& record) {
     if (!steps.Add(record)) return;
@@ -377,11 +426,8 @@ DecodedBatch DecodeBatch(const fb::RecordBatch& batch, Emit&& emit) {
   DecodedBatch decoded;
   const auto coding = static_cast<BatchCoding>(batch.coding());
   StepCoding steps;
-  const bool step_coded = coding == BatchCoding::kSteps || coding == BatchCoding::kStepsRecent ||
-                          coding == BatchCoding::kStepsRecentByKind;
-  steps.recent_ids =
-      coding == BatchCoding::kStepsRecent || coding == BatchCoding::kStepsRecentByKind;
-  steps.recent_by_kind = coding == BatchCoding::kStepsRecentByKind;
+  const bool step_coded = coding != BatchCoding::kCursors && coding <= BatchCoding::kStepsExecTimes;
+  steps.SetCoding(coding);
   if (step_coded && batch.times() != nullptr) {
     steps.column = batch.times()->data();
     steps.column_size = batch.times()->size();

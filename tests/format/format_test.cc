@@ -132,9 +132,10 @@ TEST(SequenceCoder, ExtremesRoundTrip) {
   EXPECT_FALSE(far.Encode(INT64_MIN, &stored));
 }
 
-// Step coding (1.10; recent ids, 1.11; record offset deltas, 1.12; recent ids by kind, 1.13)
-// changes the bytes, not the records: written with it and without, a trace reads back the same, record for record, in one
-// chunk and in many, whole and cut anywhere.
+// Step coding (1.10; recent ids, 1.11; record offset deltas, 1.12; recent ids by kind, 1.13; node
+// execution times from their op's, 1.14) changes the bytes, not the records: written with it and
+// without, a trace reads back the same, record for record, in one chunk and in many, whole and cut
+// anywhere.
 TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
   std::vector<Record> records = ManySteps(12);
   std::vector<Record> every = EveryKind(1000, 7, 5'000'000'000);
@@ -149,7 +150,7 @@ TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
     ExpectSameRecords(records, a.records);
     ExpectSameRecords(a.records, b.records);
     EXPECT_EQ(a.summary.header.oldest_reader_minor, 0);
-    EXPECT_EQ(b.summary.header.oldest_reader_minor, 13);
+    EXPECT_EQ(b.summary.header.oldest_reader_minor, 14);
     EXPECT_LT(stepped.size(), plain.size());
     // Record batches carry the offset deltas' flag (chunk header bytes 6 and 7), others none.
     for (const ChunkInfo& c : b.summary.chunks) {
@@ -233,8 +234,9 @@ TEST(RecordOffsetDeltas, FlagOnAnotherChunkTypeIsCorrupt) {
 // A step-coded batch whose time column does not match its records is corrupt, said so, and
 // the reader goes on.
 TEST(RoundTrip, StepCodedBatchWithABadColumnIsCorrupt) {
-  for (int change : {-1, +1}) {
-    BatchEncoder encoder(1 << 16, BatchCoding::kSteps);
+  for (int change : {-1, +1})
+  for (BatchCoding coding : {BatchCoding::kSteps, BatchCoding::kStepsExecTimes}) {
+    BatchEncoder encoder(1 << 16, coding);
     encoder.Reset(0, 0);
     for (const Record& r : ManySteps(1)) ASSERT_TRUE(encoder.Add(r).ok());
     std::span<const uint8_t> finished = encoder.Finish();
@@ -257,6 +259,24 @@ TEST(RoundTrip, StepCodedBatchWithABadColumnIsCorrupt) {
     DecodedBatch decoded = DecodeBatch(*batch, [](const Record&) {});
     EXPECT_TRUE(decoded.bad_coding) << change;
   }
+}
+
+// A batch of a coding this reader does not know (5) is corrupt, its records not decoded.
+TEST(RoundTrip, UnknownBatchCodingIsCorrupt) {
+  BatchEncoder encoder(1 << 16, BatchCoding::kStepsExecTimes);
+  encoder.Reset(0, 0);
+  for (const Record& r : ManySteps(1)) ASSERT_TRUE(encoder.Add(r).ok());
+  std::span<uint8_t> payload = encoder.Finish();
+  const auto* batch = flatbuffers::GetRoot<fb::RecordBatch>(payload.data());
+  const uint8_t* coding = reinterpret_cast<const flatbuffers::Table*>(batch)->GetAddressOf(
+      fb::RecordBatch::VT_CODING);
+  ASSERT_NE(coding, nullptr);
+  ASSERT_EQ(*coding, 4);
+  payload[static_cast<size_t>(coding - payload.data())] = 5;
+  size_t records = 0;
+  DecodedBatch decoded = DecodeBatch(*batch, [&](const Record&) { ++records; });
+  EXPECT_TRUE(decoded.bad_coding);
+  EXPECT_EQ(records, 0u);
 }
 
 // The step rule of SPEC.md "Steps" on two steps of forward, backward, optimizer.
@@ -372,6 +392,35 @@ TEST(RecentIds, ByKindCountsTheUsesOfTheIdsKind) {
     if (coding == BatchCoding::kStepsRecentByKind) EXPECT_EQ(codes[3] & 3, 2u);  // high - x.
     for (size_t i = 0; i < uses.size(); ++i) {
       EXPECT_EQ(decoder.DecodeId(decode_ids, codes[i], uses[i].second), uses[i].first) << i;
+    }
+  }
+}
+
+// 1.14 codes a node execution's times from its op's: the same times store 0 and 0; others, their
+// distance from the op's (of either sign); before any op, from 0. A 1.13 batch codes them from
+// the cursor. Both decode back, and the cursor moves to each time as before.
+TEST(StepCoding, ExecTimesFromTheOpsTimes) {
+  using Role = StepCoding::TimeRole;
+  const std::vector<std::pair<int64_t, Role>> times = {
+      {500, Role::kExecStart}, {700, Role::kExecEnd},  // Before any op.
+      {1000, Role::kOpStart},  {1400, Role::kOpEnd},   {1000, Role::kExecStart},
+      {1400, Role::kExecEnd},  {1500, Role::kOther},   {990, Role::kExecStart},
+      {1403, Role::kExecEnd},  {1600, Role::kOther}};
+  for (BatchCoding coding : {BatchCoding::kStepsRecentByKind, BatchCoding::kStepsExecTimes}) {
+    StepCoding encoder, decoder;
+    encoder.SetCoding(coding);
+    decoder.SetCoding(coding);
+    TimeCoder encode_times(100), decode_times(100);
+    std::vector<uint64_t> codes;
+    for (const auto& [t, role] : times) codes.push_back(encoder.EncodeTime(encode_times, t, role));
+    if (coding == BatchCoding::kStepsExecTimes) {
+      EXPECT_EQ(codes, (std::vector<uint64_t>{1000, 1400, 600, 800, 0, 0, 200, 19, 6, 394}));
+    } else {
+      EXPECT_EQ(codes[4], 799u);  // 1000 - 1400 from the cursor, zigzag.
+    }
+    for (size_t i = 0; i < times.size(); ++i) {
+      EXPECT_EQ(decoder.DecodeTime(decode_times, codes[i], times[i].second), times[i].first) << i;
+      EXPECT_EQ(decode_times.cursor(), times[i].first) << i;
     }
   }
 }
