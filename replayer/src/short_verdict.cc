@@ -97,6 +97,7 @@ FixLanguage FixVerbMayPatch(const Violation& v) {
 
 std::string FixVerbLine(const Report& report, const std::string& trace) {
   bool cpp = false;
+  bool no_line = false;
   for (const Violation& v : report.violations) {
     const FixLanguage language = FixVerbMayPatch(v);
     if (language == FixLanguage::kPython) {
@@ -105,11 +106,22 @@ std::string FixVerbLine(const Report& report, const std::string& trace) {
              "program)\n";
     }
     cpp = cpp || language == FixLanguage::kCpp;
+    // A native frame named by its symbol alone: the program has no line table (no -g).
+    const std::optional<OpRef>& culprit = v.changed_source ? v.changed_source : v.culprit;
+    no_line = no_line || (culprit && !culprit->hook && culprit->user_frame &&
+                          culprit->user_frame->file.empty() &&
+                          !culprit->user_frame->function.empty());
   }
-  return cpp ? "try: torchrr fix " + Printable(trace) +
-                   " --check (a patch for the culprit's C++ line, checked by building the "
-                   "program again and re-running it)\n"
-             : "";
+  if (cpp) {
+    return "try: torchrr fix " + Printable(trace) +
+           " --check (a patch for the culprit's C++ line, checked by building the program "
+           "again and re-running it)\n";
+  }
+  return no_line ? "note: the culprit's C++ function has no file and line: the program was "
+                   "built without debug info; build it with -g (CMake: "
+                   "-DCMAKE_BUILD_TYPE=RelWithDebInfo) and record again to have its line named "
+                   "and a patch for it\n"
+                 : "";
 }
 
 }  // namespace torchrr::replayer

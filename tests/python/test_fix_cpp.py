@@ -328,3 +328,21 @@ def test_check_refuses_a_program_outside_a_cmake_build(tmp_path):
         assert "act = act.mul(gate);" in proc.stdout, "the patch is still printed"
     assert (SAMPLES / "lora_model.cc").read_bytes() == before
     assert not (SAMPLES / "lora_model.cc.orig").exists()
+
+
+@needs_sample
+@pytest.mark.skipif(shutil.which("strip") is None, reason="binutils' strip is not installed")
+def test_a_program_without_debug_info_is_told_how_to_get_its_line(tmp_path):
+    program = tmp_path / "lora_step"
+    subprocess.run(["strip", "--strip-debug", "-o", program, LORA_STEP], check=True)
+    trace = tmp_path / "nodebug.trr"
+    proc = record(trace, [program, "--device", "cpu", "--steps", "1", "--bug",
+                          "inplace_activation"])
+    note = ("note: the culprit's C++ function has no file and line: the program was built "
+            "without debug info; build it with -g (CMake: -DCMAKE_BUILD_TYPE=RelWithDebInfo) and "
+            "record again to have its line named and a patch for it")
+    assert "culprit: <unknown file> in " in proc.stderr, proc.stderr
+    assert note in proc.stderr.splitlines(), proc.stderr
+    replay = subprocess.run([cli(), "replay", str(trace)], capture_output=True, text=True,
+                            timeout=60)
+    assert replay.stdout.splitlines()[-1] == note, replay.stdout

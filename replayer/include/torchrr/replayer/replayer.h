@@ -411,7 +411,8 @@ FixLanguage FixVerbMayPatch(const Violation& v);
 // The line `replay` and the short verdict end with when a violation of `report` passes
 // FixVerbMayPatch: "try: torchrr fix run.trr --check (...)\n", saying that the check re-runs
 // the program for a Python line, and that it builds the program again first for C++ lines only;
-// "" otherwise.
+// where no culprit passes and one is a C++ function without file and line (a program built
+// without debug info), a note saying how to have its line; "" otherwise.
 std::string FixVerbLine(const Report& report, const std::string& trace);
 
 // The JSON report; the schema is replayer/SCHEMA.md (kSchemaVersion).
