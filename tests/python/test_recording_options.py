@@ -188,3 +188,17 @@ def test_the_cli_refuses_what_the_relations_refuse(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and why in proc.stderr, proc.stderr
         assert not (tmp_path / "s").exists()
+
+
+def test_python_reads_a_switch_as_the_recorder_does(monkeypatch):
+    """torchrr/_env_switch.py's values for on are ParseSwitch's (recording_options.cc), and
+    nothing else is on: the sitecustomize and the recorder agree on TORCHRR_FOLLOW_FORKS."""
+    from torchrr import _env_switch
+    source = (REPO / "recorder" / "src" / "options" / "recording_options.cc").read_text()
+    parse = re.search(r"ParseSwitch\(std::string_view text\) \{\n(.*?)\n\}", source, re.S)
+    on_line = next(line for line in parse.group(1).splitlines() if "return true" in line)
+    assert tuple(re.findall(r'text == "([^"]*)"', on_line)) == _env_switch.ON
+    for value, on in [("1", True), ("yes", True), ("on", True), ("TRUE", False), (" 1", False),
+                      ("0", False), ("", False)]:
+        monkeypatch.setenv("TORCHRR_FOLLOW_FORKS", value)
+        assert _env_switch.switch_on("TORCHRR_FOLLOW_FORKS") is on, value

@@ -7,6 +7,7 @@ import sys
 from typing import Optional
 
 from . import _modules, _native
+from ._env_switch import switch_on
 
 # Error kinds of torchrr_record_error (format::ErrorKind).
 ERROR_CPP = 0
@@ -193,9 +194,7 @@ def _warn_about_python_children():
     subprocess and multiprocessing start them through _posixsubprocess.fork_exec (subprocess
     through the reference it took at import); the wrapper reads its arguments only."""
     global _children_watched
-    follows = os.environ.get("TORCHRR_FOLLOW_FORKS", "").strip().lower() in ("1", "true", "yes",
-                                                                            "on")
-    if _children_watched or follows:
+    if _children_watched or switch_on("TORCHRR_FOLLOW_FORKS"):
         return
     _children_watched = True
     try:

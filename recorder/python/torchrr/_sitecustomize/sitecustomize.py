@@ -40,6 +40,19 @@ def _warn(message):
     sys.stderr.write(f"torchrr: warning: {message}\n")
 
 
+def _switch_on(name):
+    """Whether the TORCHRR_* switch `name` is on as the recorder reads it: torchrr/_env_switch.py,
+    run by its path (importing the torchrr package would load the recorder before torch). Off
+    when the file is missing, as the recorder's default."""
+    import runpy
+    try:
+        module = runpy.run_path(os.path.join(os.path.dirname(_HERE), "_env_switch.py"))
+    except Exception as error:
+        _warn(f"{name} read as off: {error!r}")
+        return False
+    return module["switch_on"](name)
+
+
 def _chain_to_next_sitecustomize():
     """Runs the sitecustomize this one hides (the next one on sys.path), as site.py would.
     torchrr/_site_chain.py does, run by its path: importing the torchrr package here would load
@@ -90,7 +103,7 @@ def _should_record():
     if os.environ.get(_RECORDER_PID_ENV):
         rank = os.environ.get("RANK")
         if rank is None or rank == os.environ.get(_RECORDER_RANK_ENV, ""):
-            if os.environ.get(_FOLLOW_ENV, "").strip().lower() not in ("1", "true", "yes", "on"):
+            if not _switch_on(_FOLLOW_ENV):
                 return False
             if _is_launcher():
                 return False
