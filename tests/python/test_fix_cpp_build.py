@@ -108,3 +108,16 @@ def test_what_is_not_rebuilt_is_refused_with_its_reason(project, tmp_path):
     shutil.copy(program, lone)
     with pytest.raises(build.CannotRebuild, match="not in a CMake build directory"):
         build.rebuild(str(lone), {str(source / "main.cc"): "int main() {}\n"}, str(tmp_path), 60)
+
+
+@pytest.mark.parametrize("command, want", [
+    # A launcher before the compiler, and the dependency-file options dropped.
+    ("ccache /usr/bin/c++ -DX -MD -MT a.o -MF a.o.d -o a.o -c /src/a.cc",
+     ["ccache", "/usr/bin/c++", "-DX", "-o", "/w/0.o", "-c", "-iquote", "/src", "/w/a.cc"]),
+    # nvcc takes -I for the original directory.
+    ("/usr/local/cuda/bin/nvcc -x cu -c /src/a.cc -o a.o -MFa.d",
+     ["/usr/local/cuda/bin/nvcc", "-x", "cu", "-c", "-I", "/src", "/w/a.cc", "-o", "/w/0.o"]),
+])
+def test_a_compile_command_made_to_compile_the_copy(command, want):
+    entry = {"directory": "/b", "command": command, "file": "/src/a.cc"}
+    assert build.compile_command(entry, "/w/a.cc", "/w/0.o") == want

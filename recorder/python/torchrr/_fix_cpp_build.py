@@ -100,6 +100,7 @@ def compile_command(entry: dict, copy: str, obj: str) -> list:
         if arg.startswith(("-MF", "-MT", "-MQ")) and len(arg) > 3:
             continue
         out.append(arg)
+    source = None
     for index, arg in enumerate(out):
         if arg == "-o" and index + 1 < len(out):
             out[index + 1] = obj
@@ -107,7 +108,13 @@ def compile_command(entry: dict, copy: str, obj: str) -> list:
                 os.path.realpath(os.path.join(entry.get("directory", ""), arg)) == \
                 os.path.realpath(original) and not arg.startswith("-"):
             out[index] = copy
-    return [out[0], "-iquote", os.path.dirname(os.path.realpath(original)), *out[1:]]
+            source = index
+    if source is None:
+        raise CannotRebuild(f"the compile command of {original} does not name it")
+    # Before the source, not after the compiler: the command may start with a launcher (ccache).
+    # nvcc takes no -iquote; its -I comes after the file's own directory all the same.
+    quote = "-I" if any(os.path.basename(a) == "nvcc" for a in out[:source]) else "-iquote"
+    return [*out[:source], quote, os.path.dirname(os.path.realpath(original)), *out[source:]]
 
 
 def link_command(build: str, executable: str) -> tuple:
