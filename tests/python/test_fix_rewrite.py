@@ -4,6 +4,7 @@ import textwrap
 
 import pytest
 
+from torchrr import _fix_other_lines as ol
 from torchrr import _fix_rewrite as rw
 
 
@@ -124,15 +125,15 @@ def test_the_module_construction_the_path_names():
         self.act2 = nn.ReLU(True)
         self.drop = nn.Dropout(0.1, inplace=True)
         """)
-    found = rw.module_constructions(src, rw.module_classes("layers.1.act2 (ReLU)", "relu_"))
+    found = ol.module_constructions(src, ol.module_classes("layers.1.act2 (ReLU)", "relu_"))
     assert [(node.lineno, target) for node, target, _ in found] == [(1, "act1"), (2, "act2")]
     node, _, flag = found[1]
-    assert rw.construction_rewrite(src, node, flag, True).new == "self.act2 = nn.ReLU(False)\n"
-    assert rw.module_classes(None, "bernoulli_")[0] == "Dropout"
+    assert ol.construction_rewrite(src, node, flag, True).new == "self.act2 = nn.ReLU(False)\n"
+    assert ol.module_classes(None, "bernoulli_")[0] == "Dropout"
 
 
 def test_a_clone_at_the_victim_keeps_precedence():
     src = source("y = a * b  # saved\nz = torch.exp(x)\n")
-    assert rw.clone_at_victim(src, 1).new == "y = (a * b).clone()  # saved\n"
-    assert rw.clone_at_victim(src, 2).new == "z = torch.exp(x).clone()\n"
-    assert rw.clone_at_victim(source("y, z = f(x)\n"), 1) is None
+    assert ol.clone_at_victim(src, 1).new == "y = (a * b).clone()  # saved\n"
+    assert ol.clone_at_victim(src, 2).new == "z = torch.exp(x).clone()\n"
+    assert ol.clone_at_victim(source("y, z = f(x)\n"), 1) is None

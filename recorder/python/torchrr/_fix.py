@@ -22,6 +22,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from . import _fix_cpp as cpp
+from . import _fix_other_lines as ol
 from . import _fix_rewrite as rw
 
 # exit_codes.h's, passed by the verb; these defaults are the same numbers.
@@ -205,25 +206,25 @@ def _module_fix(space: Workspace, document: dict, culprit: dict, op: str) -> Opt
     # The module's own forward wrote (torch's code is innermost), not a line of the user's.
     if not stack or "/torch/nn/" not in (stack[0].get("file") or ""):
         return None
-    classes = rw.module_classes(culprit.get("module"), op)
+    classes = ol.module_classes(culprit.get("module"), op)
     if not classes:
         return None
     found = []
     for path in _beside(_user_files(document), lambda name: name.endswith(".py")):
         source = space.source(path)
         if source is not None:
-            found += [(source, *match) for match in rw.module_constructions(source, classes)]
+            found += [(source, *match) for match in ol.module_constructions(source, classes)]
     path = culprit.get("module") or ""
     attr = path.split(" ")[0].split(".")[-1] if path else None
     named = [f for f in found if attr and f[2] == attr]
     if len(found) == 1 or len(named) == 1:
         source, node, _, flag = named[0] if len(named) == 1 else found[0]
-        return rw.construction_rewrite(source, node, flag, True)
+        return ol.construction_rewrite(source, node, flag, True)
     if not found:
         return None
     choices = [f"{s.path}:{n.lineno}: {s.segment(n)} -> inplace=False" for s, n, _, _ in found]
     source, node, _, flag = found[0]
-    return rw.construction_rewrite(source, node, flag, False, choices)
+    return ol.construction_rewrite(source, node, flag, False, choices)
 
 
 def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
@@ -380,7 +381,7 @@ def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:
     if not (v.get("tensor") or {}).get("is_output"):
         return None
     source, line = _victim_line(space, v)
-    return rw.clone_at_victim(source, line) if source is not None else None
+    return ol.clone_at_victim(source, line) if source is not None else None
 
 
 def _clone_argument_at_victim(space: Workspace, v: dict, name: str) -> Optional[rw.Rewrite]:
@@ -389,7 +390,7 @@ def _clone_argument_at_victim(space: Workspace, v: dict, name: str) -> Optional[
     if (v.get("tensor") or {}).get("is_output", True):
         return None
     source, line = _victim_line(space, v)
-    return rw.clone_argument_at_victim(source, line, name) if source is not None else None
+    return ol.clone_argument_at_victim(source, line, name) if source is not None else None
 
 
 def plan(space: Workspace, document: dict) -> list:

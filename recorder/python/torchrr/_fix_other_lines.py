@@ -1,0 +1,127 @@
+"""The rewrites behind ``torchrr fix`` on lines other than the culprit's statement: the
+construction of the ``nn.Module`` whose forward wrote in place (``nn.ReLU(inplace=True)``), and a
+clone at the victim's line, where autograd saved the tensor, for a write that the culprit's line
+cannot undo. Standard library only: no torch.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from ._fix_rewrite import Rewrite, Source, _calls, _end, _is_true, _keyword, _start
+
+# nn modules that take inplace=, and the position of inplace among their positional arguments.
+_INPLACE_MODULES = {"ReLU": 0, "ReLU6": 0, "SELU": 0, "Hardswish": 0, "Hardsigmoid": 0,
+                    "SiLU": 0, "Mish": 0, "LeakyReLU": 1, "ELU": 1, "CELU": 1, "Dropout": 1,
+                    "Dropout1d": 1, "Dropout2d": 1, "Dropout3d": 1, "AlphaDropout": 1,
+                    "FeatureAlphaDropout": 1, "Threshold": 2, "Hardtanh": 2, "RReLU": 2}
+# The module classes whose forward runs each in-place op (when the trace names no module).
+_OP_MODULES = {"relu_": ["ReLU"], "leaky_relu_": ["LeakyReLU"], "hardtanh_": ["Hardtanh", "ReLU6"],
+               "elu_": ["ELU", "CELU", "SELU"], "celu_": ["CELU"], "selu_": ["SELU"],
+               "silu_": ["SiLU"], "mish_": ["Mish"], "hardswish_": ["Hardswish"],
+               "hardsigmoid_": ["Hardsigmoid"], "threshold_": ["Threshold"], "rrelu_": ["RReLU"],
+               "rrelu_with_noise_": ["RReLU"], "dropout_": ["Dropout"],
+               "feature_dropout_": ["Dropout1d", "Dropout2d", "Dropout3d"],
+               "alpha_dropout_": ["AlphaDropout"], "feature_alpha_dropout_":
+               ["FeatureAlphaDropout"], "bernoulli_": ["Dropout", "Dropout1d", "Dropout2d",
+                                                       "Dropout3d"]}
+
+
+def module_constructions(source: Source, classes: list) -> list:
+    """(Call node, the name it is assigned to or None, the inplace argument node) of every
+    construction in `source` of a class in `classes` with inplace=True."""
+    found = []
+    for node in ast.walk(source.tree) if source.tree else ():
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in classes:
+            continue
+        keyword = _keyword(node, "inplace")
+        position = _INPLACE_MODULES.get(name, -1)
+        flag = keyword.value if keyword is not None else (
+            node.args[position] if 0 <= position < len(node.args) else None)
+        if not _is_true(flag):
+            continue
+        parent = source.parents.get(node)
+        target = None
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)):
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            names = [t.attr if isinstance(t, ast.Attribute) else getattr(t, "id", None)
+                     for t in targets]
+            target = names[0] if len(names) == 1 else None
+        elif isinstance(parent, ast.keyword):
+            target = parent.arg
+        found.append((node, target, flag))
+    return found
+
+
+def module_classes(module: Optional[str], op: str) -> list:
+    """The classes that ran the culprit: the one the trace names ("layers.1.act (ReLU)"), else
+    those whose forward runs `op` in place."""
+    if module and module.endswith(")") and "(" in module:
+        name = module[module.rindex("(") + 1:-1]
+        if name in _INPLACE_MODULES:
+            return [name]
+        return []
+    return _OP_MODULES.get(op, [])
+
+
+def construction_rewrite(source: Source, node: ast.Call, flag: ast.AST, certain: bool,
+                         choices=()) -> Rewrite:
+    """The construction with its inplace argument False."""
+    stmt = node
+    while stmt in source.parents and not isinstance(stmt, ast.stmt):
+        stmt = source.parents[stmt]
+    first, last = stmt.lineno, stmt.end_lineno
+    new = source.edit(first, last, [(flag.lineno, flag.col_offset, flag.end_lineno,
+                                     flag.end_col_offset, "False")])
+    name = source.segment(node.func)
+    return Rewrite(source.path, first, last, source.old(first, last), new if certain else None,
+                   certain, f"{name}(inplace=True) writes into its input, which autograd saved",
+                   list(choices))
+
+
+def clone_argument_at_victim(source: Source, line: int, name: str) -> Optional[Rewrite]:
+    """`h = f(x, w)` at the victim's line, which saved its input `x` -> `h = f(x.clone(), w)`:
+    the call saves a copy of the same values and passes the gradient back to `x`, and a later
+    write into `x` leaves the copy alone. None unless `name` is an argument of a call there, once,
+    and nowhere else in the statement."""
+    stmt = source.statement_at(line)
+    if stmt is None or not name:
+        return None
+    uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
+    if len(uses) != 1 or not isinstance(uses[0].ctx, ast.Load):
+        return None
+    arguments = {id(a) for call in _calls(stmt) for a in
+                 [*call.args, *(k.value for k in call.keywords)]}
+    if id(uses[0]) not in arguments:
+        return None
+    first, last = stmt.lineno, stmt.end_lineno
+    return Rewrite(source.path, first, last, source.old(first, last),
+                   source.edit(first, last, [_end(uses[0], ".clone()")]), True,
+                   f"`{name}` is saved by this call and written in place afterwards where no "
+                   "rewrite of that line can undo it: pass the call a clone, so that what "
+                   "autograd saved is not what is written")
+
+
+def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
+    """`y = f(x)` at the victim's line -> `y = f(x).clone()`, so that what autograd saved is not
+    the tensor written later; None when the line is not one such assignment."""
+    stmt = source.statement_at(line)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
+            isinstance(stmt.targets[0], ast.Name)):
+        return None
+    value = stmt.value
+    loose = not isinstance(value, (ast.Call, ast.Name, ast.Attribute, ast.Subscript))
+    spans = [_end(value, ")" * loose + ".clone()")]
+    if loose:
+        spans.append(_start(value, "("))
+    first, last = stmt.lineno, stmt.end_lineno
+    return Rewrite(source.path, first, last, source.old(first, last),
+                   source.edit(first, last, spans), True,
+                   f"`{stmt.targets[0].id}` is written in place where no rewrite of that line "
+                   "can undo it (library code, a helper's argument, a hook, a write under "
+                   "no_grad): clone it where it is made, so that what autograd saved is not what "
+                   "is written")
