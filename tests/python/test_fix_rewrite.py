@@ -137,3 +137,31 @@ def test_a_clone_at_the_victim_keeps_precedence():
     assert ol.clone_at_victim(src, 1).new == "y = (a * b).clone()  # saved\n"
     assert ol.clone_at_victim(src, 2).new == "z = torch.exp(x).clone()\n"
     assert ol.clone_at_victim(source("y, z = f(x)\n"), 1) is None
+
+
+@pytest.mark.parametrize("text, name, new", [
+    ("h = f(x, w)\n", "x", "h = f(x.clone(), w)\n"),
+    ("hidden = act * up  # saved\n", "up", "hidden = act * up.clone()  # saved\n"),
+    # Read once and assigned: the call gets the clone, the name its result.
+    ("x = norm(x)\n", "x", "x = norm(x.clone())\n"),
+    ("h = x + f(x)\n", "x", None),   # Read twice: which use was saved is not known.
+    ("h = f(g=x.t())\n", "x", None),  # Not an argument itself.
+])
+def test_a_clone_of_a_saved_input_where_the_victim_line_passes_it(text, name, new):
+    rewrite = ol.clone_argument_at_victim(source(text), 1, name)
+    assert (rewrite.new if rewrite else None) == new
+
+
+def test_a_name_bound_to_the_tensor_the_victim_line_reads():
+    from torchrr import _fix
+    src = source("""
+        def layer(hidden):
+            residual = hidden
+            hidden = norm(hidden)
+            residual += attn(hidden)
+        """)
+    assert _fix._bound_to(src, "residual", 4, 3) == ["hidden"]
+    # Bound after the victim's line, or the other name assigned again before it: not the same.
+    assert _fix._bound_to(src, "residual", 4, 2) == []
+    src = source("r = h\nh = g(h)\ny = norm(h)\nr += 1\n")
+    assert _fix._bound_to(src, "r", 4, 3) == []

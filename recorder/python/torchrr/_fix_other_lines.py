@@ -84,18 +84,21 @@ def construction_rewrite(source: Source, node: ast.Call, flag: ast.AST, certain:
 
 
 def clone_argument_at_victim(source: Source, line: int, name: str) -> Optional[Rewrite]:
-    """`h = f(x, w)` at the victim's line, which saved its input `x` -> `h = f(x.clone(), w)`:
-    the call saves a copy of the same values and passes the gradient back to `x`, and a later
-    write into `x` leaves the copy alone. None unless `name` is an argument of a call there, once,
-    and nowhere else in the statement."""
+    """`h = f(x, w)` (or `h = a * x`) at the victim's line, which saved its input `x` ->
+    `h = f(x.clone(), w)`: the call saves a copy of the same values and passes the gradient back
+    to `x`, and a later write into `x` leaves the copy alone. None unless `name` is read once in
+    the statement, as an argument of a call or an operand of a binary operator."""
     stmt = source.statement_at(line)
     if stmt is None or not name:
         return None
-    uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
-    if len(uses) != 1 or not isinstance(uses[0].ctx, ast.Load):
+    uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name and
+            isinstance(n.ctx, ast.Load)]
+    if len(uses) != 1:
         return None
     arguments = {id(a) for call in _calls(stmt) for a in
                  [*call.args, *(k.value for k in call.keywords)]}
+    arguments |= {id(o) for b in ast.walk(stmt) if isinstance(b, ast.BinOp)
+                  for o in (b.left, b.right)}
     if id(uses[0]) not in arguments:
         return None
     first, last = stmt.lineno, stmt.end_lineno
