@@ -153,15 +153,14 @@ def test_a_clone_of_a_saved_input_where_the_victim_line_passes_it(text, name, ne
 
 
 def test_a_name_bound_to_the_tensor_the_victim_line_reads():
-    from torchrr import _fix
     src = source("""
         def layer(hidden):
             residual = hidden
             hidden = norm(hidden)
             residual += attn(hidden)
         """)
-    assert _fix._bound_to(src, "residual", 4, 3) == ["hidden"]
+    assert ol.bound_to(src, "residual", 4, 3) == ["hidden"]
     # Bound after the victim's line, or the other name assigned again before it: not the same.
-    assert _fix._bound_to(src, "residual", 4, 2) == []
+    assert ol.bound_to(src, "residual", 4, 2) == []
     src = source("r = h\nh = g(h)\ny = norm(h)\nr += 1\n")
-    assert _fix._bound_to(src, "r", 4, 3) == []
+    assert ol.bound_to(src, "r", 4, 3) == []

@@ -13,7 +13,6 @@ library only: importing it imports no torch.
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import json
 import os
@@ -241,7 +240,7 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
             ["find what writes into the saved tensor's memory outside autograd (numpy, DLPack, "
              "an extension) and write into a .clone() instead"]
         if not hook:
-            rewrite = _clone_at_victim(space, v)
+            rewrite = ol.clone_output_at_victim(space, v)
             if rewrite is not None:
                 return rewrite
         return _uncertain(frame.get("file") or "", frame.get("line") or 0, None,
@@ -286,15 +285,15 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     if rewriter.under_no_grad():
         # Made out of place under no_grad, the tensor would lose its history and backward through
         # it would fail: the write stays, into a clone made where the saved tensor is.
-        return _clone_at_victim(space, v) or \
-            _clone_argument_at_victim(space, v, rewriter.written_name()) or \
+        return ol.clone_output_at_victim(space, v) or \
+            ol.clone_named_input_at_victim(space, v, rewriter.written_name()) or \
             _uncertain(path, line, source, _NO_GRAD_WHY, _NO_GRAD_CHOICES)
     rewrite = rewriter.statement()
     if rewrite is None or not rewrite.certain:
         rewrite = _module_fix(space, document, culprit, op) or rewrite
     if rewrite is None or not rewrite.certain:
-        rewrite = _clone_at_victim(space, v) or _clone_passed_at_victim(space, v, culprit) or \
-            rewrite
+        rewrite = ol.clone_output_at_victim(space, v) or \
+            ol.clone_passed_at_victim(space, v, culprit) or rewrite
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])
@@ -362,84 +361,6 @@ def _cpp_module_fix(space: Workspace, document: dict, culprit: dict) -> Optional
     choices = [f"{s.path}:{line}: {s.lines[line - 1].strip()} -> inplace(false)"
                for s, line, _ in found]
     return cpp.construction_rewrite(*found[0], False, choices)
-
-
-def _victim_line(space: Workspace, v: dict) -> tuple:
-    """(the victim's source, its line there), or (None, None) when the source is not here."""
-    frame = (v.get("victim") or {}).get("user_frame") or {}
-    if not frame.get("file"):
-        return None, None
-    source = space.source(frame["file"])
-    line = space.locate(frame["file"], frame["line"]) if source is not None else None
-    if source is None or source.tree is None or line is None:
-        return None, None
-    return source, line
-
-
-def _clone_at_victim(space: Workspace, v: dict) -> Optional[rw.Rewrite]:
-    """A clone of the saved output at the victim's line, for a write the culprit's line cannot
-    undo (library code, a helper's argument): a clone changes no value and no gradient, so the
-    rewrite is safe even where it does not suffice (--check says)."""
-    if not (v.get("tensor") or {}).get("is_output"):
-        return None
-    source, line = _victim_line(space, v)
-    return ol.clone_at_victim(source, line) if source is not None else None
-
-
-def _clone_argument_at_victim(space: Workspace, v: dict, name: str) -> Optional[rw.Rewrite]:
-    """A clone of the saved input `name` where the victim's line passes it, as safe as
-    _clone_at_victim's."""
-    if (v.get("tensor") or {}).get("is_output", True):
-        return None
-    source, line = _victim_line(space, v)
-    return ol.clone_argument_at_victim(source, line, name) if source is not None else None
-
-
-def _clone_passed_at_victim(space: Workspace, v: dict, culprit: dict) -> Optional[rw.Rewrite]:
-    """A clone of the saved input at the victim's line, under the name the culprit's code gives
-    it in the victim's function: the name its line writes, when that line is in the function, or
-    the one name passed by the call it makes from there (a helper that writes through an alias of
-    what it is given). As safe as _clone_at_victim's; None unless the victim's line reads that
-    name once, as an argument or an operand."""
-    if (v.get("tensor") or {}).get("is_output", True):
-        return None
-    source, line = _victim_line(space, v)
-    victim = (v.get("victim") or {}).get("user_frame") or {}
-    if source is None or not victim.get("function"):
-        return None
-    frame = next((f for f in culprit.get("stack") or [] if f.get("python") and
-                  f.get("file") == victim.get("file") and
-                  f.get("function") == victim.get("function")), None)
-    here = space.locate(frame["file"], frame["line"]) if frame else None
-    stmt = source.statement_at(here) if here else None
-    if stmt is None:
-        return None
-    if frame.get("line") == (culprit.get("user_frame") or {}).get("line"):
-        written = rw.Rewriter(source, here, "").written_name()
-        names = [written, *_bound_to(source, written, here, line)]
-    else:
-        names = [a.id for call in ast.walk(stmt) if isinstance(call, ast.Call)
-                 for a in call.args if isinstance(a, ast.Name)]
-    found = [r for r in (ol.clone_argument_at_victim(source, line, n) for n in set(names)) if r]
-    return found[0] if len(found) == 1 else None
-
-
-def _bound_to(source: rw.Source, name: str, line: int, victim_line: int) -> list:
-    """[other] when the last assignment to `name` before `line` is `name = other`, made before
-    `victim_line` with `other` not assigned again in between: at the victim's line both names
-    hold the same tensor (`residual = hidden_states`). [] otherwise."""
-    if not name or source.tree is None:
-        return []
-    assigns = sorted((n for n in ast.walk(source.tree) if isinstance(n, ast.Assign) and
-                      n.lineno < line and len(n.targets) == 1 and
-                      isinstance(n.targets[0], ast.Name)), key=lambda n: n.lineno)
-    last = next((n for n in reversed(assigns) if n.targets[0].id == name), None)
-    if last is None or not isinstance(last.value, ast.Name) or last.lineno >= victim_line:
-        return []
-    other = last.value.id
-    if any(n.targets[0].id == other and last.lineno < n.lineno < victim_line for n in assigns):
-        return []
-    return [other]
 
 
 def plan(space: Workspace, document: dict) -> list:

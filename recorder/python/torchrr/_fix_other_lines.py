@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._fix_rewrite import Rewrite, Source, _calls, _end, _is_true, _keyword, _start
+from ._fix_rewrite import Rewrite, Rewriter, Source, _calls, _end, _is_true, _keyword, _start
 
 # nn modules that take inplace=, and the position of inplace among their positional arguments.
 _INPLACE_MODULES = {"ReLU": 0, "ReLU6": 0, "SELU": 0, "Hardswish": 0, "Hardsigmoid": 0,
@@ -128,3 +128,84 @@ def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
                    "can undo it (library code, a helper's argument, a hook, a write under "
                    "no_grad): clone it where it is made, so that what autograd saved is not what "
                    "is written")
+
+
+# -- Where the victim's line is, and which name to clone there -----------------------------
+# `space` is _fix.Workspace (the sources as recorded and here), `v` a replay JSON violation.
+
+def victim_line(space, v: dict) -> tuple:
+    """(the victim's source, its line there), or (None, None) when the source is not here."""
+    frame = (v.get("victim") or {}).get("user_frame") or {}
+    if not frame.get("file"):
+        return None, None
+    source = space.source(frame["file"])
+    line = space.locate(frame["file"], frame["line"]) if source is not None else None
+    if source is None or source.tree is None or line is None:
+        return None, None
+    return source, line
+
+
+def clone_output_at_victim(space, v: dict) -> Optional[Rewrite]:
+    """A clone of the saved output at the victim's line, for a write the culprit's line cannot
+    undo (library code, a helper's argument): a clone changes no value and no gradient, so the
+    rewrite is safe even where it does not suffice (--check says)."""
+    if not (v.get("tensor") or {}).get("is_output"):
+        return None
+    source, line = victim_line(space, v)
+    return clone_at_victim(source, line) if source is not None else None
+
+
+def clone_named_input_at_victim(space, v: dict, name: str) -> Optional[Rewrite]:
+    """A clone of the saved input `name` where the victim's line passes it, as safe as
+    clone_output_at_victim's."""
+    if (v.get("tensor") or {}).get("is_output", True):
+        return None
+    source, line = victim_line(space, v)
+    return clone_argument_at_victim(source, line, name) if source is not None else None
+
+
+def clone_passed_at_victim(space, v: dict, culprit: dict) -> Optional[Rewrite]:
+    """A clone of the saved input at the victim's line, under the name the culprit's code gives
+    it in the victim's function: the name its line writes, when that line is in the function, or
+    the one name passed by the call it makes from there (a helper that writes through an alias of
+    what it is given). As safe as clone_output_at_victim's; None unless the victim's line reads
+    that name once, as an argument or an operand."""
+    if (v.get("tensor") or {}).get("is_output", True):
+        return None
+    source, line = victim_line(space, v)
+    victim = (v.get("victim") or {}).get("user_frame") or {}
+    if source is None or not victim.get("function"):
+        return None
+    frame = next((f for f in culprit.get("stack") or [] if f.get("python") and
+                  f.get("file") == victim.get("file") and
+                  f.get("function") == victim.get("function")), None)
+    here = space.locate(frame["file"], frame["line"]) if frame else None
+    stmt = source.statement_at(here) if here else None
+    if stmt is None:
+        return None
+    if frame.get("line") == (culprit.get("user_frame") or {}).get("line"):
+        written = Rewriter(source, here, "").written_name()
+        names = [written, *bound_to(source, written, here, line)]
+    else:
+        names = [a.id for call in ast.walk(stmt) if isinstance(call, ast.Call)
+                 for a in call.args if isinstance(a, ast.Name)]
+    found = [r for r in (clone_argument_at_victim(source, line, n) for n in set(names)) if r]
+    return found[0] if len(found) == 1 else None
+
+
+def bound_to(source: Source, name: str, line: int, at: int) -> list:
+    """[other] when the last assignment to `name` before `line` is `name = other`, made before
+    the victim's line `at` with `other` not assigned again in between: there both names
+    hold the same tensor (`residual = hidden_states`). [] otherwise."""
+    if not name or source.tree is None:
+        return []
+    assigns = sorted((n for n in ast.walk(source.tree) if isinstance(n, ast.Assign) and
+                      n.lineno < line and len(n.targets) == 1 and
+                      isinstance(n.targets[0], ast.Name)), key=lambda n: n.lineno)
+    last = next((n for n in reversed(assigns) if n.targets[0].id == name), None)
+    if last is None or not isinstance(last.value, ast.Name) or last.lineno >= at:
+        return []
+    other = last.value.id
+    if any(n.targets[0].id == other and last.lineno < n.lineno < at for n in assigns):
+        return []
+    return [other]
