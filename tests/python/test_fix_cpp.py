@@ -218,6 +218,34 @@ def test_the_module_construction_with_inplace_options():
     assert [line for line, _ in cpp.module_constructions(src, "ReLU")] == [1]
 
 
+@pytest.mark.parametrize("text, name, new", [
+    ("auto h = act * up;  // saved\n", "up", "auto h = act * up.clone();  // saved\n"),
+    ("auto y = norm->forward(x);\n", "x", "auto y = norm->forward(x.clone());\n"),
+    ("auto r = torch::rsqrt(x.pow(2) + e);\n", "x",
+     "auto r = torch::rsqrt(x.clone().pow(2) + e);\n"),
+    ("return x * w;\n", "x", "return x.clone() * w;\n"),
+    ("x = f(x);\n", "x", None),           # Read and assigned.
+    ("auto x = f(a);\n", "x", None),      # Declared.
+    ("auto h = self.x * 2;\n", "x", None),  # A member's name.
+    ("auto h = x(2);\n", "x", None),      # Called.
+    ("auto h = f(x) + g(x);\n", "x", None),  # Read twice.
+])
+def test_a_clone_where_a_cpp_line_reads_the_saved_tensor(text, name, new):
+    rewrite = cpp.clone_read_at(source(text), 1, name)
+    assert (rewrite.new if rewrite else None) == new
+
+
+def test_the_name_a_cpp_line_writes_and_the_names_it_passes():
+    src = source("""
+        x.mul_(g);
+        return x.mul_(w);
+        x += y;
+        Scale(up, 0.5, t);
+        """)
+    assert [cpp.written_name(src, n) for n in (1, 2, 3, 4)] == ["x", "x", "x", ""]
+    assert cpp.passed_names(src, 4) == ["up", "t"]
+
+
 # -- The C++ sample's planted bugs, recorded --------------------------------------------------
 
 LORA_STEP = Path(cli()).with_name("lora_step") if MISSING_BUILD is None else None
@@ -236,11 +264,19 @@ CERTAIN = {
     "optimizer_before_backward": ("lora_step.cc", ["    optimizer.step();  "
                                                    "// BUG(optimizer_before_backward)"],
                                   ["    optimizer.step();  // BUG(optimizer_before_backward)"]),
+    # The write is into a function's argument: the clone goes where the saved tensor is read,
+    # at the call into the norm that saved it, or at the victim's own line.
+    "residual_add": ("lora_model.cc",
+                     ["  auto attn_out = self_attn_->forward(input_norm_->forward(x));"],
+                     ["  auto attn_out = self_attn_->forward(input_norm_->forward(x.clone()));"]),
+    "two_writes": ("lora_model.cc",
+                   ["  auto inv_rms = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_);  "
+                    "// VICTIM(two_writes)"],
+                   ["  auto inv_rms = torch::rsqrt(x.clone().pow(2).mean(-1, /*keepdim=*/true) + "
+                    "eps_);  // VICTIM(two_writes)"]),
 }
 # bug: what the line is, that no rewrite of it is certain.
 UNCERTAIN = {
-    "residual_add": "argument of DecoderLayerImpl::forward()",
-    "two_writes": "argument of RmsNormImpl::forward()",
     "slice_assign": "not declared in this function",
 }
 

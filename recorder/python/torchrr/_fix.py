@@ -331,6 +331,8 @@ def _cpp_fix(space: Workspace, document: dict, v: dict, culprit: dict,
     rewrite = rewriter.statement()
     if rewrite is None or not rewrite.certain:
         rewrite = _cpp_module_fix(space, document, culprit) or rewrite
+    if rewrite is None or not rewrite.certain:
+        rewrite = ol.cpp_clone_at_victim(space, v, culprit) or rewrite
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])

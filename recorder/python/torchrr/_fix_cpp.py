@@ -8,8 +8,9 @@ literals blanked (_fix_cpp_source.py), and only these shapes, each alone on its 
     torch::relu_(x);              ->  x = torch::relu(x);
     F::relu(x, F::ReLUFuncOptions().inplace(true));  ->  x = F::relu(x, ...inplace(false));
 
-and ``.inplace(true)`` at a module's construction, and a write between the forward and
-``backward()`` moved after it. Anything else (a statement over several lines, a macro, two
+and ``.inplace(true)`` at a module's construction, a write between the forward and
+``backward()`` moved after it, and, where the culprit's line cannot be undone (a function's
+argument written in place, a helper's raw write), ``.clone()`` where the saved tensor is read. Anything else (a statement over several lines, a macro, two
 statements on a line, a receiver that is an expression, a result that is used, a tensor that
 other code may hold) gets no patch: the Rewrite is not certain and lists the choices. Every edit
 replaces spans of the original line, so its comments and formatting survive. Standard library
@@ -508,3 +509,44 @@ def construction_rewrite(src: CppSource, line: int, at: int, certain: bool,
                    "inplace(true) makes the module write into its input, which autograd saved",
                    list(choices))
 
+
+
+# -- A clone where the saved tensor is read (fix's victim-line rule, for C++) ----------------
+
+def written_name(src: CppSource, line: int) -> str:
+    """The variable the statement alone on `line` writes through (`x` of `x.mul_(g);`,
+    `return x.mul_(w);`, `x += y;`), "" when there is none."""
+    stmt, _ = statement_at(src, line)
+    match = re.match(rf"\s*(?:return\s+)?({IDENT})\s*(?:\.\s*{IDENT}_\s*\(|[-+*/]=)",
+                     stmt.code) if stmt else None
+    return match.group(1) if match else ""
+
+
+def passed_names(src: CppSource, line: int) -> list:
+    """The variables that the calls of the statement alone on `line` are passed whole."""
+    stmt, _ = statement_at(src, line)
+    return re.findall(rf"[(,]\s*({IDENT})\s*(?=[,)])", stmt.code) if stmt else []
+
+
+def clone_read_at(src: CppSource, line: int, name: str) -> Optional[Rewrite]:
+    """`name` followed by `.clone()` where the statement alone on `line` reads it (a call's
+    argument, an operand, a method's receiver): the op there saves a copy of the same values and
+    passes the gradient back to `name`, and a later write into `name` leaves the copy alone. None
+    unless `name` is there once, read: not declared, assigned, called or a member's name."""
+    stmt, _ = statement_at(src, line)
+    if stmt is None or not name:
+        return None
+    uses = list(re.finditer(rf"\b{re.escape(name)}\b", stmt.code))
+    if len(uses) != 1:
+        return None
+    before, after = stmt.code[:uses[0].start()].rstrip(), stmt.code[uses[0].end():]
+    if re.match(r"\s*(?:\(|\{|::|[-+*/%&|^]?=(?!=))", after) or \
+            not re.search(r"(?:[-(,=+*/<>!?:&|{\[]|\breturn)$", before) or \
+            before.endswith(("->", "::")):
+        return None
+    rewriter = CppRewriter(src, line, "")
+    return Rewrite(src.path, line, line, src.old(line, line),
+                   rewriter._edit([(uses[0].end(), uses[0].end(), ".clone()")]), True,
+                   f"`{name}` is saved here and written in place afterwards where no rewrite of "
+                   "that line can undo it: give the op a clone, so that what autograd saved is "
+                   "not what is written")

@@ -209,3 +209,44 @@ def bound_to(source: Source, name: str, line: int, at: int) -> list:
     if any(n.targets[0].id == other and last.lineno < n.lineno < at for n in assigns):
         return []
     return [other]
+
+
+def cpp_clone_at_victim(space, v: dict, culprit: dict) -> Optional[Rewrite]:
+    """clone_passed_at_victim's rule for C++ lines (_fix_cpp.clone_read_at), and one more: where
+    the victim's op runs in a function that the culprit's function calls, the clone goes where
+    that call passes the name the culprit's line writes (`input_norm_->forward(x)` before
+    `x += attn_out;`)."""
+    if (v.get("tensor") or {}).get("is_output", True):
+        return None
+    from . import _fix_cpp as cpp  # It imports this module's neighbour, _fix_rewrite.
+    mine = culprit.get("user_frame") or {}
+    victim = (v.get("victim") or {}).get("user_frame") or {}
+
+    def same(a: dict, b: dict) -> bool:
+        return bool(a.get("function")) and a.get("file") == b.get("file") and \
+            a.get("function") == b.get("function")
+
+    def line_in(frame: dict) -> tuple:
+        source = space.source(frame.get("file") or "")
+        line = space.locate(frame["file"], frame["line"]) if source is not None else None
+        return (source, line) if isinstance(source, cpp.CppSource) and line else (None, None)
+
+    native = [f for f in culprit.get("stack") or [] if not f.get("python")]
+    frame = next((f for f in native if same(f, victim)), None)
+    if frame is not None:  # The victim's line is in a function the culprit's code runs in.
+        source, here = line_in(frame)
+        target, at = line_in(victim)
+        if source is None or target is None:
+            return None
+        names = [cpp.written_name(source, here)] if frame.get("line") == mine.get("line") \
+            else cpp.passed_names(source, here)
+    else:  # The victim's op runs below a call the culprit's function makes.
+        frame = next((f for f in (v.get("victim") or {}).get("stack") or []
+                      if not f.get("python") and same(f, mine)), None)
+        source, here = line_in(mine)
+        target, at = line_in(frame) if frame else (None, None)
+        if source is None or target is None:
+            return None
+        names = [cpp.written_name(source, here)]
+    found = [r for r in (cpp.clone_read_at(target, at, n) for n in set(names) if n) if r]
+    return found[0] if len(found) == 1 else None
