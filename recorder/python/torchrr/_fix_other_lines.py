@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from . import _fix_cpp as cpp
 from ._fix_rewrite import Rewrite, Rewriter, Source, _calls, _end, _is_true, _keyword, _start
 
 # nn modules that take inplace=, and the position of inplace among their positional arguments.
@@ -218,7 +219,6 @@ def cpp_clone_at_victim(space, v: dict, culprit: dict) -> Optional[Rewrite]:
     `x += attn_out;`)."""
     if (v.get("tensor") or {}).get("is_output", True):
         return None
-    from . import _fix_cpp as cpp  # It imports this module's neighbour, _fix_rewrite.
     mine = culprit.get("user_frame") or {}
     victim = (v.get("victim") or {}).get("user_frame") or {}
 
