@@ -85,10 +85,18 @@ def test_the_program_is_built_again_with_the_patch(project, tmp_path, name, old,
 def test_a_patch_that_does_not_compile_says_so(project, tmp_path):
     source, out = project
     text = (source / "lib/value.cc").read_text().replace("return 1;", "return x;")
-    with pytest.raises(build.CompileFailed, match=r"value.cc with the patch does not compile: "
+    with pytest.raises(build.CompileFailed, match=r"value.cc does not compile: "
                                                  r"\S*source/lib/value.cc:3:\d+: error: .*x"):
         build.rebuild(str(out / "bin" / "tiny"), {str(source / "lib/value.cc"): text},
                       str(tmp_path), 120)
+
+
+def test_the_build_stops_at_the_timeout(project, tmp_path):
+    source, out = project
+    with pytest.raises(build.CompileFailed, match="main.cc did not compile "
+                                                 "within --timeout"):
+        build.rebuild(str(out / "bin" / "tiny"), {str(source / "main.cc"): "int main() {}\n"},
+                      str(tmp_path), 1e-6)
 
 
 def test_what_is_not_rebuilt_is_refused_with_its_reason(project, tmp_path):

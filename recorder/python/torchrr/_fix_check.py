@@ -334,6 +334,7 @@ def _rerun_cpp(command: list, flags: list, texts: dict, timeout: float, workdir:
     result.env = {k: v for k, v in os.environ.items() if k not in drop}
     if steps:
         flags = [*flags, "--steps", f"0:{steps - 1}"]
+    # The build took its part of --timeout; the run has what is left of it.
     left = max(1.0, timeout - (time.monotonic() - started))
     result.returncode, result.stderr, result.stopped = _record(
         [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *result.command], result.cwd,

@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from typing import Optional
 
 # Compile options that write beside the object (dependency files), dropped with their argument
@@ -190,9 +191,11 @@ def relink(runs_in: str, link: str, executable: str, objects: dict, out: str) ->
 
 
 def rebuild(executable: str, texts: dict, workdir: str, timeout: float) -> tuple:
-    """Builds `executable` again into `workdir` with `texts` (source path -> patched text).
-    Returns (the new executable, {the copy's directory: the original's} for naming the user's
-    files). Raises CannotRebuild, or CompileFailed when the compiler or the linker fails."""
+    """Builds `executable` again into `workdir` with `texts` (source path -> patched text),
+    within `timeout` seconds for every compile and the link together. Returns (the new
+    executable, {the copy's directory: the original's} for naming the user's files). Raises
+    CannotRebuild, or CompileFailed when the compiler or the linker fails or runs out of time."""
+    deadline = time.monotonic() + timeout
     build = build_directory(executable)
     for path in texts:
         if not path.lower().endswith(_SOURCE_EXTENSIONS):
@@ -210,8 +213,8 @@ def rebuild(executable: str, texts: dict, workdir: str, timeout: float) -> tuple
         paths[os.path.realpath(directory)] = os.path.dirname(os.path.realpath(path))
         obj = os.path.join(workdir, "obj", f"{number}.o")
         os.makedirs(os.path.dirname(obj), exist_ok=True)
-        _run(compile_command(entry, copy, obj), entry.get("directory", build), timeout,
-             f"{path} with the patch does not compile", {copy: path})
+        _run(compile_command(entry, copy, obj), entry.get("directory", build), deadline,
+             path, "compile", {copy: path})
         old = _option_value(_arguments(entry), "-o")
         if old is None:
             raise CannotRebuild(f"the compile command of {path} has no -o")
@@ -219,8 +222,8 @@ def rebuild(executable: str, texts: dict, workdir: str, timeout: float) -> tuple
         objects[old] = obj
     out = os.path.join(workdir, "bin", os.path.basename(executable))
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    _run(relink(runs_in, link, executable, objects, out), runs_in, timeout,
-         f"{executable} with the patch does not link")
+    _run(relink(runs_in, link, executable, objects, out), runs_in, deadline,
+         executable, "link")
     return out, paths
 
 
@@ -228,21 +231,26 @@ class CompileFailed(Exception):
     """The compiler or the linker failed on the patched program: the first error line."""
 
 
-def _run(command, cwd: str, timeout: float, what: str, names: Optional[dict] = None) -> None:
-    """Runs a compile or link command; `names` (copy -> the user's file) renames the files in
-    the error it reports."""
+def _run(command, cwd: str, deadline: float, what: str, verb: str,
+         names: Optional[dict] = None) -> None:
+    """Runs the command that makes `what` `verb` (compile, link) until `deadline`
+    (time.monotonic()); `names` (copy -> the user's file) renames the files in the error it
+    reports."""
+    left = deadline - time.monotonic()
     try:
+        if left <= 0:
+            raise subprocess.TimeoutExpired(command, 0)
         proc = subprocess.run(command, cwd=cwd, shell=isinstance(command, str),
-                              capture_output=True, text=True, timeout=timeout,
+                              capture_output=True, text=True, timeout=left,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise CompileFailed(f"{what}: it ran past --timeout {timeout:g}s") from None
+        raise CompileFailed(f"{what} did not {verb} within --timeout") from None
     except OSError as error:
-        raise CannotRebuild(f"{what}: {error}") from None
+        raise CannotRebuild(f"{what} cannot {verb}: {error}") from None
     if proc.returncode != 0:
         errors = [line for line in proc.stderr.splitlines() if "error" in line]
         lines = errors or [line for line in proc.stderr.splitlines() if line.strip()]
         first = lines[0].strip() if lines else ""
         for copy, path in (names or {}).items():
             first = first.replace(copy, path)
-        raise CompileFailed(f"{what}" + (f": {first}" if first else ""))
+        raise CompileFailed(f"{what} does not {verb}" + (f": {first}" if first else ""))
