@@ -40,6 +40,9 @@ _COPY_LIMIT = 256 << 20  # 256 MiB: a script's directory, not a data set.
 # Set by an enclosing launch: the re-run's launcher sets its own for its workers.
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Set by the recording and by the fix verb around this run: never the re-run's.
+_RECORDING_ENV = ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES",
+                  "TORCHRR_FIX_OPTIONS")
 # How often a re-run bounded by --steps looks whether its traces are written: each look is a
 # `torchrr info` per trace not yet written, a few milliseconds.
 _POLL_S = 0.25
@@ -255,6 +258,8 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     recorded."""
     info = _info(trace)
     command, flags = _command(info)
+    if steps:
+        flags = [*flags, "--steps", f"0:{steps - 1}"]
     if any(_fix.cpp.is_cpp(path) for path in texts):
         return _rerun_cpp(command, flags, texts, timeout, workdir, steps)
     index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))
@@ -285,8 +290,7 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     inside = os.path.commonpath([root, cwd]) == root
     run_cwd = os.path.join(copy, os.path.relpath(cwd, root)) if inside else cwd
     new_trace = os.path.join(workdir, "check.trr")
-    drop = {"TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES",
-            "TORCHRR_FIX_OPTIONS"}
+    drop = set(_RECORDING_ENV)
     result = Rerun(new_trace, paths={os.path.realpath(copy): root})
     if launcher:
         command = launcher + command[2:]  # torchrun adds the -u itself.
@@ -296,8 +300,6 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
                         for r in range(info["info"]["world_size"])}
         result.trace = result.ranks[result.rank]
         result.launch = shlex.join(["torchrun", *launcher[3:], *recorded[2:]])
-    if steps:
-        flags = [*flags, "--steps", f"0:{steps - 1}"]
     env = {k: v for k, v in os.environ.items() if k not in drop}
     result.command, result.cwd, result.env = list(command), run_cwd, env
     result.returncode, result.stderr, result.stopped = _record(
@@ -309,8 +311,8 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
 def _rerun_cpp(command: list, flags: list, texts: dict, timeout: float, workdir: str,
                steps: Optional[int]) -> Rerun:
     """The recorded C++ program built again from patched copies of its sources
-    (_fix_cpp_build), run under `torchrr record` in this directory with its recorded
-    arguments."""
+    (_fix_cpp_build), run under `torchrr record` (with `flags`) in this directory with its
+    recorded arguments."""
     if not all(_fix.cpp.is_cpp(path) for path in texts):
         raise NotRerunnable("the patch edits both C++ and Python files: only one program is "
                             "re-run")
@@ -329,11 +331,7 @@ def _rerun_cpp(command: list, flags: list, texts: dict, timeout: float, workdir:
     new_trace = os.path.join(workdir, "check.trr")
     result = Rerun(new_trace, paths=paths, command=[rebuilt, *command[1:]], cwd=os.getcwd(),
                    built=True)
-    drop = {"TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CODES",
-            "TORCHRR_FIX_OPTIONS"}
-    result.env = {k: v for k, v in os.environ.items() if k not in drop}
-    if steps:
-        flags = [*flags, "--steps", f"0:{steps - 1}"]
+    result.env = {k: v for k, v in os.environ.items() if k not in _RECORDING_ENV}
     # The build took its part of --timeout; the run has what is left of it.
     left = max(1.0, timeout - (time.monotonic() - started))
     result.returncode, result.stderr, result.stopped = _record(

@@ -10,11 +10,11 @@ literals blanked (_fix_cpp_source.py), and only these shapes, each alone on its 
 
 and ``.inplace(true)`` at a module's construction, a write between the forward and
 ``backward()`` moved after it, and, where the culprit's line cannot be undone (a function's
-argument written in place, a helper's raw write), ``.clone()`` where the saved tensor is read. Anything else (a statement over several lines, a macro, two
-statements on a line, a receiver that is an expression, a result that is used, a tensor that
-other code may hold) gets no patch: the Rewrite is not certain and lists the choices. Every edit
-replaces spans of the original line, so its comments and formatting survive. Standard library
-only: no torch.
+argument written in place, a helper's raw write), ``.clone()`` where the saved tensor is read.
+Anything else (a statement over several lines, a macro, two statements on a line, a receiver
+that is an expression, a result that is used, a tensor that other code may hold) gets no patch:
+the Rewrite is not certain and lists the choices. Every edit replaces spans of the original
+line, so its comments and formatting survive. Standard library only: no torch.
 """
 from __future__ import annotations
 
@@ -508,7 +508,6 @@ def construction_rewrite(src: CppSource, line: int, at: int, certain: bool,
     return Rewrite(src.path, line, line, text, new if certain else None, certain,
                    "inplace(true) makes the module write into its input, which autograd saved",
                    list(choices))
-
 
 
 # -- A clone where the saved tensor is read (fix's victim-line rule, for C++) ----------------

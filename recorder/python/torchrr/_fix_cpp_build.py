@@ -61,14 +61,17 @@ def _arguments(entry: dict) -> list:
     return list(entry["arguments"]) if "arguments" in entry else shlex.split(entry["command"])
 
 
-def _compile_entry(build: str, path: str) -> dict:
+def _compile_entries(build: str) -> list:
     database = os.path.join(build, "compile_commands.json")
     try:
         with open(database) as f:
-            entries = json.load(f)
+            return json.load(f)
     except (OSError, ValueError) as error:
         raise CannotRebuild(f"{database} cannot be read ({error}): configure the build with "
                             "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON") from None
+
+
+def _compile_entry(entries: list, build: str, path: str) -> dict:
     wanted = os.path.realpath(path)
     for entry in entries:
         file = os.path.join(entry.get("directory", build), entry.get("file", ""))
@@ -91,6 +94,7 @@ def compile_command(entry: dict, copy: str, obj: str) -> list:
     directory holds only the copy)."""
     args, out, skip = _arguments(entry), [], 0
     original = os.path.join(entry.get("directory", ""), entry["file"])
+    real = os.path.realpath(original)
     for arg in args:
         if skip:
             skip -= 1
@@ -106,8 +110,8 @@ def compile_command(entry: dict, copy: str, obj: str) -> list:
         if arg == "-o" and index + 1 < len(out):
             out[index + 1] = obj
         elif arg == entry["file"] or arg == original or \
-                os.path.realpath(os.path.join(entry.get("directory", ""), arg)) == \
-                os.path.realpath(original) and not arg.startswith("-"):
+                os.path.realpath(os.path.join(entry.get("directory", ""), arg)) == real and \
+                not arg.startswith("-"):
             out[index] = copy
             source = index
     if source is None:
@@ -115,7 +119,7 @@ def compile_command(entry: dict, copy: str, obj: str) -> list:
     # Before the source, not after the compiler: the command may start with a launcher (ccache).
     # nvcc takes no -iquote; its -I comes after the file's own directory all the same.
     quote = "-I" if any(os.path.basename(a) == "nvcc" for a in out[:source]) else "-iquote"
-    return [*out[:source], quote, os.path.dirname(os.path.realpath(original)), *out[source:]]
+    return [*out[:source], quote, os.path.dirname(real), *out[source:]]
 
 
 def link_command(build: str, executable: str) -> tuple:
@@ -202,9 +206,10 @@ def rebuild(executable: str, texts: dict, workdir: str, timeout: float) -> tuple
             raise CannotRebuild(f"the patch edits {path}, a header: every file that includes it "
                                 "would have to be compiled again; apply the patch and rebuild")
     runs_in, link = link_command(build, executable)
+    entries = _compile_entries(build)
     objects, paths = {}, {}
     for number, (path, text) in enumerate(sorted(texts.items())):
-        entry = _compile_entry(build, path)
+        entry = _compile_entry(entries, build, path)
         directory = os.path.join(workdir, "src", str(number))
         os.makedirs(directory, exist_ok=True)
         copy = os.path.join(directory, os.path.basename(path))

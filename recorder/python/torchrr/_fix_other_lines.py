@@ -134,6 +134,15 @@ def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
 # -- Where the victim's line is, and which name to clone there -----------------------------
 # `space` is _fix.Workspace (the sources as recorded and here), `v` a replay JSON violation.
 
+def _frame_in(stack: list, of: dict, python: bool) -> Optional[dict]:
+    """The first frame of `stack` (Python's or native ones, by `python`) in the function of the
+    frame `of`: the same file and function name."""
+    if not of.get("function"):
+        return None
+    return next((f for f in stack or [] if bool(f.get("python")) == python and
+                 f.get("file") == of.get("file") and f.get("function") == of["function"]), None)
+
+
 def victim_line(space, v: dict) -> tuple:
     """(the victim's source, its line there), or (None, None) when the source is not here."""
     frame = (v.get("victim") or {}).get("user_frame") or {}
@@ -174,12 +183,9 @@ def clone_passed_at_victim(space, v: dict, culprit: dict) -> Optional[Rewrite]:
     if (v.get("tensor") or {}).get("is_output", True):
         return None
     source, line = victim_line(space, v)
-    victim = (v.get("victim") or {}).get("user_frame") or {}
-    if source is None or not victim.get("function"):
+    if source is None:
         return None
-    frame = next((f for f in culprit.get("stack") or [] if f.get("python") and
-                  f.get("file") == victim.get("file") and
-                  f.get("function") == victim.get("function")), None)
+    frame = _frame_in(culprit.get("stack"), (v.get("victim") or {}).get("user_frame") or {}, True)
     here = space.locate(frame["file"], frame["line"]) if frame else None
     stmt = source.statement_at(here) if here else None
     if stmt is None:
@@ -222,17 +228,12 @@ def cpp_clone_at_victim(space, v: dict, culprit: dict) -> Optional[Rewrite]:
     mine = culprit.get("user_frame") or {}
     victim = (v.get("victim") or {}).get("user_frame") or {}
 
-    def same(a: dict, b: dict) -> bool:
-        return bool(a.get("function")) and a.get("file") == b.get("file") and \
-            a.get("function") == b.get("function")
-
     def line_in(frame: dict) -> tuple:
         source = space.source(frame.get("file") or "")
         line = space.locate(frame["file"], frame["line"]) if source is not None else None
         return (source, line) if isinstance(source, cpp.CppSource) and line else (None, None)
 
-    native = [f for f in culprit.get("stack") or [] if not f.get("python")]
-    frame = next((f for f in native if same(f, victim)), None)
+    frame = _frame_in(culprit.get("stack"), victim, False)
     if frame is not None:  # The victim's line is in a function the culprit's code runs in.
         source, here = line_in(frame)
         target, at = line_in(victim)
@@ -241,8 +242,7 @@ def cpp_clone_at_victim(space, v: dict, culprit: dict) -> Optional[Rewrite]:
         names = [cpp.written_name(source, here)] if frame.get("line") == mine.get("line") \
             else cpp.passed_names(source, here)
     else:  # The victim's op runs below a call the culprit's function makes.
-        frame = next((f for f in (v.get("victim") or {}).get("stack") or []
-                      if not f.get("python") and same(f, mine)), None)
+        frame = _frame_in((v.get("victim") or {}).get("stack"), mine, False)
         source, here = line_in(mine)
         target, at = line_in(frame) if frame else (None, None)
         if source is None or target is None:

@@ -40,30 +40,31 @@ def _warn(message):
     sys.stderr.write(f"torchrr: warning: {message}\n")
 
 
-def _switch_on(name):
-    """Whether the TORCHRR_* switch `name` is on as the recorder reads it: torchrr/_env_switch.py,
-    run by its path (importing the torchrr package would load the recorder before torch). Off
-    when the file is missing, as the recorder's default."""
+def _package_file(name, failed):
+    """The globals of torchrr/NAME run by its path: importing the torchrr package here would
+    load the recorder before the program's torch. None, with a warning that says `failed`, when
+    it cannot run (a torchrr install without the file): the program goes on."""
     import runpy
     try:
-        module = runpy.run_path(os.path.join(os.path.dirname(_HERE), "_env_switch.py"))
+        return runpy.run_path(os.path.join(os.path.dirname(_HERE), name))
     except Exception as error:
-        _warn(f"{name} read as off: {error!r}")
-        return False
-    return module["switch_on"](name)
+        _warn(f"{failed}: {error!r}")
+        return None
+
+
+def _switch_on(name):
+    """Whether the TORCHRR_* switch `name` is on as the recorder reads it
+    (torchrr/_env_switch.py); off, the recorder's default, when that file cannot run."""
+    module = _package_file("_env_switch.py", f"{name} read as off")
+    return module is not None and module["switch_on"](name)
 
 
 def _chain_to_next_sitecustomize():
-    """Runs the sitecustomize this one hides (the next one on sys.path), as site.py would.
-    torchrr/_site_chain.py does, run by its path: importing the torchrr package here would load
-    the recorder before the program's torch."""
-    import runpy
-    try:
-        chain = runpy.run_path(os.path.join(os.path.dirname(_HERE), "_site_chain.py"))
-    except Exception as error:  # A torchrr install without the file: the program goes on.
-        _warn(f"the sitecustomize after torchrr's did not run: {error!r}")
-        return
-    chain["run_next_sitecustomize"](_HERE)
+    """Runs the sitecustomize this one hides (the next one on sys.path), as site.py would
+    (torchrr/_site_chain.py)."""
+    chain = _package_file("_site_chain.py", "the sitecustomize after torchrr's did not run")
+    if chain is not None:
+        chain["run_next_sitecustomize"](_HERE)
 
 
 # Launchers that start the ranks and run no tensor op of their own: as a console script (its name,
