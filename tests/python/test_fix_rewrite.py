@@ -109,13 +109,54 @@ def test_a_parameter_write_under_no_grad_moves_after_backward():
                            "    w.clamp_(-1, 1)  # constrain\n")
 
 
-def test_no_move_without_a_backward_in_the_same_block():
+def test_a_step_in_an_if_moves_after_backward_under_its_condition():
     src = source("""
-        if bug:
-            opt.step()
+        if bug == "early":
+            opt.step()  # too early
+        else:
+            opt.zero_grad()
         loss.backward()
+        print(loss)
         """)
     rewrite = rw.Rewriter(src, 2, "add_", False).after_backward()
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 5)
+    assert rewrite.new == ('if bug == "early":\n    pass\nelse:\n    opt.zero_grad()\n'
+                           'loss.backward()\nif bug == "early":\n    opt.step()  # too early\n')
+    # In the else branch, with another statement beside it: the negated test, no pass.
+    src = source("""
+        if (i + 1) % accum:
+            pass
+        else:
+            opt.step()
+            opt.zero_grad()
+        loss.backward()
+        """)
+    rewrite = rw.Rewriter(src, 4, "add_", False).after_backward()
+    assert rewrite.certain and rewrite.new == (
+        "if (i + 1) % accum:\n    pass\nelse:\n    opt.zero_grad()\nloss.backward()\n"
+        "if not ((i + 1) % accum):\n    opt.step()\n")
+
+
+@pytest.mark.parametrize("text", [
+    # The test could be another after backward(): it calls, or what it reads is assigned.
+    "if ready():\n    opt.step()\nloss.backward()\n",
+    "if bug:\n    opt.step()\nbug = False\nloss.backward()\n",
+    "if bug:\n    opt.step()\n    bug = False\nloss.backward()\n",
+    "if not stepped:\n    opt.step()\nfor stepped in range(2):\n    loss.backward()\n",
+])
+def test_no_certain_move_when_the_condition_may_change(text):
+    rewrite = rw.Rewriter(source(text), 2, "add_", False).after_backward()
+    assert not rewrite.certain and rewrite.new is None
+    assert "under its condition" in rewrite.choices[0]
+
+
+def test_no_move_without_a_backward_after_the_block():
+    src = source("""
+        loss.backward()
+        if bug:
+            opt.step()
+        """)
+    rewrite = rw.Rewriter(src, 3, "add_", False).after_backward()
     assert not rewrite.certain and rewrite.new is None
 
 

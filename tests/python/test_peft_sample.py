@@ -132,6 +132,19 @@ def test_planted_bug(runs, bug):
     assert v.culprit.user_frame.line == marker_line(SAMPLE, rf"BUG\({bug}\)")
 
 
+@pytest.mark.parametrize("bug", [b for b in BUGS if b != "none"])
+def test_fix_check_makes_every_planted_bug_replay_clean(runs, bug, tmp_path):
+    """`torchrr fix --check`: a certain patch for each planted bug, whose re-run of the sample
+    (on patched copies: the sample itself is left alone) replays with no violation."""
+    before = SAMPLE.read_bytes()
+    proc = subprocess.run([cli(), "fix", "--check", str(runs[bug][1])], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "not certain" not in proc.stdout and "+++ " in proc.stdout, proc.stdout
+    assert "with this patch: backward ran" in proc.stdout and ", 0 violations" in proc.stdout
+    assert SAMPLE.read_bytes() == before
+
+
 # --gradient-checkpointing: each decoder layer is recomputed in backward (non-reentrant, as
 # transformers' Trainer runs it), and PyTorch no longer checks the tensors saved inside a layer.
 # What each bug becomes there (the gradients are checked by test_gradient_checkpointing_grads):

@@ -425,6 +425,10 @@ class Rewriter:
         if body is None:
             return None
         backward = next((s for s in body[body.index(unit) + 1:] if _calls_backward(s)), None)
+        if backward is None and isinstance(parent, ast.If):
+            guarded = self._guarded_after_backward(unit, parent, why)
+            if guarded is not None:
+                return guarded
         if backward is None:
             return self._rewrite(None, why, False, ["move this line after the backward() call "
                                                     "that runs the graph it changes"])
@@ -435,6 +439,49 @@ class Rewriter:
         moved = self.src.old(first, last)
         between = self.src.old(last + 1, backward.end_lineno)
         return self._rewrite(between + moved, why, first=first, last=backward.end_lineno)
+
+    def _guarded_after_backward(self, unit: ast.stmt, branch: ast.If,
+                                why: str) -> Optional[Rewrite]:
+        """`unit`, alone on its lines in a branch of `branch` (`if accumulated: opt.step()`),
+        moved after the next backward() of the block around the `if`, under the same condition
+        (negated for the `else` branch); the branch keeps `pass` where it held only `unit`.
+        Certain when the condition calls nothing and nothing from the `if` to that backward()
+        assigns a name it reads, so that it is the same test after backward() as before; None
+        when no backward() follows the `if`."""
+        outer = self.src.parents.get(branch)
+        body = next((b for b in (getattr(outer, f, None) for f in ("body", "orelse",
+                                                                   "finalbody"))
+                     if isinstance(b, list) and branch in b), None)
+        if body is None:
+            return None
+        rest = body[body.index(branch) + 1:]
+        backward = next((s for s in rest if _calls_backward(s)), None)
+        if backward is None:
+            return None
+        test = branch.test
+        read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        span = [branch, *rest[:rest.index(backward) + 1]]
+        stored = {n.id for s in span for n in ast.walk(s)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+        impure = any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Lambda))
+                     for n in ast.walk(test))
+        if impure or read & stored or not _own_lines(self.src, unit) or \
+                test.lineno != test.end_lineno:
+            return self._rewrite(None, why, False, [
+                "move this statement, under its condition, after the backward() call that "
+                "runs the graph it changes"])
+        first, last = branch.lineno, backward.end_lineno
+        kept = [self.src.old(n, n) for n in range(first, last + 1)
+                if not unit.lineno <= n <= unit.end_lineno]
+        branch_list = branch.body if unit in branch.body else branch.orelse
+        if len(branch_list) == 1:
+            kept.insert(unit.lineno - first, self.src.indent(unit.lineno) + "pass\n")
+        condition = self.src.segment(test)
+        if unit not in branch.body:
+            condition = f"not ({condition})"
+        head = self.src.indent(branch.lineno) + f"if {condition}:\n"
+        moved = self.src.old(unit.lineno, unit.end_lineno)
+        return self._rewrite("".join(kept) + head + moved, why, first=first, last=last)
 
 
 # Methods and functions whose result shares the memory of their input: a write into it is a write
