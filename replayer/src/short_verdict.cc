@@ -75,11 +75,12 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
 }
 
 FixLanguage FixVerbMayPatch(const Violation& v) {
-  if (v.kind == ViolationKind::kFreed || v.kind == ViolationKind::kUnpackHook) {
-    return FixLanguage::kNone;
-  }
   const std::optional<OpRef>& culprit = v.changed_source ? v.changed_source : v.culprit;
-  if (!culprit || culprit->hook || !culprit->user_frame) return FixLanguage::kNone;
+  if (!culprit || !culprit->user_frame) return FixLanguage::kNone;
+  // A freed graph (retain_graph=True on the first of two backward() calls on one loss) and an
+  // unpack hook (cast back, or the saved tensor itself) have rewrites in Python only.
+  const bool python_only = v.kind == ViolationKind::kFreed ||
+                           v.kind == ViolationKind::kUnpackHook || culprit->hook;
   const UserFrame& line = *culprit->user_frame;
   bool python = line.file.ends_with(".py");
   for (const Frame& frame : culprit->stack) {
@@ -89,6 +90,7 @@ FixLanguage FixVerbMayPatch(const Violation& v) {
     }
   }
   if (python) return FixLanguage::kPython;
+  if (python_only) return FixLanguage::kNone;
   for (const char* ext : {".cc", ".cpp", ".cxx", ".c++", ".h", ".hpp", ".hh", ".cu"}) {
     if (line.file.ends_with(ext)) return FixLanguage::kCpp;
   }

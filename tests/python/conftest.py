@@ -104,3 +104,16 @@ def trace_order_problems(trace):
 
 def same_file(a, b):
     return a is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
+class OneFile:
+    """_fix.Workspace's two methods, over one source."""
+
+    def __init__(self, src):
+        self.src = src
+
+    def source(self, path):
+        return self.src if path == self.src.path else None
+
+    def locate(self, path, line):
+        return line

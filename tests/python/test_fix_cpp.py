@@ -274,10 +274,10 @@ CERTAIN = {
                     "// VICTIM(two_writes)"],
                    ["  auto inv_rms = torch::rsqrt(x.clone().pow(2).mean(-1, /*keepdim=*/true) + "
                     "eps_);  // VICTIM(two_writes)"]),
-}
-# bug: what the line is, that no rewrite of it is certain.
-UNCERTAIN = {
-    "slice_assign": "not declared in this function",
+    # The write is into a member (a cache of RoPE tables) that the next layer's call writes
+    # again: the clone goes where the victim's function takes its view of it.
+    "slice_assign": ("lora_model.cc", ["  auto tables = Tables(x.size(-2));"],
+                     ["  auto tables = Tables(x.size(-2)).clone();"]),
 }
 
 
@@ -316,15 +316,6 @@ def test_a_planted_bug_on_a_rewritable_line_gets_its_cpp_patch(tmp_path, bug):
         "building the program again and re-running it)")
 
 
-@needs_sample
-@pytest.mark.parametrize("bug", sorted(UNCERTAIN))
-def test_a_planted_bug_on_another_line_lists_the_choices(tmp_path, bug):
-    proc = fix(_record(tmp_path, bug))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "not certain" in proc.stdout and UNCERTAIN[bug] in proc.stdout, proc.stdout
-    assert "\n  - " in proc.stdout and "---" not in proc.stdout, proc.stdout
-
-
 def _build_and_sources():
     """Each file of the sample's sources and of its objects in the build, with its modification
     time."""
@@ -334,9 +325,11 @@ def _build_and_sources():
 
 
 # One bug whose line is in the sample's static library (lora_model.cc), one in the program's own
-# file (lora_step.cc): the two ways a patched object goes into the program.
+# file (lora_step.cc): the two ways a patched object goes into the program; and one whose patch is
+# on a line the trace's op records find (where the victim's function takes the view it saved).
 @needs_sample
-@pytest.mark.parametrize("bug", ["inplace_activation", "optimizer_before_backward"])
+@pytest.mark.parametrize("bug", ["inplace_activation", "optimizer_before_backward",
+                                 "slice_assign"])
 def test_check_builds_the_sample_again_with_the_patch_and_replays_it(tmp_path, bug):
     trace = _record(tmp_path, bug)
     before = _build_and_sources()

@@ -4,6 +4,8 @@ import textwrap
 
 import pytest
 
+from conftest import OneFile
+from torchrr import _fix_backward as fb
 from torchrr import _fix_other_lines as ol
 from torchrr import _fix_rewrite as rw
 
@@ -103,7 +105,7 @@ def test_a_parameter_write_under_no_grad_moves_after_backward():
         loss.backward()
         print(loss)
         """)
-    rewrite = rw.Rewriter(src, 3, "clamp_", False).after_backward()
+    rewrite = fb.after_backward(rw.Rewriter(src, 3, "clamp_", False))
     assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (2, 4)
     assert rewrite.new == ("loss.backward()\nwith torch.no_grad():\n"
                            "    w.clamp_(-1, 1)  # constrain\n")
@@ -118,7 +120,7 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
         loss.backward()
         print(loss)
         """)
-    rewrite = rw.Rewriter(src, 2, "add_", False).after_backward()
+    rewrite = fb.after_backward(rw.Rewriter(src, 2, "add_", False))
     assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 5)
     assert rewrite.new == ('if bug == "early":\n    pass\nelse:\n    opt.zero_grad()\n'
                            'loss.backward()\nif bug == "early":\n    opt.step()  # too early\n')
@@ -131,7 +133,7 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
             opt.zero_grad()
         loss.backward()
         """)
-    rewrite = rw.Rewriter(src, 4, "add_", False).after_backward()
+    rewrite = fb.after_backward(rw.Rewriter(src, 4, "add_", False))
     assert rewrite.certain and rewrite.new == (
         "if (i + 1) % accum:\n    pass\nelse:\n    opt.zero_grad()\nloss.backward()\n"
         "if not ((i + 1) % accum):\n    opt.step()\n")
@@ -145,9 +147,45 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
     "if not stepped:\n    opt.step()\nfor stepped in range(2):\n    loss.backward()\n",
 ])
 def test_no_certain_move_when_the_condition_may_change(text):
-    rewrite = rw.Rewriter(source(text), 2, "add_", False).after_backward()
+    rewrite = fb.after_backward(rw.Rewriter(source(text), 2, "add_", False))
     assert not rewrite.certain and rewrite.new is None
     assert "under its condition" in rewrite.choices[0]
+
+
+@pytest.mark.parametrize("call, new", [
+    ("loss.backward()", "loss.backward(retain_graph=True)"),
+    ("loss.backward(g)", "loss.backward(g, retain_graph=True)"),
+    ("loss.backward(retain_graph=False)", "loss.backward(retain_graph=True)"),
+    ("self.loss.backward(inputs=[w])", "self.loss.backward(inputs=[w], retain_graph=True)"),
+])
+def test_the_first_of_two_backwards_on_one_loss_keeps_the_graph(call, new):
+    src = source(f"loss = f(x)\n{call}  # first\nprint(1)\n{call.split('(')[0]}()\n")
+    rewrite = fb.retain_graph(src, 2)
+    assert rewrite.certain and rewrite.new == f"{new}  # first\n"
+
+
+@pytest.mark.parametrize("text", [
+    "a.backward()\nb.backward()\n",  # Two losses: they may share a graph on purpose.
+    "loss.backward()\nloss = f(x)\nloss.backward()\n",  # The forward ran again.
+    "loss.backward()\nprint(loss)\n",  # No second backward in the block.
+    "loss.backward(g, True)\nloss.backward()\n",  # retain_graph passed by position.
+])
+def test_no_retain_graph_unless_one_loss_is_run_twice(text):
+    assert fb.retain_graph(source(text), 1) is None
+
+
+def test_a_data_swap_of_an_attribute_is_cloned_where_the_victim_reads_it():
+    src = source("""
+        def forward(self, x):
+            self.weight.data = self.weight.data / 2
+            return x @ self.weight
+        """)
+    assert rw.Rewriter(src, 2, "").written_name() == "self.weight"
+    rewrite = ol.clone_argument_at_victim(src, 3, "self.weight")
+    assert rewrite.certain and rewrite.new == "    return x @ self.weight.clone()\n"
+    # Read twice (a receiver, then an operand): no certain place for the clone.
+    src = source("y = self.w.t() @ self.w\n")
+    assert ol.clone_argument_at_victim(src, 1, "self.w") is None
 
 
 def test_no_move_without_a_backward_after_the_block():
@@ -156,7 +194,7 @@ def test_no_move_without_a_backward_after_the_block():
         if bug:
             opt.step()
         """)
-    rewrite = rw.Rewriter(src, 3, "add_", False).after_backward()
+    rewrite = fb.after_backward(rw.Rewriter(src, 3, "add_", False))
     assert not rewrite.certain and rewrite.new is None
 
 
@@ -205,3 +243,46 @@ def test_a_name_bound_to_the_tensor_the_victim_line_reads():
     assert ol.bound_to(src, "residual", 4, 2) == []
     src = source("r = h\nh = g(h)\ny = norm(h)\nr += 1\n")
     assert ol.bound_to(src, "r", 4, 3) == []
+
+
+def hooks_fix(text, victim_line, unpacked):
+    src = source(text)
+    v = {"victim": {"user_frame": {"file": src.path, "line": victim_line}}, "unpacked": unpacked}
+    return ol.fix_hooks(OneFile(src), v)
+
+
+HALF = {"dtype": "float16", "saved_dtype": "float32", "shape": [8], "saved_shape": [8]}
+HALVED = {"dtype": "float32", "saved_dtype": "float32", "shape": [4], "saved_shape": [8]}
+
+
+def test_an_unpack_hook_that_forgets_the_dtype_is_cast_back():
+    rewrite = hooks_fix("with hooks.saved_tensors_hooks(pack, lambda p: p):\n    y = f(x)\n",
+                        2, HALF)
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 1)
+    assert rewrite.new == ("with hooks.saved_tensors_hooks(\n"
+                           "        lambda saved: (saved.device, saved.dtype, pack(saved)),\n"
+                           "        lambda packed: (lambda p: p)(packed[2]).to(packed[0], "
+                           "packed[1])):\n")
+
+
+def test_an_unpack_hook_that_drops_part_of_what_an_identity_pack_kept_returns_it_whole():
+    text = "with saved_tensors_hooks(lambda t: t, lambda t: t[:4]):\n    y = f(x)\n"
+    rewrite = hooks_fix(text, 2, HALVED)
+    assert rewrite.certain
+    assert rewrite.new == "with saved_tensors_hooks(lambda t: t, lambda packed: packed):\n"
+
+
+@pytest.mark.parametrize("text, unpacked", [
+    # The pack hook keeps something else: what the unpack hook must return is not at hand.
+    ("with saved_tensors_hooks(lambda t: t[::2], lambda t: t[:4]):\n    y = f(x)\n", HALVED),
+    # The unpack hook calls something (a side effect the patch would drop).
+    ("with saved_tensors_hooks(lambda t: t, lambda t: log(t)[:4]):\n    y = f(x)\n", HALVED),
+    # Keyword hooks, or no hooks around the victim's line.
+    ("with saved_tensors_hooks(pack_hook=p, unpack_hook=u):\n    y = f(x)\n", HALF),
+    ("with torch.no_grad():\n    y = f(x)\n", HALF),
+    # A name the wrapper would shadow.
+    ("with saved_tensors_hooks(lambda saved: saved.half(), u):\n    y = f(x)\n", HALF),
+])
+def test_no_hook_patch_where_it_could_change_more_than_the_returned_tensor(text, unpacked):
+    assert hooks_fix(text, 2, unpacked) is None
+

@@ -21,7 +21,9 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
+from . import _fix_backward as fb
 from . import _fix_cpp as cpp
+from . import _fix_made as made
 from . import _fix_other_lines as ol
 from . import _fix_rewrite as rw
 
@@ -76,6 +78,8 @@ class RecordedSources:
     """The source lines a trace carries (format 1.4), by file and line number."""
 
     def __init__(self, trace: str):
+        self.trace = trace
+        self._ops = None
         strings, self.lines = {}, {}
         proc = run_cli("dump", "--json", trace)
         for text in proc.stdout.splitlines():
@@ -89,6 +93,12 @@ class RecordedSources:
                 for number, line in enumerate(record["text"], record["first_line"]):
                     lines[number] = line
         self.lines = {strings.get(k, ""): v for k, v in self.lines.items()}
+
+    def ops(self) -> "made.TraceOps":
+        """The trace's op records, read again when a rule first needs them."""
+        if self._ops is None:
+            self._ops = made.TraceOps(run_cli("dump", "--json", self.trace).stdout)
+        return self._ops
 
 
 class Workspace:
@@ -239,10 +249,9 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
                    "device (cast back what the pack hook converted)"] if hook else \
             ["find what writes into the saved tensor's memory outside autograd (numpy, DLPack, "
              "an extension) and write into a .clone() instead"]
-        if not hook:
-            rewrite = ol.clone_output_at_victim(space, v)
-            if rewrite is not None:
-                return rewrite
+        rewrite = ol.fix_hooks(space, v) if hook else ol.clone_output_at_victim(space, v)
+        if rewrite is not None:
+            return rewrite
         return _uncertain(frame.get("file") or "", frame.get("line") or 0, None,
                           f"no in-place op to rewrite ({kind})", choices)
     frame = _python_user_frame(culprit)
@@ -262,9 +271,10 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
                           ["make the op out of place, or .clone() the tensor before it"])
     if kind == "freed":
         flag = "true" if is_cpp else "True"
-        return _uncertain(path, line, source, "backward ran twice through a freed graph",
-                          [f"pass retain_graph={flag} to the first backward()",
-                           "run the forward again before the second backward()"])
+        return (None if is_cpp else fb.retain_graph(source, line)) or \
+            _uncertain(path, line, source, "backward ran twice through a freed graph",
+                       [f"pass retain_graph={flag} to the first backward()",
+                        "run the forward again before the second backward()"])
     op = _base_op(culprit.get("op"))
     leaf = bool((v.get("tensor") or {}).get("is_leaf"))
     if is_cpp:
@@ -278,22 +288,26 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
     # Only a parameter's write moves after backward(): an activation written under no_grad is
     # one the forward meant to change (a clamp, a scale), and a later write would change what
     # the loss computed.
+    # A write that cannot move (a parameter rescaled inside forward) may still be undone by a
+    # clone at the victim's line; the move's choices are kept for when nothing is certain.
+    moved = None
     if v.get("changed_source") or optimizer or rewriter.parameter:
-        moved = rewriter.after_backward()
-        if moved is not None:
+        moved = fb.after_backward(rewriter)
+        if moved is not None and moved.certain:
             return moved
     if rewriter.under_no_grad():
         # Made out of place under no_grad, the tensor would lose its history and backward through
         # it would fail: the write stays, into a clone made where the saved tensor is.
         return ol.clone_output_at_victim(space, v) or \
-            ol.clone_named_input_at_victim(space, v, rewriter.written_name()) or \
+            ol.clone_named_input_at_victim(space, v, rewriter.written_name()) or moved or \
             _uncertain(path, line, source, _NO_GRAD_WHY, _NO_GRAD_CHOICES)
     rewrite = rewriter.statement()
     if rewrite is None or not rewrite.certain:
         rewrite = _module_fix(space, document, culprit, op) or rewrite
     if rewrite is None or not rewrite.certain:
         rewrite = ol.clone_output_at_victim(space, v) or \
-            ol.clone_passed_at_victim(space, v, culprit) or rewrite
+            ol.clone_passed_at_victim(space, v, culprit) or \
+            made.clone_where_made(space, v, space.recorded.ops()) or moved or rewrite
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])
@@ -332,7 +346,8 @@ def _cpp_fix(space: Workspace, document: dict, v: dict, culprit: dict,
     if rewrite is None or not rewrite.certain:
         rewrite = _cpp_module_fix(space, document, culprit) or rewrite
     if rewrite is None or not rewrite.certain:
-        rewrite = ol.cpp_clone_at_victim(space, v, culprit) or rewrite
+        rewrite = ol.cpp_clone_at_victim(space, v, culprit) or \
+            made.clone_where_made(space, v, space.recorded.ops()) or rewrite
     return rewrite or _uncertain(path, line, source, f"no known rewrite of this line for {op}",
                                  [f"make {op} out of place", ".clone() the tensor before it is "
                                   "modified"])

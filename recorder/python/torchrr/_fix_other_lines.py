@@ -1,7 +1,8 @@
 """The rewrites behind ``torchrr fix`` on lines other than the culprit's statement: the
-construction of the ``nn.Module`` whose forward wrote in place (``nn.ReLU(inplace=True)``), and a
+construction of the ``nn.Module`` whose forward wrote in place (``nn.ReLU(inplace=True)``), a
 clone at the victim's line, where autograd saved the tensor, for a write that the culprit's line
-cannot undo. Standard library only: no torch.
+cannot undo, and the ``saved_tensors_hooks`` around the victim's line when the unpack hook hands
+backward another tensor. Standard library only: no torch.
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import ast
 from typing import Optional
 
 from . import _fix_cpp as cpp
-from ._fix_rewrite import Rewrite, Rewriter, Source, _calls, _end, _is_true, _keyword, _start
+from ._fix_rewrite import (Rewrite, Rewriter, Source, _calls, _end, _is_true, _keyword, _start,
+                           dotted)
 
 # nn modules that take inplace=, and the position of inplace among their positional arguments.
 _INPLACE_MODULES = {"ReLU": 0, "ReLU6": 0, "SELU": 0, "Hardswish": 0, "Hardsigmoid": 0,
@@ -87,13 +89,14 @@ def construction_rewrite(source: Source, node: ast.Call, flag: ast.AST, certain:
 def clone_argument_at_victim(source: Source, line: int, name: str) -> Optional[Rewrite]:
     """`h = f(x, w)` (or `h = a * x`) at the victim's line, which saved its input `x` ->
     `h = f(x.clone(), w)`: the call saves a copy of the same values and passes the gradient back
-    to `x`, and a later write into `x` leaves the copy alone. None unless `name` is read once in
-    the statement, as an argument of a call or an operand of a binary operator."""
+    to `x`, and a later write into `x` leaves the copy alone. `name` may be an attribute
+    (`self.w`). None unless `name` is read once in the statement, as an argument of a call or an
+    operand of a binary operator."""
     stmt = source.statement_at(line)
     if stmt is None or not name:
         return None
-    uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name and
-            isinstance(n.ctx, ast.Load)]
+    uses = [n for n in ast.walk(stmt) if isinstance(n, (ast.Name, ast.Attribute)) and
+            isinstance(n.ctx, ast.Load) and dotted(n) == name]
     if len(uses) != 1:
         return None
     arguments = {id(a) for call in _calls(stmt) for a in
@@ -105,7 +108,7 @@ def clone_argument_at_victim(source: Source, line: int, name: str) -> Optional[R
     first, last = stmt.lineno, stmt.end_lineno
     return Rewrite(source.path, first, last, source.old(first, last),
                    source.edit(first, last, [_end(uses[0], ".clone()")]), True,
-                   f"`{name}` is saved by this call and written in place afterwards where no "
+                   f"`{name}` is saved by this call and changed afterwards where no "
                    "rewrite of that line can undo it: pass the call a clone, so that what "
                    "autograd saved is not what is written")
 
@@ -129,6 +132,61 @@ def clone_at_victim(source: Source, line: int) -> Optional[Rewrite]:
                    "can undo it (library code, a helper's argument, a hook, a write under "
                    "no_grad): clone it where it is made, so that what autograd saved is not what "
                    "is written")
+
+
+def fix_hooks(space, v: dict) -> Optional[Rewrite]:
+    """`with saved_tensors_hooks(pack, unpack):` around the victim's line, when the unpack hook
+    gave backward another tensor than the one autograd saved:
+    - the values in another dtype (a pack that keeps float16, an unpack that forgets to cast
+      back): each packed tensor carries its device and dtype, and what the unpack hook returns
+      goes back to them; both hooks still run.
+    - another shape, where the pack hook is `lambda t: t` and the unpack hook a lambda that calls
+      nothing: the unpack hook is given the saved tensor itself, which is what it must return.
+    None for anything else (no cast gives back what a hook dropped)."""
+    unpacked = v.get("unpacked") or {}
+    source, line = victim_line(space, v)
+    node = source.statement_at(line) if source is not None else None
+    while node is not None and not isinstance(node, ast.With):
+        node = source.parents.get(node)
+    call = next((i.context_expr for i in node.items
+                 if isinstance(i.context_expr, ast.Call) and
+                 dotted(i.context_expr.func).endswith("saved_tensors_hooks")), None) \
+        if node is not None else None
+    if call is None or len(call.args) != 2 or call.keywords:
+        return None
+    pack, unpack = call.args
+    if unpacked.get("shape") != unpacked.get("saved_shape"):
+        if not (_is_identity(pack) and isinstance(unpack, ast.Lambda) and not _calls(unpack)):
+            return None
+        span = (unpack.lineno, unpack.col_offset, unpack.end_lineno, unpack.end_col_offset,
+                "lambda packed: packed")
+        why = f"the unpack hook gives backward shape {unpacked.get('shape')} where autograd " \
+              f"saved {unpacked.get('saved_shape')}, and its pack hook kept the saved tensor " \
+              "itself: return that"
+    elif unpacked.get("dtype") and unpacked.get("dtype") != unpacked.get("saved_dtype"):
+        if {n.id for a in call.args for n in ast.walk(a) if isinstance(n, ast.Name)} & \
+                {"saved", "packed"}:
+            return None
+        pack_text, unpack_text = (source.segment(a) if isinstance(a, (ast.Name, ast.Attribute))
+                                  else f"({source.segment(a)})" for a in call.args)
+        indent = "\n" + source.indent(node.lineno) + " " * 8
+        text = (f"{indent}lambda saved: (saved.device, saved.dtype, {pack_text}(saved)),"
+                f"{indent}lambda packed: {unpack_text}(packed[2]).to(packed[0], packed[1])")
+        span = (pack.lineno, pack.col_offset, unpack.end_lineno, unpack.end_col_offset, text)
+        why = f"the unpack hook gives backward {unpacked['dtype']} where autograd saved " \
+              f"{unpacked['saved_dtype']}: cast what it returns back to the saved tensor's " \
+              "dtype and device"
+    else:
+        return None
+    first, last = node.lineno, call.end_lineno
+    return Rewrite(source.path, first, last, source.old(first, last),
+                   source.edit(first, last, [span]), True, why)
+
+
+def _is_identity(node: ast.AST) -> bool:
+    """`lambda t: t`."""
+    return isinstance(node, ast.Lambda) and len(node.args.args) == 1 and \
+        isinstance(node.body, ast.Name) and node.body.id == node.args.args[0].arg
 
 
 # -- Where the victim's line is, and which name to clone there -----------------------------

@@ -141,6 +141,14 @@ def _calls(node: ast.AST) -> list:
     return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
 
 
+def dotted(node: ast.AST) -> str:
+    """`x` or `self.w`: a name, or attributes of one; "" for anything else."""
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else ""
+    return node.id if isinstance(node, ast.Name) else ""
+
+
 def _strip_data(node: ast.AST) -> tuple:
     """(the tensor written, whether it was written through .data)."""
     if isinstance(node, ast.Attribute) and node.attr == "data":
@@ -375,11 +383,12 @@ class Rewriter:
             return self._rewrite(new, why)
         return self._rewrite(None, why + " and has no out-of-place twin", False, choices)
 
-    # -- Moving a parameter write after backward() --------------------------------------------
+    # -- What the statement writes, and under which mode -----------------------------------
 
     def written_name(self) -> str:
         """The name the statement writes through (`x` of `x.mul_(2)`, `x.data.mul_(2)`,
-        `x += y`, `x[0] = 0`); "" when it writes through no plain name."""
+        `x += y`, `x[0] = 0`), or the attribute (`self.w` of `self.w.data = ...`); "" when it
+        writes through neither."""
         s = self.stmt
         if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and \
                 isinstance(s.value.func, ast.Attribute):
@@ -389,10 +398,12 @@ class Rewriter:
         elif isinstance(s, ast.Assign) and len(s.targets) == 1 and \
                 isinstance(s.targets[0], ast.Subscript):
             target = s.targets[0].value
+        elif isinstance(s, ast.Assign) and len(s.targets) == 1 and \
+                isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr == "data":
+            target = s.targets[0]
         else:
             return ""
-        target = _strip_data(target)[0]
-        return target.id if isinstance(target, ast.Name) else ""
+        return dotted(_strip_data(target)[0])
 
     def under_no_grad(self) -> bool:
         """Whether the statement runs inside `with torch.no_grad():` (or inference_mode)."""
@@ -403,85 +414,6 @@ class Rewriter:
                 return True
             node = self.src.parents.get(node)
         return False
-
-    def after_backward(self) -> Optional[Rewrite]:
-        """The statement (or the `with torch.no_grad():` block around it) moved after the next
-        backward() of the same block, or None when it is not in a block with one."""
-        if self.stmt is None:
-            return None
-        unit = self.stmt
-        node = unit
-        while node in self.src.parents and not isinstance(node, (ast.FunctionDef, ast.Module)):
-            node = self.src.parents[node]
-            if isinstance(node, ast.With) and any(_is_no_grad(i.context_expr)
-                                                  for i in node.items):
-                unit = node
-        parent = self.src.parents.get(unit)
-        body = next((b for b in (getattr(parent, f, None) for f in ("body", "orelse",
-                                                                    "finalbody"))
-                     if isinstance(b, list) and unit in b), None)
-        why = "the parameter is written between the forward and backward() that uses it: " \
-              "write it after backward()"
-        if body is None:
-            return None
-        backward = next((s for s in body[body.index(unit) + 1:] if _calls_backward(s)), None)
-        if backward is None and isinstance(parent, ast.If):
-            guarded = self._guarded_after_backward(unit, parent, why)
-            if guarded is not None:
-                return guarded
-        if backward is None:
-            return self._rewrite(None, why, False, ["move this line after the backward() call "
-                                                    "that runs the graph it changes"])
-        first, last = unit.lineno, unit.end_lineno
-        if self.src.old(first, last).strip() != self.src.segment(unit).strip() and \
-                not _own_lines(self.src, unit):
-            return self._rewrite(None, why, False, ["move this statement after backward()"])
-        moved = self.src.old(first, last)
-        between = self.src.old(last + 1, backward.end_lineno)
-        return self._rewrite(between + moved, why, first=first, last=backward.end_lineno)
-
-    def _guarded_after_backward(self, unit: ast.stmt, branch: ast.If,
-                                why: str) -> Optional[Rewrite]:
-        """`unit`, alone on its lines in a branch of `branch` (`if accumulated: opt.step()`),
-        moved after the next backward() of the block around the `if`, under the same condition
-        (negated for the `else` branch); the branch keeps `pass` where it held only `unit`.
-        Certain when the condition calls nothing and nothing from the `if` to that backward()
-        assigns a name it reads, so that it is the same test after backward() as before; None
-        when no backward() follows the `if`."""
-        outer = self.src.parents.get(branch)
-        body = next((b for b in (getattr(outer, f, None) for f in ("body", "orelse",
-                                                                   "finalbody"))
-                     if isinstance(b, list) and branch in b), None)
-        if body is None:
-            return None
-        rest = body[body.index(branch) + 1:]
-        backward = next((s for s in rest if _calls_backward(s)), None)
-        if backward is None:
-            return None
-        test = branch.test
-        read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-        span = [branch, *rest[:rest.index(backward) + 1]]
-        stored = {n.id for s in span for n in ast.walk(s)
-                  if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
-        impure = any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Lambda))
-                     for n in ast.walk(test))
-        if impure or read & stored or not _own_lines(self.src, unit) or \
-                test.lineno != test.end_lineno:
-            return self._rewrite(None, why, False, [
-                "move this statement, under its condition, after the backward() call that "
-                "runs the graph it changes"])
-        first, last = branch.lineno, backward.end_lineno
-        kept = [self.src.old(n, n) for n in range(first, last + 1)
-                if not unit.lineno <= n <= unit.end_lineno]
-        branch_list = branch.body if unit in branch.body else branch.orelse
-        if len(branch_list) == 1:
-            kept.insert(unit.lineno - first, self.src.indent(unit.lineno) + "pass\n")
-        condition = self.src.segment(test)
-        if unit not in branch.body:
-            condition = f"not ({condition})"
-        head = self.src.indent(branch.lineno) + f"if {condition}:\n"
-        moved = self.src.old(unit.lineno, unit.end_lineno)
-        return self._rewrite("".join(kept) + head + moved, why, first=first, last=last)
 
 
 # Methods and functions whose result shares the memory of their input: a write into it is a write
@@ -561,12 +493,3 @@ def _is_no_grad(node: ast.AST) -> bool:
     func = node.func
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
     return name in ("no_grad", "inference_mode")
-
-
-def _calls_backward(stmt: ast.stmt) -> bool:
-    for call in _calls(stmt):
-        func = call.func
-        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-        if name == "backward" or name == "grad" and "autograd" in ast.unparse(func):
-            return True
-    return False

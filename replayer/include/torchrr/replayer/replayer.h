@@ -402,9 +402,9 @@ std::string FormatText(const Report& report, bool color, bool each = false);
 // line (at most three) with the code the trace carries, the fix, and the commands that show the
 // rest for `trace`; "" when the report has no violation.
 std::string FormatShortVerdict(const Report& report, const std::string& trace);
-// Whether `torchrr fix` has a rewrite to try for `v`, and in which language: a culprit op (not a
-// hook) whose user line is Python or C++, of a kind the fix verb rewrites (not a freed graph, not
-// an unpack hook). The fix verb's parser may still find the line's rewrite uncertain and list
+// Whether `torchrr fix` has a rewrite to try for `v`, and in which language: a culprit whose user
+// line is Python or C++; for a freed graph or an unpack hook, Python only (the fix verb has no C++
+// rule for them). The fix verb's parser may still find the line's rewrite uncertain and list
 // choices instead.
 enum class FixLanguage : uint8_t { kNone, kPython, kCpp };
 FixLanguage FixVerbMayPatch(const Violation& v);

@@ -1,0 +1,175 @@
+"""Where a saved tensor was made, for ``torchrr fix``'s rule that clones it there: the op whose
+output it is, then the op that made the tensor it is a view of, and so on, each with the stack of
+the op that ran it (its own, or that of the nearest op around it that has one), read from
+``torchrr dump --json``. A tensor shared by reference (a cache a module keeps, `cache_.narrow()`)
+and written by a later call is then cloned where the victim's function takes it: what autograd
+saves is a copy of the same values, and the program's own write still happens. Standard library
+only: no torch.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+from typing import Optional
+
+from . import _fix_cpp as cpp
+from ._fix_cpp_source import IDENT, loose, statement_at
+from ._fix_rewrite import Rewrite
+
+# At most this many views back from the saved tensor.
+_MAX_STEPS = 16
+
+
+class TraceOps:
+    """The op, tensor, stack and frame records of a trace's `dump --json`, found when asked."""
+
+    def __init__(self, dump_text: str):
+        self.lines = dump_text.splitlines()
+        self.strings = {}
+        for line in self.lines:
+            if line.startswith('{"kind":"string"'):
+                record = json.loads(line)
+                self.strings[record["id"]] = record["text"]
+
+    def _find(self, prefix: str) -> Optional[dict]:
+        line = next((line for line in self.lines if line.startswith(prefix)), None)
+        return json.loads(line) if line is not None else None
+
+    def maker(self, tensor: int) -> Optional[dict]:
+        """The first op with `tensor` among its outputs (ids are never reused, so the op that
+        made it; an in-place op lists its input as an output, but later)."""
+        needle = f'"tensor":{tensor},'
+        for line in self.lines:
+            if line.startswith('{"kind":"op"') and needle in line:
+                record = json.loads(line)
+                if any(o["tensor"] == tensor for o in record.get("outputs", [])):
+                    return record
+        return None
+
+    def storage(self, tensor: int) -> Optional[int]:
+        record = self._find(f'{{"kind":"tensor","tensor":{tensor},')
+        return record.get("storage") if record else None
+
+    def frames(self, op: dict) -> list:
+        """[(file, function, line)] of the stack of `op`, or of the nearest op around it with
+        one, innermost first."""
+        for _ in range(64):
+            if op.get("stack"):
+                break
+            op = self._find(f'{{"kind":"op","op":{op.get("parent", 0)},') if op.get("parent") \
+                else None
+            if op is None:
+                return []
+        stack = self._find(f'{{"kind":"stack","id":{op["stack"]},')
+        out = []
+        for frame_id in (stack or {}).get("frames", []):
+            frame = self._find(f'{{"kind":"frame","id":{frame_id},') or {}
+            out.append((self.strings.get(frame.get("file"), ""),
+                        self.strings.get(frame.get("function"), ""), frame.get("line", 0)))
+        return out
+
+    def chain(self, tensor: int) -> list:
+        """[(frames, version after the op)] of the op that made `tensor`, then of the op that made
+        the tensor it is a view of (an input with its storage), and so on."""
+        steps = []
+        while tensor and len(steps) < _MAX_STEPS:
+            op = self.maker(tensor)
+            if op is None:
+                break
+            out = next(o for o in op["outputs"] if o["tensor"] == tensor)
+            steps.append((self.frames(op), out.get("version_after")))
+            storage = self.storage(tensor)
+            tensor = next((i["tensor"] for i in op.get("inputs", [])
+                           if storage is not None and self.storage(i["tensor"]) == storage), 0)
+        return steps
+
+
+def clone_where_made(space, v: dict, ops: TraceOps) -> Optional[Rewrite]:
+    """The saved input cloned where the victim's function makes it, or the view it is of: the
+    earliest op of the saved tensor's chain that ran from a line of the victim's function which
+    assigns one variable (`auto tables = Tables(n);`, `t = cache[:n]`), with the tensor's version
+    there still the one autograd saved (nothing wrote it between). As safe as the other clones
+    at the victim: the values are the same, the gradient flows back through the clone. None
+    when no such line is found, or the function writes through that variable after it."""
+    tensor = v.get("tensor") or {}
+    victim = (v.get("victim") or {}).get("user_frame") or {}
+    if tensor.get("is_output", True) or not tensor.get("id") or not victim.get("function"):
+        return None
+    lines = []
+    for frames, version in ops.chain(tensor["id"]):
+        here = next((f for f in frames if f[0] == victim.get("file") and
+                     f[1] == victim["function"]), None)
+        if here is None or version != v.get("saved_version"):
+            break
+        lines.append(here[2])
+    source = space.source(victim.get("file") or "")
+    for recorded in reversed(lines):
+        line = space.locate(source.path, recorded) if source is not None else None
+        rewrite = _clone_assigned(source, line) if line else None
+        if rewrite is not None:
+            return rewrite
+    return None
+
+
+def _clone_assigned(source, line: int) -> Optional[Rewrite]:
+    """`auto t = f(x);` (or `t = f(x);`, Python's `t = f(x)`) at `line` -> its value cloned,
+    unless the lines after it in the function write through `t`."""
+    if not isinstance(source, cpp.CppSource):
+        from ._fix_other_lines import clone_at_victim
+
+        stmt = source.statement_at(line) if source.tree is not None else None
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
+                isinstance(stmt.targets[0], ast.Name)):
+            return None
+        function = source.parents.get(stmt)
+        while function is not None and not isinstance(function, (ast.FunctionDef,
+                                                                  ast.AsyncFunctionDef)):
+            function = source.parents.get(function)
+        name = stmt.targets[0].id
+        later = [n for n in ast.walk(function) if getattr(n, "lineno", 0) > stmt.end_lineno] \
+            if function is not None else []
+        if any(_writes_python(n, name) for n in later):
+            return None
+        return dataclasses.replace(clone_at_victim(source, line), why=_why(name))
+    stmt, _ = statement_at(source, line)
+    match = re.match(rf"\s*(?:(?:const\s+)?(?:auto|torch::Tensor|at::Tensor)\s+)?({IDENT})\s*=(?!=)"
+                     rf"\s*(.+?)\s*$", stmt.code, re.S) if stmt else None
+    if match is None:
+        return None
+    name, value = match.group(1), match.group(2)
+    function = source.function(stmt.start)
+    body = source.code[stmt.end:function[2][1]] if function else ""
+    if re.search(rf"\b{name}\b\s*(?:\.\s*{IDENT}_\s*\(|\[[^;]*?\]\s*[-+*/]?=(?!=)|[-+*/]=)",
+                 body):
+        return None
+    spans = [(match.end(2), match.end(2), ")" * loose(value) + ".clone()")]
+    if loose(value):
+        spans.append((match.start(2), match.start(2), "("))
+    rewriter = cpp.CppRewriter(source, line, "")
+    return Rewrite(source.path, line, line, source.old(line, line), rewriter._edit(spans), True,
+                   _why(name))
+
+
+def _why(name: str) -> str:
+    return f"`{name}` shares its memory with a tensor that other code holds and writes after " \
+           "autograd saved it: clone it where it is taken, so that what autograd saved is not " \
+           "what is written"
+
+
+def _writes_python(node: ast.AST, name: str) -> bool:
+    """Whether `node` writes in place through `name` (`t.mul_()`, `t[0] = 0`, `t += 1`)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
+        base = node.func.value
+    elif isinstance(node, ast.AugAssign):
+        base = node.target
+    elif isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and
+                   t.value.id == name for t in node.targets)
+    else:
+        return False
+    while isinstance(base, (ast.Subscript, ast.Attribute)):
+        base = base.value
+    return isinstance(base, ast.Name) and base.id == name
