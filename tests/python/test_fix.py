@@ -353,6 +353,15 @@ def test_a_rewrite_that_is_not_certain_lists_the_choices(tmp_path):
     assert "---" not in proc.stdout, "an uncertain rewrite must not be proposed as a patch"
 
 
+def test_a_reader_that_stops_early_ends_fix_without_a_traceback(tmp_path):
+    _, trace = record_program(tmp_path, "piped", PLANTED["mul_after_sigmoid"][0])
+    proc = subprocess.Popen([cli(), "fix", str(trace)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # As `| head -0` does, before fix has written anything.
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + 13 and b"Traceback" not in err, err.decode()
+
+
 def test_apply_writes_the_checked_patch_with_a_backup(tmp_path):
     body, _, _ = PLANTED["mul_after_sigmoid"]
     script, trace = record_program(tmp_path, "apply", body)

@@ -511,5 +511,18 @@ def main(argv: Optional[list] = None) -> int:
     return code
 
 
+def _main_to_a_pipe() -> int:
+    """main(), for a reader that may stop early (`torchrr fix run.trr | head`): what it read is
+    all it wanted, so no traceback, and the status a C++ verb has when SIGPIPE ends it."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: it goes nowhere now, instead of failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_to_a_pipe())
