@@ -28,7 +28,8 @@ def _chain_to_next_sitecustomize():
     try:
         chain = runpy.run_path(os.path.join(os.path.dirname(_HERE), "_site_chain.py"))
     except Exception as error:  # A torchrr install without the file: the program goes on.
-        sys.stderr.write(f"torchrr: warning: the sitecustomize after torchrr's did not run: {error!r}\n")
+        sys.stderr.write("torchrr: warning: the sitecustomize after torchrr's did not run: "
+                         f"{error!r}\n")
         return
     chain["run_next_sitecustomize"](_HERE)
 
