@@ -114,7 +114,10 @@ bool SavedTensorMetadata(const torch::autograd::Node& node, const SavedVariable&
   // meta: the node and output number of a saved output, the grad_fn or accumulator of an input.
   const torch::autograd::Node* owner = nullptr;
   uint32_t index = 0;
-  if (saved.*GetMember(IsOutputTag{})) {
+  // An output that needs no gradient (scaled_dot_product_attention's logsumexp) is a leaf: its
+  // output_nr is the 0 of a tensor without history, not its place among the node's outputs, and
+  // the node keeps no metadata of it. It has no grad accumulator either: no expectation.
+  if (saved.*GetMember(IsOutputTag{}) && !(saved.*GetMember(IsLeafTag{}))) {
     owner = &node;
     index = saved.*GetMember(OutputNrTag{});
   } else if (const auto& grad_fn = saved.*GetMember(GradFnTag{})) {
