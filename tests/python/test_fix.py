@@ -158,18 +158,19 @@ PLANTED = {
         layer(layer(x, rope, 1.0), rope, 2.0).sum().backward()
         """, ["    tables = rope.tables(x.shape[0], scale)"],
         ["    tables = rope.tables(x.shape[0], scale).clone()"]),
-    # Gradient accumulation's step, taken before backward() in its if.
+    # Gradient accumulation's step and zero_grad(), taken before backward() in their if: they
+    # move together, so that the micro-batches' gradients are summed, stepped on, then cleared.
     "step_in_an_if": (
         """
         w = torch.randn(4, requires_grad=True)
         opt = torch.optim.SGD([w], lr=0.1)
-        for i in range(2):
+        for i in range(4):
             loss = (w * w).sum()
             if i % 2 == 1:
                 opt.step()
+                opt.zero_grad()
             loss.backward()
-        """, ["    loss.backward()"],
-        ["        pass", "    loss.backward()", "    if i % 2 == 1:"]),
+        """, ["    loss.backward()"], ["    loss.backward()"]),
 }
 
 

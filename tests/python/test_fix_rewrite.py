@@ -6,6 +6,7 @@ import pytest
 
 from conftest import OneFile
 from torchrr import _fix_backward as fb
+from torchrr import _fix_check as fc
 from torchrr import _fix_other_lines as ol
 from torchrr import _fix_rewrite as rw
 
@@ -124,7 +125,8 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
     assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 5)
     assert rewrite.new == ('if bug == "early":\n    pass\nelse:\n    opt.zero_grad()\n'
                            'loss.backward()\nif bug == "early":\n    opt.step()  # too early\n')
-    # In the else branch, with another statement beside it: the negated test, no pass.
+    # In the else branch: the whole branch moves (zero_grad() after the step, as it was), under
+    # the negated test.
     src = source("""
         if (i + 1) % accum:
             pass
@@ -135,8 +137,21 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
         """)
     rewrite = fb.after_backward(rw.Rewriter(src, 4, "add_", False))
     assert rewrite.certain and rewrite.new == (
-        "if (i + 1) % accum:\n    pass\nelse:\n    opt.zero_grad()\nloss.backward()\n"
-        "if not ((i + 1) % accum):\n    opt.step()\n")
+        "if (i + 1) % accum:\n    pass\nelse:\n    pass\nloss.backward()\n"
+        "if not ((i + 1) % accum):\n    opt.step()\n    opt.zero_grad()\n")
+    # Gradient accumulation without an else: the clip, the step and zero_grad() move together,
+    # so that the micro-batch's gradient is clipped, stepped on, then cleared.
+    src = source("""
+        if (i + 1) % accum == 0:
+            clip(params, 1.0)
+            opt.step()  # update
+            opt.zero_grad()
+        loss.backward()
+        """)
+    rewrite = fb.after_backward(rw.Rewriter(src, 3, "add_", False))
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 5)
+    assert rewrite.new == ("loss.backward()\nif (i + 1) % accum == 0:\n    clip(params, 1.0)\n"
+                           "    opt.step()  # update\n    opt.zero_grad()\n")
 
 
 @pytest.mark.parametrize("text", [
@@ -145,6 +160,8 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
     "if bug:\n    opt.step()\nbug = False\nloss.backward()\n",
     "if bug:\n    opt.step()\n    bug = False\nloss.backward()\n",
     "if not stepped:\n    opt.step()\nfor stepped in range(2):\n    loss.backward()\n",
+    # The branch assigns what the backward() reads.
+    "if bug:\n    opt.step()\n    scale = 2\n(loss * scale).backward()\n",
 ])
 def test_no_certain_move_when_the_condition_may_change(text):
     rewrite = fb.after_backward(rw.Rewriter(source(text), 2, "add_", False))
@@ -285,4 +302,15 @@ def test_an_unpack_hook_that_drops_part_of_what_an_identity_pack_kept_returns_it
 ])
 def test_no_hook_patch_where_it_could_change_more_than_the_returned_tensor(text, unpacked):
     assert hooks_fix(text, 2, unpacked) is None
+
+
+def test_what_remains_names_a_hook_and_a_freed_graph_without_an_op():
+    frame = {"user_frame": {"file": "/tmp/copy/train.py", "line": 7}}
+    lines = fc._where([{"kind": "silent", "culprit": {"hook": True, **frame}},
+                       {"kind": "freed", "culprit": frame},
+                       {"kind": "version", "culprit": {"op": "aten::mul_", **frame}}],
+                      {"/tmp/copy": "/home/me"})
+    assert lines == ["  silent: the unpack hook at /home/me/train.py:7",
+                     "  freed: backward() at /home/me/train.py:7",
+                     "  version: aten::mul_ at /home/me/train.py:7"]
 

@@ -56,11 +56,13 @@ def after_backward(rw: Rewriter) -> Optional[Rewrite]:
 
 def _guarded_after_backward(rw: Rewriter, unit: ast.stmt, branch: ast.If,
                             why: str) -> Optional[Rewrite]:
-    """`unit`, alone on its lines in a branch of `branch` (`if accumulated: opt.step()`), moved
-    after the next backward() of the block around the `if`, under the same condition (negated
-    for the `else` branch); the branch keeps `pass` where it held only `unit`. Certain when the
-    condition calls nothing and nothing from the `if` to that backward() assigns a name it
-    reads, so that it is the same test after backward() as before; None when no backward()
+    """The branch of `branch` that holds `unit` (`if accumulated: opt.step(); opt.zero_grad()`)
+    moved whole after the next backward() of the block around the `if`, under the same condition
+    (negated for the `else` branch), which keeps `pass`; an `if` without `else` moves as it is.
+    The whole branch, because its statements are one sequence: a clip before the step, a
+    zero_grad() after it, moved apart from it, would drop or clip the micro-batch's gradient.
+    Certain when the condition calls nothing, nothing from the `if` to that backward() assigns a
+    name it reads, and nothing there reads a name the branch assigns; None when no backward()
     follows the `if`."""
     body = _block_of(rw.src, branch)
     if body is None:
@@ -70,28 +72,37 @@ def _guarded_after_backward(rw: Rewriter, unit: ast.stmt, branch: ast.If,
     if backward is None:
         return None
     test = branch.test
+    moving = branch.body if unit in branch.body else branch.orelse
+    between = rest[:rest.index(backward) + 1]
+
+    def names(statements: list, contexts: tuple) -> set:
+        return {n.id for s in statements for n in ast.walk(s)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, contexts)}
+
     read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-    span = [branch, *rest[:rest.index(backward) + 1]]
-    stored = {n.id for s in span for n in ast.walk(s)
-              if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
     impure = any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Lambda))
                  for n in ast.walk(test))
-    if impure or read & stored or not _own_lines(rw.src, unit) or \
+    if impure or read & names([branch, *between], (ast.Store, ast.Del)) or \
+            names(moving, (ast.Store, ast.Del)) & names(between, (ast.Load,)) or \
+            not all(_own_lines(rw.src, s) for s in moving) or \
             test.lineno != test.end_lineno:
         return rw._rewrite(None, why, False, [
-            "move this statement, under its condition, after the backward() call that runs "
-            "the graph it changes"])
+            "move this statement, with the rest of its branch and under its condition, after "
+            "the backward() call that runs the graph it changes"])
     first, last = branch.lineno, backward.end_lineno
-    kept = [rw.src.old(n, n) for n in range(first, last + 1)
-            if not unit.lineno <= n <= unit.end_lineno]
-    if len(branch.body if unit in branch.body else branch.orelse) == 1:
-        kept.insert(unit.lineno - first, rw.src.indent(unit.lineno) + "pass\n")
+    if not branch.orelse:
+        moved = rw.src.old(branch.lineno, branch.end_lineno)
+        return rw._rewrite(rw.src.old(branch.end_lineno + 1, last) + moved, why, first=first,
+                           last=last)
+    top, bottom = moving[0].lineno, moving[-1].end_lineno
+    kept = [rw.src.old(n, n) for n in range(first, last + 1) if not top <= n <= bottom]
+    kept.insert(top - first, rw.src.indent(top) + "pass\n")
     condition = rw.src.segment(test)
-    if unit not in branch.body:
+    if moving is branch.orelse:
         condition = f"not ({condition})"
     head = rw.src.indent(branch.lineno) + f"if {condition}:\n"
-    moved = rw.src.old(unit.lineno, unit.end_lineno)
-    return rw._rewrite("".join(kept) + head + moved, why, first=first, last=last)
+    return rw._rewrite("".join(kept) + head + rw.src.old(top, bottom), why, first=first,
+                       last=last)
 
 
 def retain_graph(source: Source, line: int) -> Optional[Rewrite]:

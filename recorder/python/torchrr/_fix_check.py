@@ -352,9 +352,14 @@ def _where(violations: list, paths: dict) -> list:
     (in the user's file)."""
     lines = []
     for v in violations[:3]:
-        culprit = (v.get("changed_source") or v.get("culprit") or {}).get("user_frame") or {}
-        lines.append(f"  {v.get('kind')}: {(v.get('culprit') or {}).get('op')} at "
-                     f"{_back(culprit.get('file') or '?', paths)}:{culprit.get('line')}")
+        culprit = v.get("changed_source") or v.get("culprit") or {}
+        frame = culprit.get("user_frame") or {}
+        # A hook, a freed graph's backward() or an unrecorded write has no op of its own.
+        what = culprit.get("op") or ("the unpack hook" if culprit.get("hook") else "a write")
+        if v.get("kind") == "freed":
+            what = "backward()"
+        lines.append(f"  {v.get('kind')}: {what} at "
+                     f"{_back(frame.get('file') or '?', paths)}:{frame.get('line') or '?'}")
     return lines
 
 
