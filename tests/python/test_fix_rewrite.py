@@ -276,10 +276,12 @@ def test_an_unpack_hook_that_forgets_the_dtype_is_cast_back():
     rewrite = hooks_fix("with hooks.saved_tensors_hooks(pack, lambda p: p):\n    y = f(x)\n",
                         2, HALF)
     assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 1)
-    assert rewrite.new == ("with hooks.saved_tensors_hooks(\n"
-                           "        lambda saved: (saved.device, saved.dtype, pack(saved)),\n"
-                           "        lambda packed: (lambda p: p)(packed[2]).to(packed[0], "
-                           "packed[1])):\n")
+    assert rewrite.new == (
+        "with hooks.saved_tensors_hooks(\n"
+        "        lambda saved: (saved.device, saved.dtype,\n"
+        "                       pack(saved) if saved.is_floating_point() else saved),\n"
+        "        lambda packed: ((lambda p: p)(packed[2]) if packed[1].is_floating_point\n"
+        "                        else packed[2]).to(packed[0], packed[1])):\n")
 
 
 def test_an_unpack_hook_that_drops_part_of_what_an_identity_pack_kept_returns_it_whole():

@@ -139,7 +139,8 @@ def fix_hooks(space, v: dict) -> Optional[Rewrite]:
     gave backward another tensor than the one autograd saved:
     - the values in another dtype (a pack that keeps float16, an unpack that forgets to cast
       back): each packed tensor carries its device and dtype, and what the unpack hook returns
-      goes back to them; both hooks still run.
+      goes back to them; both hooks still run on floating-point tensors, and the others skip
+      them.
     - another shape, where the pack hook is `lambda t: t` and the unpack hook a lambda that calls
       nothing: the unpack hook is given the saved tensor itself, which is what it must return.
     None for anything else (no cast gives back what a hook dropped)."""
@@ -169,9 +170,13 @@ def fix_hooks(space, v: dict) -> Optional[Rewrite]:
             return None
         pack_text, unpack_text = (source.segment(a) if isinstance(a, (ast.Name, ast.Attribute))
                                   else f"({source.segment(a)})" for a in call.args)
+        # A tensor that is not floating point (the labels a loss saved) skips both hooks: a
+        # pack that rounds it (int64 to bfloat16) loses what no cast back restores.
         indent = "\n" + source.indent(node.lineno) + " " * 8
-        text = (f"{indent}lambda saved: (saved.device, saved.dtype, {pack_text}(saved)),"
-                f"{indent}lambda packed: {unpack_text}(packed[2]).to(packed[0], packed[1])")
+        text = (f"{indent}lambda saved: (saved.device, saved.dtype,"
+                f"{indent}{' ' * 15}{pack_text}(saved) if saved.is_floating_point() else saved),"
+                f"{indent}lambda packed: ({unpack_text}(packed[2]) if packed[1].is_floating_point"
+                f"{indent}{' ' * 16}else packed[2]).to(packed[0], packed[1])")
         span = (pack.lineno, pack.col_offset, unpack.end_lineno, unpack.end_col_offset, text)
         why = f"the unpack hook gives backward {unpacked['dtype']} where autograd saved " \
               f"{unpacked['saved_dtype']}: cast what it returns back to the saved tensor's " \
