@@ -1,6 +1,7 @@
 """`torchrr fix` on a culprit line of C++: the rewrites on source text alone (each shape, and the
 places where no rewrite is certain), then the C++ sample's planted bugs recorded with the CLI."""
 import json
+import re
 import shutil
 import subprocess
 import textwrap
@@ -269,6 +270,11 @@ CERTAIN = {
     "residual_add": ("lora_model.cc",
                      ["  auto attn_out = self_attn_->forward(input_norm_->forward(x));"],
                      ["  auto attn_out = self_attn_->forward(input_norm_->forward(x.clone()));"]),
+    # A helper writes through a from_blob alias of what it is given: the clone at the victim's
+    # line, where the saved tensor is read.
+    "silent_raw_write": ("lora_model.cc",
+                         ["  auto hidden = act * up;  // VICTIM(silent_raw_write)"],
+                         ["  auto hidden = act * up.clone();  // VICTIM(silent_raw_write)"]),
     "two_writes": ("lora_model.cc",
                    ["  auto inv_rms = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps_);  "
                     "// VICTIM(two_writes)"],
@@ -283,8 +289,10 @@ CERTAIN = {
 
 def _record(tmp_path, bug):
     trace = tmp_path / f"{bug}.trr"
+    # A silent bug shows only in the saved bytes' fingerprints.
+    flags = ["--quiet", *(["--verify-saved"] if bug.startswith("silent_") else [])]
     proc = record(trace, [LORA_STEP, "--device", "cpu", "--steps", "2", "--bug", bug],
-                  flags=["--quiet"])
+                  flags=flags)
     assert trace.exists(), proc.stderr
     return trace
 
@@ -324,12 +332,14 @@ def _build_and_sources():
     return {path: path.stat().st_mtime_ns for path in files}
 
 
-# One bug whose line is in the sample's static library (lora_model.cc), one in the program's own
-# file (lora_step.cc): the two ways a patched object goes into the program; and one whose patch is
-# on a line the trace's op records find (where the victim's function takes the view it saved).
+# Every planted bug: its patch is in the sample's static library (lora_model.cc) or in the
+# program's own file (lora_step.cc), the two ways a patched object goes into the program.
+BUGS = sorted(set(re.findall(r"// BUG\((\w+)\)", "".join(
+    p.read_text() for p in SAMPLES.glob("*.cc")))))
+
+
 @needs_sample
-@pytest.mark.parametrize("bug", ["inplace_activation", "optimizer_before_backward",
-                                 "slice_assign"])
+@pytest.mark.parametrize("bug", BUGS)
 def test_check_builds_the_sample_again_with_the_patch_and_replays_it(tmp_path, bug):
     trace = _record(tmp_path, bug)
     before = _build_and_sources()
