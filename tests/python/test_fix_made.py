@@ -93,6 +93,12 @@ def test_the_earliest_line_of_the_victims_function_gets_the_clone():
     ("  auto t = Tables(n);\n  t[0] = 1;\n", 2, None),
     ("  auto t = Tables(n);\n  t += 1;\n", 2, None),
     ("  f(Tables(n));\n", 2, None),  # Not an assignment.
+    # Handed out: what receives it may write into what it views.
+    ("  auto t = Tables(n);\n  return t;\n", 2, None),
+    ("  auto t = Tables(n);\n  return t[0];\n", 2, None),
+    ("  auto t = Tables(n);\n  return std::make_tuple(x * t, t);\n", 2, None),
+    ("  auto t = Tables(n);\n  last_ = t;\n", 2, None),
+    ("  auto t = Tables(n);\n  state->tables = t[0];\n", 2, None),
 ])
 def test_the_cpp_line_that_takes_the_view(body, line, new):
     src = cpp.CppSource(CPP, "void F(int n) {\n" + body + "}\n")
@@ -105,6 +111,10 @@ def test_the_cpp_line_that_takes_the_view(body, line, new):
     ("    t = rope.tables(n)\n    t.mul_(2)\n", None),
     ("    t = rope.tables(n)\n    t[0] = 1\n", None),
     ("    t, u = rope.tables(n)\n", None),
+    ("    t = rope.tables(n)\n    return x * t[0], t\n", None),
+    ("    t = rope.tables(n)\n    self.last = t\n", None),
+    ("    t = rope.tables(n)\n    return t[0].t()\n", None),
+    ("    t = rope.tables(n)\n    return torch.cat([t]) * x\n", "    t = rope.tables(n).clone()\n"),
 ])
 def test_the_python_line_that_takes_the_view(body, new):
     src = rw.Source(PY, "def f(x, rope, n):\n" + body)

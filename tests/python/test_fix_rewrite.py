@@ -139,6 +139,9 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
     assert rewrite.certain and rewrite.new == (
         "if (i + 1) % accum:\n    pass\nelse:\n    pass\nloss.backward()\n"
         "if not ((i + 1) % accum):\n    opt.step()\n    opt.zero_grad()\n")
+    # What is assigned before the backward() is neither read by the test nor by the branch.
+    src = source("if bug:\n    opt.step()\nseen = 1\nloss.backward()\n")
+    assert fb.after_backward(rw.Rewriter(src, 2, "add_", False)).certain
     # Gradient accumulation without an else: the clip, the step and zero_grad() move together,
     # so that the micro-batch's gradient is clipped, stepped on, then cleared.
     src = source("""
@@ -160,8 +163,9 @@ def test_a_step_in_an_if_moves_after_backward_under_its_condition():
     "if bug:\n    opt.step()\nbug = False\nloss.backward()\n",
     "if bug:\n    opt.step()\n    bug = False\nloss.backward()\n",
     "if not stepped:\n    opt.step()\nfor stepped in range(2):\n    loss.backward()\n",
-    # The branch assigns what the backward() reads.
+    # The branch assigns what the backward() reads, or reads what is assigned before it.
     "if bug:\n    opt.step()\n    scale = 2\n(loss * scale).backward()\n",
+    "if bug:\n    opt.step(lr)\nlr = 0.1\nloss.backward()\n",
 ])
 def test_no_certain_move_when_the_condition_may_change(text):
     rewrite = fb.after_backward(rw.Rewriter(source(text), 2, "add_", False))
@@ -282,6 +286,13 @@ def test_an_unpack_hook_that_forgets_the_dtype_is_cast_back():
         "                       pack(saved) if saved.is_floating_point() else saved),\n"
         "        lambda packed: ((lambda p: p)(packed[2]) if packed[1].is_floating_point\n"
         "                        else packed[2]).to(packed[0], packed[1])):\n")
+
+
+def test_the_hooks_are_found_past_another_with_around_the_victim():
+    text = ("with saved_tensors_hooks(pack, unpack):\n    with torch.autocast('cpu'):\n"
+            "        y = f(x)\n")
+    rewrite = hooks_fix(text, 3, HALF)
+    assert rewrite.certain and (rewrite.first_line, rewrite.last_line) == (1, 1)
 
 
 def test_an_unpack_hook_that_drops_part_of_what_an_identity_pack_kept_returns_it_whole():

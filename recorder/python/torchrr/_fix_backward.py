@@ -62,8 +62,8 @@ def _guarded_after_backward(rw: Rewriter, unit: ast.stmt, branch: ast.If,
     The whole branch, because its statements are one sequence: a clip before the step, a
     zero_grad() after it, moved apart from it, would drop or clip the micro-batch's gradient.
     Certain when the condition calls nothing, nothing from the `if` to that backward() assigns a
-    name it reads, and nothing there reads a name the branch assigns; None when no backward()
-    follows the `if`."""
+    name it or the branch reads, and nothing there reads a name the branch assigns; None when no
+    backward() follows the `if`."""
     body = _block_of(rw.src, branch)
     if body is None:
         return None
@@ -82,8 +82,10 @@ def _guarded_after_backward(rw: Rewriter, unit: ast.stmt, branch: ast.If,
     read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
     impure = any(isinstance(n, (ast.Call, ast.NamedExpr, ast.Await, ast.Lambda))
                  for n in ast.walk(test))
-    if impure or read & names([branch, *between], (ast.Store, ast.Del)) or \
+    assigned_between = names(between, (ast.Store, ast.Del))
+    if impure or read & (names([branch], (ast.Store, ast.Del)) | assigned_between) or \
             names(moving, (ast.Store, ast.Del)) & names(between, (ast.Load,)) or \
+            names(moving, (ast.Load,)) & assigned_between or \
             not all(_own_lines(rw.src, s) for s in moving) or \
             test.lineno != test.end_lineno:
         return rw._rewrite(None, why, False, [

@@ -115,7 +115,8 @@ def clone_where_made(space, v: dict, ops: TraceOps) -> Optional[Rewrite]:
 
 def _clone_assigned(source, line: int) -> Optional[Rewrite]:
     """`auto t = f(x);` (or `t = f(x);`, Python's `t = f(x)`) at `line` -> its value cloned,
-    unless the lines after it in the function write through `t`."""
+    unless the lines after it in the function write through `t` or hand it out (return it,
+    store it in a member): a write there is meant to reach what `t` views."""
     if not isinstance(source, cpp.CppSource):
         from ._fix_other_lines import clone_at_victim
 
@@ -123,26 +124,31 @@ def _clone_assigned(source, line: int) -> Optional[Rewrite]:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
                 isinstance(stmt.targets[0], ast.Name)):
             return None
-        function = source.parents.get(stmt)
-        while function is not None and not isinstance(function, (ast.FunctionDef,
-                                                                  ast.AsyncFunctionDef)):
-            function = source.parents.get(function)
+        scope = source.parents.get(stmt)
+        while scope is not None and not isinstance(scope, (ast.FunctionDef,
+                                                            ast.AsyncFunctionDef)):
+            scope = source.parents.get(scope)
         name = stmt.targets[0].id
-        later = [n for n in ast.walk(function) if getattr(n, "lineno", 0) > stmt.end_lineno] \
-            if function is not None else []
-        if any(_writes_python(n, name) for n in later):
+        later = [n for n in ast.walk(scope or source.tree)
+                 if getattr(n, "lineno", 0) > stmt.end_lineno]
+        if any(_writes_python(n, name) or _hands_out(n, name) for n in later):
             return None
         return dataclasses.replace(clone_at_victim(source, line), why=_why(name))
     stmt, _ = statement_at(source, line)
     match = re.match(rf"\s*(?:(?:const\s+)?(?:auto|torch::Tensor|at::Tensor)\s+)?({IDENT})\s*=(?!=)"
                      rf"\s*(.+?)\s*$", stmt.code, re.S) if stmt else None
-    if match is None:
+    function = source.function(stmt.start) if match else None
+    if function is None:
         return None
     name, value = match.group(1), match.group(2)
-    function = source.function(stmt.start)
-    body = source.code[stmt.end:function[2][1]] if function else ""
-    if re.search(rf"\b{name}\b\s*(?:\.\s*{IDENT}_\s*\(|\[[^;]*?\]\s*[-+*/]?=(?!=)|[-+*/]=)",
-                 body):
+    body = source.code[stmt.end:function[2][1]]
+    written = rf"\b{name}\b\s*(?:\.\s*{IDENT}_\s*\(|\[[^;]*?\]\s*[-+*/]?=(?!=)|[-+*/]=)"
+    # Returned or stored in a member whole, as an argument, or as a receiver or an indexing (a
+    # view): not as the operand of an arithmetic operator, whose result is a new tensor.
+    alias = rf"(?:\breturn|[({{,=])\s*{name}\s*[;,}})\[.]"
+    handed = rf"(?:\breturn\b|(?:\b\w+_|\w+\s*(?:\.|->)\s*\w+)\s*=(?!=))[^;]*;"
+    if re.search(written, body) or any(re.search(alias, m.group(0))
+                                       for m in re.finditer(handed, body)):
         return None
     spans = [(match.end(2), match.end(2), ")" * loose(value) + ".clone()")]
     if loose(value):
@@ -156,6 +162,32 @@ def _why(name: str) -> str:
     return f"`{name}` shares its memory with a tensor that other code holds and writes after " \
            "autograd saved it: clone it where it is taken, so that what autograd saved is not " \
            "what is written"
+
+
+def _hands_out(node: ast.AST, name: str) -> bool:
+    """Whether `node` returns or yields `name`, or stores it in an attribute or an item: whole,
+    in a tuple or a list, or a view of it (an indexing, a method's receiver); not the result of
+    an operator or a call it is passed to."""
+    if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
+        value = node.value
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value = node.value if any(isinstance(t, (ast.Attribute, ast.Subscript))
+                                  for t in targets) else None
+    else:
+        return False
+    stack = [value] if value is not None else []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, ast.Name) and item.id == name:
+            return True
+        if isinstance(item, (ast.Tuple, ast.List)):
+            stack += item.elts
+        elif isinstance(item, (ast.Starred, ast.Subscript, ast.Attribute)):
+            stack.append(item.value)
+        elif isinstance(item, ast.Call) and isinstance(item.func, ast.Attribute):
+            stack.append(item.func.value)
+    return False
 
 
 def _writes_python(node: ast.AST, name: str) -> bool:

@@ -147,12 +147,12 @@ def fix_hooks(space, v: dict) -> Optional[Rewrite]:
     unpacked = v.get("unpacked") or {}
     source, line = victim_line(space, v)
     node = source.statement_at(line) if source is not None else None
-    while node is not None and not isinstance(node, ast.With):
+    call = None
+    while node is not None and call is None:  # The innermost `with` that sets the hooks.
         node = source.parents.get(node)
-    call = next((i.context_expr for i in node.items
-                 if isinstance(i.context_expr, ast.Call) and
-                 dotted(i.context_expr.func).endswith("saved_tensors_hooks")), None) \
-        if node is not None else None
+        call = next((i.context_expr for i in getattr(node, "items", [])
+                     if isinstance(i.context_expr, ast.Call) and
+                     dotted(i.context_expr.func).endswith("saved_tensors_hooks")), None)
     if call is None or len(call.args) != 2 or call.keywords:
         return None
     pack, unpack = call.args
