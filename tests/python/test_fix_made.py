@@ -86,13 +86,17 @@ def test_the_earliest_line_of_the_victims_function_gets_the_clone():
 
 @pytest.mark.parametrize("body, line, new", [
     ("  auto t = Tables(n);\n  return x * t;\n", 2, "  auto t = Tables(n).clone();\n"),
-    ("  torch::Tensor t = a + b;  // sum\n", 2, "  torch::Tensor t = (a + b).clone();  // sum\n"),
-    ("  t = cache_.narrow(1, 0, n);\n", 2, "  t = cache_.narrow(1, 0, n).clone();\n"),
+    ("  torch::Tensor t = a + b;  // sum\n  y = x * t;\n", 2,
+     "  torch::Tensor t = (a + b).clone();  // sum\n"),
+    ("  t = cache_.narrow(1, 0, n);\n  y = x * t;\n", 2,
+     "  t = cache_.narrow(1, 0, n).clone();\n"),
+    # The next line does not read it: the tensor is not what the line assigns.
+    ("  auto t = Tables(n);\n  y = x * u;\n", 2, None),
     # The function writes through the name afterwards: that write must reach what it views.
     ("  auto t = Tables(n);\n  t.mul_(2);\n", 2, None),
     ("  auto t = Tables(n);\n  t[0] = 1;\n", 2, None),
     ("  auto t = Tables(n);\n  t += 1;\n", 2, None),
-    ("  f(Tables(n));\n", 2, None),  # Not an assignment.
+    ("  f(Tables(n));\n  y = x * t;\n", 2, None),  # Not an assignment.
     # Handed out: what receives it may write into what it views.
     ("  auto t = Tables(n);\n  return t;\n", 2, None),
     ("  auto t = Tables(n);\n  return t[0];\n", 2, None),
@@ -102,15 +106,16 @@ def test_the_earliest_line_of_the_victims_function_gets_the_clone():
 ])
 def test_the_cpp_line_that_takes_the_view(body, line, new):
     src = cpp.CppSource(CPP, "void F(int n) {\n" + body + "}\n")
-    rewrite = made._clone_assigned(src, line)
+    rewrite = made._clone_assigned(src, line, line + 1)
     assert (rewrite.new if rewrite else None) == new
 
 
 @pytest.mark.parametrize("body, new", [
     ("    t = rope.tables(n)\n    return x * t[0]\n", "    t = rope.tables(n).clone()\n"),
+    ("    t = rope.tables(n)\n    return x * u\n", None),  # Not read there.
     ("    t = rope.tables(n)\n    t.mul_(2)\n", None),
     ("    t = rope.tables(n)\n    t[0] = 1\n", None),
-    ("    t, u = rope.tables(n)\n", None),
+    ("    t, u = rope.tables(n)\n    return x * t\n", None),
     ("    t = rope.tables(n)\n    return x * t[0], t\n", None),
     ("    t = rope.tables(n)\n    self.last = t\n", None),
     ("    t = rope.tables(n)\n    return t[0].t()\n", None),
@@ -118,5 +123,17 @@ def test_the_cpp_line_that_takes_the_view(body, line, new):
 ])
 def test_the_python_line_that_takes_the_view(body, new):
     src = rw.Source(PY, "def f(x, rope, n):\n" + body)
-    rewrite = made._clone_assigned(src, 2)
+    rewrite = made._clone_assigned(src, 2, 3)
     assert (rewrite.new if rewrite else None) == new
+
+
+def test_no_clone_where_the_view_is_made_and_used_within_one_statement():
+    # `loss = model(x).loss`: every op of the forward runs from that line, and `loss` holds
+    # none of the tensors they make.
+    steps = [([(PY, "<module>", 4)], 0), ([(PY, "<module>", 4)], 0)]
+    ops = made.TraceOps("")
+    ops.chain = lambda tensor: steps
+    src = rw.Source(PY, "import torch\nmodel = M()\nx = torch.ones(2)\nloss = model(x).loss\n")
+    v = {"tensor": {"id": 5, "is_output": False}, "saved_version": 0,
+         "victim": {"user_frame": {"file": PY, "function": "<module>", "line": 4}}}
+    assert made.clone_where_made(OneFile(src), v, ops) is None

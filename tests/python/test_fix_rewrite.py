@@ -178,9 +178,10 @@ def test_no_certain_move_when_the_condition_may_change(text):
     ("loss.backward(g)", "loss.backward(g, retain_graph=True)"),
     ("loss.backward(retain_graph=False)", "loss.backward(retain_graph=True)"),
     ("self.loss.backward(inputs=[w])", "self.loss.backward(inputs=[w], retain_graph=True)"),
+    ("accelerator.backward(loss)", "accelerator.backward(loss, retain_graph=True)"),
 ])
 def test_the_first_of_two_backwards_on_one_loss_keeps_the_graph(call, new):
-    src = source(f"loss = f(x)\n{call}  # first\nprint(1)\n{call.split('(')[0]}()\n")
+    src = source(f"loss = f(x)\n{call}  # first\nprint(1)\n{call}\n")
     rewrite = fb.retain_graph(src, 2)
     assert rewrite.certain and rewrite.new == f"{new}  # first\n"
 
@@ -190,6 +191,8 @@ def test_the_first_of_two_backwards_on_one_loss_keeps_the_graph(call, new):
     "loss.backward()\nloss = f(x)\nloss.backward()\n",  # The forward ran again.
     "loss.backward()\nprint(loss)\n",  # No second backward in the block.
     "loss.backward(g, True)\nloss.backward()\n",  # retain_graph passed by position.
+    "accelerator.backward(d_loss)\naccelerator.backward(g_loss)\n",  # Two losses again.
+    "accelerator.backward(loss)\nloss = f(x)\naccelerator.backward(loss)\n",
 ])
 def test_no_retain_graph_unless_one_loss_is_run_twice(text):
     assert fb.retain_graph(source(text), 1) is None

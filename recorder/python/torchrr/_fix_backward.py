@@ -121,13 +121,15 @@ def retain_graph(source: Source, line: int) -> Optional[Rewrite]:
     later = next((s for s in body[body.index(stmt) + 1:] if _calls_backward(s)), None)
     again = _backward_call(later) if later is not None else None
     loss = dotted(call.func.value)
-    if again is None or not loss or dotted(again.func.value) != loss:
+    # The same receiver with the same positional arguments: `accelerator.backward(loss)` names
+    # its loss as an argument.
+    if again is None or not loss or dotted(again.func.value) != loss or \
+            [ast.dump(a) for a in call.args] != [ast.dump(a) for a in again.args]:
         return None
-    parts = loss.split(".")
-    prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    named = {n for part in [call.func.value, *call.args] for n in _dotted_prefixes(part)}
     between = body[body.index(stmt) + 1:body.index(later)]
     if any(isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, (ast.Store, ast.Del))
-           and dotted(n) in prefixes for s in between for n in ast.walk(s)):
+           and dotted(n) in named for s in between for n in ast.walk(s)):
         return None
     keyword = _keyword(call, "retain_graph")
     given = [*call.args, *call.keywords]
@@ -146,6 +148,15 @@ def retain_graph(source: Source, line: int) -> Optional[Rewrite]:
                    source.edit(first, last, [span]), True,
                    f"`{loss}.backward()` runs twice: the first frees the graph the second needs "
                    "unless it keeps it")
+
+
+def _dotted_prefixes(node: ast.AST) -> set:
+    """`a`, `a.b` and `a.b.c` for each `a.b.c` read in `node`: what assigning would change it."""
+    out = set()
+    for n in ast.walk(node):
+        parts = dotted(n).split(".") if isinstance(n, (ast.Name, ast.Attribute)) else []
+        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[0]}
+    return out
 
 
 def _backward_call(stmt: Optional[ast.stmt]) -> Optional[ast.Call]:

@@ -105,24 +105,34 @@ def clone_where_made(space, v: dict, ops: TraceOps) -> Optional[Rewrite]:
             break
         lines.append(here[2])
     source = space.source(victim.get("file") or "")
-    for recorded in reversed(lines):
-        line = space.locate(source.path, recorded) if source is not None else None
-        rewrite = _clone_assigned(source, line) if line else None
+    if source is None:
+        return None
+    # Where each tensor of the chain is used: the next line down the chain, the victim's last.
+    used = [victim.get("line"), *lines]
+    for made, user in reversed(list(zip(lines, used))):
+        line, at = space.locate(source.path, made), space.locate(source.path, user)
+        # The line's variable holds the tensor only when another line reads it: a tensor made
+        # and used within one statement (inside `model(x)`) is not what that statement assigns.
+        rewrite = _clone_assigned(source, line, at) if line and at and line != at else None
         if rewrite is not None:
             return rewrite
     return None
 
 
-def _clone_assigned(source, line: int) -> Optional[Rewrite]:
+def _clone_assigned(source, line: int, user: int) -> Optional[Rewrite]:
     """`auto t = f(x);` (or `t = f(x);`, Python's `t = f(x)`) at `line` -> its value cloned,
-    unless the lines after it in the function write through `t` or hand it out (return it,
-    store it in a member): a write there is meant to reach what `t` views."""
+    when the statement at `user` reads `t`, unless the lines after `line` in the function write
+    through `t` or hand it out (return it, store it in a member): a write there is meant to
+    reach what `t` views."""
     if not isinstance(source, cpp.CppSource):
         from ._fix_other_lines import clone_at_victim
 
         stmt = source.statement_at(line) if source.tree is not None else None
+        reader = source.statement_at(user) if stmt is not None else None
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
-                isinstance(stmt.targets[0], ast.Name)):
+                isinstance(stmt.targets[0], ast.Name) and reader is not None and
+                any(isinstance(n, ast.Name) and n.id == stmt.targets[0].id and
+                    isinstance(n.ctx, ast.Load) for n in ast.walk(reader))):
             return None
         scope = source.parents.get(stmt)
         while scope is not None and not isinstance(scope, (ast.FunctionDef,
@@ -138,7 +148,8 @@ def _clone_assigned(source, line: int) -> Optional[Rewrite]:
     match = re.match(rf"\s*(?:(?:const\s+)?(?:auto|torch::Tensor|at::Tensor)\s+)?({IDENT})\s*=(?!=)"
                      rf"\s*(.+?)\s*$", stmt.code, re.S) if stmt else None
     function = source.function(stmt.start) if match else None
-    if function is None:
+    reader, _ = statement_at(source, user) if function else (None, None)
+    if reader is None or not re.search(rf"\b{match.group(1)}\b", reader.code):
         return None
     name, value = match.group(1), match.group(2)
     body = source.code[stmt.end:function[2][1]]
