@@ -16,7 +16,7 @@ from typing import Optional
 
 from . import _fix_cpp as cpp
 from ._fix_cpp_source import IDENT, loose, statement_at
-from ._fix_rewrite import Rewrite
+from ._fix_rewrite import Rewrite, enclosing_function, written_through
 
 # At most this many views back from the saved tensor.
 _MAX_STEPS = 16
@@ -25,17 +25,24 @@ _MAX_STEPS = 16
 class TraceOps:
     """The op, tensor, stack and frame records of a trace's `dump --json`, found when asked."""
 
+    # Each line's fixed prefix names its kind and id: lines are indexed by them in one pass and
+    # parsed only when asked for (a whole run's dump holds millions).
+    _KEYED = re.compile(r'\{"kind":"(op|tensor|stack|frame|string)","(?:op|tensor|id)":(\d+),')
+
     def __init__(self, dump_text: str):
         self.lines = dump_text.splitlines()
-        self.strings = {}
-        for line in self.lines:
-            if line.startswith('{"kind":"string"'):
-                record = json.loads(line)
-                self.strings[record["id"]] = record["text"]
+        self._first = {}
+        for index, line in enumerate(self.lines):
+            match = self._KEYED.match(line)
+            if match:
+                self._first.setdefault((match.group(1), int(match.group(2))), index)
+        self.strings = {key[1]: json.loads(self.lines[index])["text"]
+                        for key, index in self._first.items() if key[0] == "string"}
 
-    def _find(self, prefix: str) -> Optional[dict]:
-        line = next((line for line in self.lines if line.startswith(prefix)), None)
-        return json.loads(line) if line is not None else None
+    def _find(self, kind: str, record_id: int) -> Optional[dict]:
+        """The first record of `kind` with `record_id` (a tensor's first definition)."""
+        index = self._first.get((kind, record_id))
+        return json.loads(self.lines[index]) if index is not None else None
 
     def maker(self, tensor: int) -> Optional[dict]:
         """The first op with `tensor` among its outputs (ids are never reused, so the op that
@@ -49,7 +56,7 @@ class TraceOps:
         return None
 
     def storage(self, tensor: int) -> Optional[int]:
-        record = self._find(f'{{"kind":"tensor","tensor":{tensor},')
+        record = self._find("tensor", tensor)
         return record.get("storage") if record else None
 
     def frames(self, op: dict) -> list:
@@ -58,14 +65,13 @@ class TraceOps:
         for _ in range(64):
             if op.get("stack"):
                 break
-            op = self._find(f'{{"kind":"op","op":{op.get("parent", 0)},') if op.get("parent") \
-                else None
+            op = self._find("op", op["parent"]) if op.get("parent") else None
             if op is None:
                 return []
-        stack = self._find(f'{{"kind":"stack","id":{op["stack"]},')
+        stack = self._find("stack", op["stack"])
         out = []
         for frame_id in (stack or {}).get("frames", []):
-            frame = self._find(f'{{"kind":"frame","id":{frame_id},') or {}
+            frame = self._find("frame", frame_id) or {}
             out.append((self.strings.get(frame.get("file"), ""),
                         self.strings.get(frame.get("function"), ""), frame.get("line", 0)))
         return out
@@ -134,12 +140,9 @@ def _clone_assigned(source, line: int, user: int) -> Optional[Rewrite]:
                 any(isinstance(n, ast.Name) and n.id == stmt.targets[0].id and
                     isinstance(n.ctx, ast.Load) for n in ast.walk(reader))):
             return None
-        scope = source.parents.get(stmt)
-        while scope is not None and not isinstance(scope, (ast.FunctionDef,
-                                                            ast.AsyncFunctionDef)):
-            scope = source.parents.get(scope)
+        scope = enclosing_function(source.parents, stmt)
         name = stmt.targets[0].id
-        later = [n for n in ast.walk(scope or source.tree)
+        later = [n for n in ast.walk(scope)
                  if getattr(n, "lineno", 0) > stmt.end_lineno]
         if any(_writes_python(n, name) or _hands_out(n, name) for n in later):
             return None
@@ -203,16 +206,7 @@ def _hands_out(node: ast.AST, name: str) -> bool:
 
 def _writes_python(node: ast.AST, name: str) -> bool:
     """Whether `node` writes in place through `name` (`t.mul_()`, `t[0] = 0`, `t += 1`)."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-            node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
-        base = node.func.value
-    elif isinstance(node, ast.AugAssign):
-        base = node.target
-    elif isinstance(node, ast.Assign):
-        return any(isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and
-                   t.value.id == name for t in node.targets)
-    else:
-        return False
+    base = written_through(node)
     while isinstance(base, (ast.Subscript, ast.Attribute)):
         base = base.value
     return isinstance(base, ast.Name) and base.id == name

@@ -149,6 +149,35 @@ def dotted(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+
+
+def enclosing_function(parents: dict, node: ast.AST) -> ast.AST:
+    """The function or lambda `node` is in, or the outermost node above it (the module)."""
+    while node in parents and not isinstance(node, _SCOPES):
+        node = parents[node]
+    return node
+
+
+def written_through(node: ast.AST, in_place_only: bool = True) -> Optional[ast.AST]:
+    """What `node` writes through: the receiver of `t.mul_()` (of any method's call when not
+    `in_place_only`), the target of `t += 1`, the indexed `t` of `t[0] = 0`, the `t.data` of
+    `t.data = ...`; None when it writes through nothing."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        attr = node.func.attr
+        in_place = attr.endswith("_") and not attr.endswith("__")
+        return node.func.value if in_place or not in_place_only else None
+    if isinstance(node, ast.AugAssign):
+        return node.target
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = node.targets[0]
+        if isinstance(target, ast.Subscript):
+            return target.value
+        if isinstance(target, ast.Attribute) and target.attr == "data":
+            return target
+    return None
+
+
 def _strip_data(node: ast.AST) -> tuple:
     """(the tensor written, whether it was written through .data)."""
     if isinstance(node, ast.Attribute) and node.attr == "data":
@@ -312,12 +341,9 @@ class Rewriter:
         None when the name is the only holder that the source shows."""
         if not isinstance(tensor, ast.Name):
             return None
-        scope = self.stmt
-        while scope in self.src.parents and not isinstance(
-                scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            scope = self.src.parents[scope]
+        scope = enclosing_function(self.src.parents, self.stmt)
         name = tensor.id
-        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if isinstance(scope, _SCOPES):
             args = scope.args
             params = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
             params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
@@ -390,18 +416,8 @@ class Rewriter:
         `x += y`, `x[0] = 0`), or the attribute (`self.w` of `self.w.data = ...`); "" when it
         writes through neither."""
         s = self.stmt
-        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and \
-                isinstance(s.value.func, ast.Attribute):
-            target = s.value.func.value
-        elif isinstance(s, ast.AugAssign):
-            target = s.target
-        elif isinstance(s, ast.Assign) and len(s.targets) == 1 and \
-                isinstance(s.targets[0], ast.Subscript):
-            target = s.targets[0].value
-        elif isinstance(s, ast.Assign) and len(s.targets) == 1 and \
-                isinstance(s.targets[0], ast.Attribute) and s.targets[0].attr == "data":
-            target = s.targets[0]
-        else:
+        target = written_through(s.value if isinstance(s, ast.Expr) else s, in_place_only=False)
+        if target is None:
             return ""
         return dotted(_strip_data(target)[0])
 
