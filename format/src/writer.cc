@@ -12,6 +12,17 @@
 #include "torchrr/format/reader.h"
 
 namespace torchrr::format {
+namespace {
+
+// The smallest zstd window that holds `bytes` (a chunk's target size), within zstd's bounds.
+int WindowLog(size_t bytes) {
+  const ZSTD_bounds bounds = ZSTD_cParam_getBounds(ZSTD_c_windowLog);
+  int log = bounds.lowerBound;
+  while (log < bounds.upperBound && (size_t{1} << log) < bytes) ++log;
+  return log;
+}
+
+}  // namespace
 
 // Writer thread only, like TraceWriter.
 class TraceWriter::Impl {
@@ -36,6 +47,11 @@ class TraceWriter::Impl {
     ZSTD_CCtx_setParameter(cctx_, ZSTD_c_compressionLevel, zstd_level_);
     ZSTD_CCtx_setParameter(cctx_, ZSTD_c_contentSizeFlag, 1);
     ZSTD_CCtx_setParameter(cctx_, ZSTD_c_checksumFlag, 0);  // The chunk has its own checksum.
+    // A window as large as the chunk: a training step's records repeat the step before's, and
+    // zstd finds those repeats only within its window (512 KiB at level 1, less than one step of
+    // the PEFT sample's records). Each chunk is one frame decoded in one call into a buffer of
+    // its raw size, so the window costs a reader no memory beyond that buffer.
+    ZSTD_CCtx_setParameter(cctx_, ZSTD_c_windowLog, WindowLog(chunk_target_));
 
     uint8_t header[kFileHeaderSize];
     std::memcpy(header, kFileMagic, sizeof(kFileMagic));

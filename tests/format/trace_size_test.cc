@@ -8,6 +8,7 @@
 #include <chrono>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "hostile_traces.h"
 #include "sample_records.h"
@@ -68,6 +69,35 @@ TEST(TraceSize, CountsAChunkLargerThanItsWindow) {
   for (const ChunkInfo& chunk : ReadTraceBytes(trace, nullptr).chunks) read += chunk.raw_bytes;
   EXPECT_EQ(DecompressedTraceBytes(WriteFile("large.trr", trace)), read);
   EXPECT_GT(read, 3u << 20);
+}
+
+TEST(TraceSize, ARepeatFartherBackThanLevelOnesWindowIsFound) {
+  // 768 KiB of records that zstd cannot shrink, written twice into one chunk, as a training step
+  // of a larger model repeats the step before: the second copy costs little only when zstd's
+  // window reaches back past level 1's own (512 KiB).
+  std::vector<Record> step;
+  uint64_t state = 88172645463325252ull;
+  for (InternId id = 1; id <= 192; ++id) {
+    StringDef def{id, std::string(4096, ' ')};
+    for (char& c : def.text) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      c = static_cast<char>('a' + state % 26);
+    }
+    step.push_back(def);
+  }
+  auto size = [&](int copies) {
+    std::string trace;
+    auto writer = TraceWriter::ToString(&trace, testing::SampleFileInfo());
+    for (int i = 0; i < copies; ++i) {
+      for (const Record& r : step) EXPECT_TRUE(writer->Append(r).ok());
+    }
+    EXPECT_TRUE(writer->Close().ok());
+    EXPECT_EQ(ReadTraceBytes(trace, nullptr).chunks.size(), 3u);  // FileInfo, batch, index.
+    return trace.size();
+  };
+  const size_t once = size(1);
+  EXPECT_GT(once, 400u << 10);
+  EXPECT_LT(size(2), once + once / 4);
 }
 
 TEST(TraceSize, FakeChunkHeadersCostLinearWork) {

@@ -20,7 +20,7 @@ from conftest import cli, needs_build
 pytestmark = needs_build
 
 # 6,000 steps of 17 recorded ops: about 2 MiB of trace in chunks of 100 to 300 KiB (one each
-# 500 ms, 4 MiB raw at most), where the file system holds 512 KiB.
+# 500 ms, 16 MiB raw at most), where the file system holds 512 KiB.
 TRAINING = textwrap.dedent("""\
     import sys, torch
 

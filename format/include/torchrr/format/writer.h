@@ -20,9 +20,12 @@
 namespace torchrr::format {
 
 struct WriterOptions {
-  // 4 MiB of raw FlatBuffers per chunk: large enough that zstd sees a repeating training step many
-  // times within one frame, small enough that a crash loses little.
-  size_t chunk_raw_bytes = 4u << 20;
+  // 16 MiB of raw FlatBuffers per chunk at most. Each chunk is coded afresh (it decodes alone), so
+  // its first step repeats nothing before it; the larger the chunk, the more steps zstd sees
+  // repeat within one frame (the PEFT sample's 1,000 steps: 12.3 MB in 4 MiB chunks, 9.0 MB in
+  // 16 MiB; format/SPEC.md "Chunk"). A recorder also cuts one every 500 ms, which bounds what a
+  // run killed outright loses; the writer holds up to about twice this much while it compresses.
+  size_t chunk_raw_bytes = 16u << 20;
   int zstd_level = 1;
   // Step coding (format 1.10, with recent ids 1.11, record offset deltas 1.12, recent ids by
   // kind 1.13 and node execution times from their op's 1.14; SPEC.md "Step coding"): a repeating
