@@ -6,6 +6,10 @@
 // with --floor an empty RecordFunction callback that asks for inputs and outputs. Page faults per
 // step are the training thread's minor faults: memory the C library handed back to the system
 // and took again (TORCHRR_BENCH_VERBOSE=1 prints them, and the step times, round by round).
+// Heap growth is that of the training thread's arena (glibc's main arena, which only the main
+// thread allocates from: the writer thread and torch's other threads have arenas of their own):
+// its bytes in use after the timed steps, before the recorder stops, less before the recorder
+// started; blocks glibc maps on their own (128 KiB and up) are counted apart, process-wide.
 //
 // Usage: bench_recorder [--rounds R] [--steps-per-round K] [--threads T] [--dir DIR] [--floor]
 //                       [--hidden H] [--seq S] [--only-stacks-off] [--no-profiler] [--warmup W]
@@ -18,6 +22,7 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -55,6 +60,41 @@ double ThreadMinorFaults() {
   rusage usage{};
   getrusage(RUSAGE_THREAD, &usage);
   return static_cast<double>(usage.ru_minflt);
+}
+
+// The main arena's bytes in use (its size less its free chunks) and the bytes of blocks mapped on
+// their own, read from malloc_info's XML (mallinfo2 sums every thread's arena).
+struct HeapUse {
+  double arena = 0;
+  double mapped = 0;
+};
+
+double XmlSize(const char* from, const char* end, const char* tag) {
+  const char* at = std::strstr(from, tag);
+  if (at == nullptr || (end != nullptr && at > end)) return 0;
+  const char* size = std::strstr(at, "size=\"");
+  return size == nullptr ? 0 : std::strtod(size + 6, nullptr);
+}
+
+HeapUse MainArenaUse() {
+  char* text = nullptr;
+  size_t length = 0;
+  FILE* out = open_memstream(&text, &length);
+  if (out == nullptr) return {};
+  malloc_info(0, out);
+  std::fclose(out);
+  HeapUse use;
+  const char* heap = std::strstr(text, "<heap nr=\"0\">");
+  const char* end = heap != nullptr ? std::strstr(heap, "</heap>") : nullptr;
+  if (heap != nullptr && end != nullptr) {
+    use.arena = XmlSize(heap, end, "<system type=\"current\"") -
+                XmlSize(heap, end, "<total type=\"fast\"") -
+                XmlSize(heap, end, "<total type=\"rest\"");
+  }
+  const char* totals = end != nullptr ? end : text;
+  use.mapped = XmlSize(totals, nullptr, "<total type=\"mmap\"");
+  std::free(text);
+  return use;
 }
 
 double Median(std::vector<double> v) {
@@ -137,6 +177,8 @@ int main(int argc, char** argv) {
     std::vector<double> step_ms;
     std::vector<double> cpu_ms;
     std::vector<double> faults;
+    std::vector<double> heap_kib;
+    std::vector<double> mapped_kib;
     std::vector<double> stop_ms;
     uint64_t ops = 0;
     uint64_t bytes = 0;
@@ -154,6 +196,7 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (auto& c : configs) {
       std::string path = dir + "/round" + std::to_string(round) + (c.stacks ? "_s" : "_n") + ".trr";
+      HeapUse heap_before = MainArenaUse();
       std::optional<torchrr::Recorder> recorder;
       if (c.record) {
         torchrr::RecorderOptions options;
@@ -194,6 +237,9 @@ int main(int argc, char** argv) {
       c.step_ms.push_back(ms / steps);
       c.cpu_ms.push_back((ThreadCpuMs() - cpu_start) / steps);
       c.faults.push_back((ThreadMinorFaults() - faults_start) / steps);
+      HeapUse heap_after = MainArenaUse();
+      c.heap_kib.push_back((heap_after.arena - heap_before.arena) / 1024);
+      c.mapped_kib.push_back((heap_after.mapped - heap_before.mapped) / 1024);
       if (empty_callback != 0) at::removeCallback(empty_callback);
       if (c.profiler) profiler::disableProfiler();  // Its post-processing: not timed.
       if (recorder) {
@@ -216,12 +262,14 @@ int main(int argc, char** argv) {
   std::printf("(glibc heap trimming %s; %d untimed step(s) per configuration and round)\n",
               trim_heap ? "on" : "off", warmup);
   std::printf("| configuration | step (ms) | ratio to plain | training thread CPU (ms) | "
-              "page faults/step | trace bytes/op | close (ms) |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+              "page faults/step | heap growth (KiB) | mapped growth (KiB) | trace bytes/op | "
+              "close (ms) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& c : configs) {
     double ms = Median(c.step_ms);
-    std::printf("| %s | %.2f | %.2fx | %.2f | %.0f | %s | %s |\n", c.name, ms, ms / plain,
-                Median(c.cpu_ms), Median(c.faults),
+    std::printf("| %s | %.2f | %.2fx | %.2f | %.0f | %.0f | %.0f | %s | %s |\n", c.name, ms,
+                ms / plain, Median(c.cpu_ms), Median(c.faults), Median(c.heap_kib),
+                Median(c.mapped_kib),
                 c.ops ? std::to_string(static_cast<double>(c.bytes) / c.ops).substr(0, 5).c_str()
                       : "-",
                 c.stop_ms.empty() ? "-" : std::to_string(Median(c.stop_ms)).substr(0, 6).c_str());
