@@ -183,7 +183,8 @@ int main(int argc, char** argv) {
     uint64_t ops = 0;
     uint64_t bytes = 0;
   };
-  std::vector<Config> configs = {{"plain", false, false, {}}, {"recorder, stacks on", true, true, {}},
+  std::vector<Config> configs = {{"plain", false, false, {}},
+                                 {"recorder, stacks on", true, true, {}},
                                  {"recorder, stacks off", true, false, {}}};
   if (only_recorder) configs.erase(configs.begin() + 1);
   if (!no_profiler && !only_recorder) {
@@ -284,7 +285,8 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("ops per step: %.0f\n",
-              static_cast<double>(configs[1].ops) / (static_cast<double>(rounds) * (steps + warmup)));
+              static_cast<double>(configs[1].ops) /
+                  (static_cast<double>(rounds) * (steps + warmup)));
   std::printf("peak memory growth while recording: %.1f MiB (maxrss %ld -> %ld KiB)\n",
               (rss_end_kb - rss_plain_kb) / 1024.0, rss_plain_kb, rss_end_kb);
   return 0;
