@@ -165,9 +165,12 @@ class TraceWriter::Impl {
       return Fail(Status(StatusCode::kInvalidArgument, "chunk larger than 64 MiB"));
     }
     size_t bound = ZSTD_compressBound(raw_size);
-    if (out_.size() < kChunkHeaderSize + bound) out_.resize(kChunkHeaderSize + bound);
+    if (out_size_ < kChunkHeaderSize + bound) {
+      out_size_ = kChunkHeaderSize + bound;
+      out_.reset(new uint8_t[out_size_]);  // Not zeroed: pages are touched only as zstd writes.
+    }
     size_t compressed =
-        ZSTD_compress2(cctx_, out_.data() + kChunkHeaderSize, bound, raw, raw_size);
+        ZSTD_compress2(cctx_, out_.get() + kChunkHeaderSize, bound, raw, raw_size);
     if (ZSTD_isError(compressed)) {
       return Fail(Status(StatusCode::kIoError,
                          std::string("zstd: ") + ZSTD_getErrorName(compressed)));
@@ -175,14 +178,14 @@ class TraceWriter::Impl {
     if (compressed > kMaxChunkBytes) {
       return Fail(Status(StatusCode::kInvalidArgument, "compressed chunk larger than 64 MiB"));
     }
-    uint8_t* header = out_.data();
+    uint8_t* header = out_.get();
     StoreChunkHeaderPrefix(header, type, flags, static_cast<uint32_t>(compressed),
                            static_cast<uint32_t>(raw_size));
     StoreLe64(header + kChunkHeaderChecksummedSize,
               ChunkChecksum(header, header + kChunkHeaderSize, compressed));
     ChunkInfo chunk{bytes_written_, type, static_cast<uint32_t>(compressed),
                     static_cast<uint32_t>(raw_size), records};
-    TORCHRR_RETURN_IF_ERROR(WriteBytes(out_.data(), kChunkHeaderSize + compressed));
+    TORCHRR_RETURN_IF_ERROR(WriteBytes(out_.get(), kChunkHeaderSize + compressed));
     chunks_.push_back(chunk);
     return Status::Ok();
   }
@@ -193,7 +196,10 @@ class TraceWriter::Impl {
   bool step_coding_;
   BatchEncoder batch_;
   ZSTD_CCtx* cctx_ = nullptr;
-  std::vector<uint8_t> out_;  // Chunk header + compressed payload.
+  // Chunk header + compressed payload: room for zstd's bound on a whole chunk (about its raw
+  // size), of which a compressed chunk uses a tenth or less.
+  std::unique_ptr<uint8_t[]> out_;
+  size_t out_size_ = 0;
   std::vector<ChunkInfo> chunks_;
   Status status_;  // The first error; sticky.
   bool closed_ = false;

@@ -24,7 +24,8 @@ struct WriterOptions {
   // its first step repeats nothing before it; the larger the chunk, the more steps zstd sees
   // repeat within one frame (the PEFT sample's 1,000 steps: 12.3 MB in 4 MiB chunks, 9.0 MB in
   // 16 MiB; format/SPEC.md "Chunk"). A recorder also cuts one every 500 ms, which bounds what a
-  // run killed outright loses; the writer holds up to about twice this much while it compresses.
+  // run killed outright loses. The writer's memory grows with it: on the PEFT sample its peak
+  // RSS is about 22 MiB above what 4 MiB chunks take (docs/benchmarks.md, bench_keep_last).
   size_t chunk_raw_bytes = 16u << 20;
   int zstd_level = 1;
   // Step coding (format 1.10, with recent ids 1.11, record offset deltas 1.12, recent ids by
