@@ -14,6 +14,7 @@
 #include "sample_records.h"
 #include "torchrr/format/reader.h"
 #include "torchrr/format/writer.h"
+#include "trace_test_helpers.h"
 
 namespace torchrr::format {
 namespace {
@@ -25,13 +26,7 @@ std::string WriteFile(const std::string& name, const std::string& bytes) {
 }
 
 std::string SampleTrace() {
-  std::string bytes;
-  WriterOptions options;
-  options.chunk_raw_bytes = 4096;  // Several chunks.
-  auto writer = TraceWriter::ToString(&bytes, testing::SampleFileInfo(), options);
-  for (const Record& r : testing::ManySteps(20)) EXPECT_TRUE(writer->Append(r).ok());
-  EXPECT_TRUE(writer->Close().ok());
-  return bytes;
+  return testing::Write(testing::ManySteps(20), /*chunk_raw_bytes=*/4096);  // Several chunks.
 }
 
 TEST(TraceSize, CountsEveryChunkAndOnlyTheChunksThatVerify) {
@@ -86,12 +81,9 @@ TEST(TraceSize, ARepeatFartherBackThanLevelOnesWindowIsFound) {
     step.push_back(def);
   }
   auto size = [&](int copies) {
-    std::string trace;
-    auto writer = TraceWriter::ToString(&trace, testing::SampleFileInfo());
-    for (int i = 0; i < copies; ++i) {
-      for (const Record& r : step) EXPECT_TRUE(writer->Append(r).ok());
-    }
-    EXPECT_TRUE(writer->Close().ok());
+    std::vector<Record> records;
+    for (int i = 0; i < copies; ++i) records.insert(records.end(), step.begin(), step.end());
+    const std::string trace = testing::Write(records);
     EXPECT_EQ(ReadTraceBytes(trace, nullptr).chunks.size(), 3u);  // FileInfo, batch, index.
     return trace.size();
   };

@@ -11,7 +11,9 @@
 
 namespace torchrr::format::testing {
 
-inline std::string Write(const std::vector<Record>& records, size_t chunk_raw_bytes = 4u << 20,
+// `records` written to memory, by default in the writer's own chunks.
+inline std::string Write(const std::vector<Record>& records,
+                         size_t chunk_raw_bytes = WriterOptions{}.chunk_raw_bytes,
                          bool step_coding = true) {
   std::string out;
   WriterOptions options;
