@@ -479,7 +479,7 @@ class TraceParser::Impl {
     if (decoded.bad_coding) {
       Problem(StatusCode::kCorrupt,
               ChunkPlace(number, chunk.offset) +
-                  (batch.coding() > static_cast<uint8_t>(BatchCoding::kStepsExecTimes)
+                  (batch.coding() > static_cast<uint8_t>(BatchCoding::kStepsPredictedTimes)
                        ? ": unknown record coding " + std::to_string(batch.coding())
                                       : std::string(": time column does not match its records")) +
                   " (corrupt)");

@@ -69,11 +69,15 @@ struct StructArg {
 };
 
 // OpRecord's and NodeRecord's sequence_nr, which kSteps batches code as deltas (SequenceCoder).
+// An OpRecord's name: the key of the times after it (kStepsPredictedTimes).
+template <class F>
+constexpr bool IsOpName = std::is_same_v<F, Field<&OpRecord::name, Coding::kPlain>>;
+
 template <class F>
 constexpr bool IsSequenceNr = std::is_same_v<F, Field<&OpRecord::sequence_nr, Coding::kPlain>> ||
                                std::is_same_v<F, Field<&NodeRecord::sequence_nr, Coding::kPlain>>;
 
-// Which time a time field is, for kStepsExecTimes (StepCoding::EncodeTime).
+// Which time a time field is, for kStepsExecTimes and on (StepCoding::EncodeTime).
 template <class F>
 constexpr StepCoding::TimeRole TimeRoleOf() {
   using Role = StepCoding::TimeRole;
@@ -148,6 +152,9 @@ class Encoder {
     } else if constexpr (HasFields<T> && !HasFb<T>) {
       return Args(value);
     } else {
+      if constexpr (IsOpName<F>) {
+        if (steps_ != nullptr) steps_->op_name = value;
+      }
       return std::tuple{Plain(value)};
     }
   }
@@ -244,6 +251,9 @@ class Decoder {
       value = steps_ == nullptr ? get(in) : steps_->sequence.Decode(get(in));
     } else {
       ReadValue(get(in), value);
+      if constexpr (IsOpName<F>) {
+        if (steps_ != nullptr) steps_->op_name = value;
+      }
       if constexpr (std::is_same_v<F, Field<&TensorUse::version_after, Coding::kPlain>>) {
         if (steps_ != nullptr) out.version_after += out.version_before;  // StepCodedUse.
       }
@@ -372,8 +382,10 @@ Status BatchEncoder::Add(const Record& record) {
   TimeCoder times_before = times_;
   SequenceCoder sequence_before = steps_.sequence;
   const int64_t op_times_before[2] = {steps_.op_times[0], steps_.op_times[1]};
+  const InternId op_name_before = steps_.op_name;
   size_t times_before_size = steps_.times.size();
   size_t step_ids_before = steps_.step_ids.size();
+  const StepCoding::TimesMark times_mark = steps_.MarkTimes();
   const bool step_coded = coding_ != BatchCoding::kCursors;
   StepCoding* steps = step_coded ? &steps_ : nullptr;
   Encoder encoder(fbb_, ids_, times_, steps, table_offsets_);
@@ -391,6 +403,8 @@ Status BatchEncoder::Add(const Record& record) {
     steps_.op_times[1] = op_times_before[1];
     steps_.times.resize(times_before_size);
     steps_.step_ids.resize(step_ids_before);
+    steps_.RestoreTimes(times_mark);
+    steps_.op_name = op_name_before;
     steps_.recent.Undo();
     return Status(StatusCode::kInvalidArgument, std::string(RecordKindName(record)) + why);
   }

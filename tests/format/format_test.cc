@@ -26,6 +26,7 @@ using testing::EveryKind;
 using testing::ExpectSameRecords;
 using testing::ManySteps;
 using testing::SampleFileInfo;
+using testing::TrainingSteps;
 using testing::Write;
 
 
@@ -120,9 +121,9 @@ TEST(SequenceCoder, ExtremesRoundTrip) {
 }
 
 // Step coding (1.10; recent ids, 1.11; record offset deltas, 1.12; recent ids by kind, 1.13; node
-// execution times from their op's, 1.14) changes the bytes, not the records: written with it and
-// without, a trace reads back the same, record for record, in one chunk and in many, whole and cut
-// anywhere.
+// execution times from their op's, 1.14; times from the previous steps', 1.15) changes the bytes,
+// not the records: written with it and without, a trace reads back the same, record for record,
+// in one chunk and in many, whole and cut anywhere.
 TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
   std::vector<Record> records = ManySteps(12);
   std::vector<Record> every = EveryKind(1000, 7, 5'000'000'000);
@@ -137,7 +138,7 @@ TEST(RoundTrip, StepCodingReadsAsThePlainCoding) {
     ExpectSameRecords(records, a.records);
     ExpectSameRecords(a.records, b.records);
     EXPECT_EQ(a.summary.header.oldest_reader_minor, 0);
-    EXPECT_EQ(b.summary.header.oldest_reader_minor, 14);
+    EXPECT_EQ(b.summary.header.oldest_reader_minor, 15);
     EXPECT_LT(stepped.size(), plain.size());
     // Record batches carry the offset deltas' flag (chunk header bytes 6 and 7), others none.
     for (const ChunkInfo& c : b.summary.chunks) {
@@ -222,7 +223,8 @@ TEST(RecordOffsetDeltas, FlagOnAnotherChunkTypeIsCorrupt) {
 // the reader goes on.
 TEST(RoundTrip, StepCodedBatchWithABadColumnIsCorrupt) {
   for (int change : {-1, +1})
-  for (BatchCoding coding : {BatchCoding::kSteps, BatchCoding::kStepsExecTimes}) {
+  for (BatchCoding coding :
+       {BatchCoding::kSteps, BatchCoding::kStepsExecTimes, BatchCoding::kStepsPredictedTimes}) {
     BatchEncoder encoder(1 << 16, coding);
     encoder.Reset(0, 0);
     for (const Record& r : ManySteps(1)) ASSERT_TRUE(encoder.Add(r).ok());
@@ -248,9 +250,9 @@ TEST(RoundTrip, StepCodedBatchWithABadColumnIsCorrupt) {
   }
 }
 
-// A batch of a coding this reader does not know (5) is corrupt, its records not decoded.
+// A batch of a coding this reader does not know (6) is corrupt, its records not decoded.
 TEST(RoundTrip, UnknownBatchCodingIsCorrupt) {
-  BatchEncoder encoder(1 << 16, BatchCoding::kStepsExecTimes);
+  BatchEncoder encoder(1 << 16, BatchCoding::kStepsPredictedTimes);
   encoder.Reset(0, 0);
   for (const Record& r : ManySteps(1)) ASSERT_TRUE(encoder.Add(r).ok());
   std::span<uint8_t> payload = encoder.Finish();
@@ -258,43 +260,12 @@ TEST(RoundTrip, UnknownBatchCodingIsCorrupt) {
   const uint8_t* coding = reinterpret_cast<const flatbuffers::Table*>(batch)->GetAddressOf(
       fb::RecordBatch::VT_CODING);
   ASSERT_NE(coding, nullptr);
-  ASSERT_EQ(*coding, 4);
-  payload[static_cast<size_t>(coding - payload.data())] = 5;
+  ASSERT_EQ(*coding, 5);
+  payload[static_cast<size_t>(coding - payload.data())] = 6;
   size_t records = 0;
   DecodedBatch decoded = DecodeBatch(*batch, [&](const Record&) { ++records; });
   EXPECT_TRUE(decoded.bad_coding);
   EXPECT_EQ(records, 0u);
-}
-
-// The step rule of SPEC.md "Steps" on two steps of forward, backward, optimizer.
-TEST(StepRule, ATopLevelOpThatMakesNodesAfterBackwardBeginsAStep) {
-  auto op = [](ObjectId id, ObjectId parent, OpScope scope = OpScope::kFunction) {
-    OpRecord r;
-    r.op = id;
-    r.parent = parent;
-    r.scope = scope;
-    return r;
-  };
-  StepRule rule;
-  // Step 0: a forward op (with a nested one) that makes a node, a no_grad op, backward.
-  EXPECT_FALSE(rule.Add(NodeRecord{}));
-  EXPECT_FALSE(rule.Add(op(2, 1)));
-  EXPECT_FALSE(rule.Add(op(1, 0)));
-  EXPECT_FALSE(rule.Add(op(3, 0)));
-  EXPECT_FALSE(rule.Add(op(4, 0, OpScope::kBackwardFunction)));
-  // The optimizer makes no node: still step 0.
-  EXPECT_FALSE(rule.Add(op(5, 0)));
-  // The engine's wrapper is no step's first op, and leaves the count of nodes as it is.
-  EXPECT_FALSE(rule.OnOp(op(6, 0), /*engine_wrapper=*/true));
-  // A frozen lookup (no node) stays in step 0; the first op that makes a node begins step 1,
-  // its records and those after op 8 with it.
-  EXPECT_FALSE(rule.Add(op(7, 0)));
-  EXPECT_FALSE(rule.Add(NodeRecord{}));
-  EXPECT_FALSE(rule.OnOp(op(8, 0), /*engine_wrapper=*/true));
-  EXPECT_TRUE(rule.Add(op(9, 0)));
-  // No backward since: no new step.
-  EXPECT_FALSE(rule.Add(NodeRecord{}));
-  EXPECT_FALSE(rule.Add(op(10, 0)));
 }
 
 TEST(Writer, IdTooLargeIsDroppedAndWriterGoesOn) {
@@ -342,92 +313,34 @@ TEST(Writer, ADroppedRecordLeavesTheRecentIdsAsTheyWere) {
   EXPECT_EQ(std::get<TensorInfo>(trace.records[1]).storage, 9u);
 }
 
-// RecentIds, as an encoder and a decoder that see the same uses.
-TEST(RecentIds, EncodesHowManyUsesAgoAndDecodesItBack) {
-  RecentIds encoder, decoder;
-  const std::vector<ObjectId> uses = {3, 8, 3, 3, 11, 8, 3};
-  const std::vector<uint64_t> ago = {0, 0, 2, 1, 0, 4, 3};
-  for (size_t i = 0; i < uses.size(); ++i) {
-    EXPECT_EQ(encoder.Ago(uses[i]), ago[i]) << i;
-    if (ago[i] != 0) EXPECT_EQ(decoder.At(ago[i]), uses[i]) << i;
-    decoder.Use(uses[i]);
+// 1.15 codes an op's times from those of the steps before: a dropped op's times are taken back,
+// or the times after it would be read wrong.
+TEST(Writer, ADroppedOpLeavesTheStepTimesAsTheyWere) {
+  const std::vector<Record> records = TrainingSteps(6);
+  std::vector<Record> with_bad;
+  size_t bad_ops = 0;
+  for (const Record& r : records) {
+    const auto* op = std::get_if<OpRecord>(&r);
+    if (op != nullptr && op->op > 10) {
+      OpRecord bad = *op;  // Its times coded, then its id found too large.
+      bad.start_ns += 12345;
+      bad.end_ns += 67890;
+      bad.parent = kMaxObjectId + 1;
+      with_bad.push_back(bad);
+      ++bad_ops;
+    }
+    with_bad.push_back(r);
   }
-  EXPECT_EQ(decoder.At(0), 0u);
-  EXPECT_EQ(decoder.At(uses.size() + 1), 0u);  // Before the first use: none.
-  EXPECT_EQ(decoder.At(RecentIds::kWindow + 1), 0u);
-}
-
-// 1.13 counts an id's uses among those of its kind: a tensor used again after a storage was
-// used once ago among tensors (stored (1 + 1) << 2), where 1.11 counts two uses ago ((2 + 1) << 2).
-// Both decode back, an id named as two kinds too.
-TEST(RecentIds, ByKindCountsTheUsesOfTheIdsKind) {
-  for (const auto& [coding, stored] :
-       {std::pair{BatchCoding::kStepsRecent, uint64_t{12}},
-        std::pair{BatchCoding::kStepsRecentByKind, uint64_t{8}}}) {
-    StepCoding encoder, decoder;
-    for (StepCoding* s : {&encoder, &decoder}) {
-      s->recent_ids = true;
-      s->recent_by_kind = coding == BatchCoding::kStepsRecentByKind;
-    }
-    IdCoder encode_ids, decode_ids;
-    // The last use names tensor 5 as a storage, which no writer does: not recent among storages.
-    const std::vector<std::pair<ObjectId, IdKind>> uses = {
-        {5, IdKind::kTensor}, {9, IdKind::kStorage}, {5, IdKind::kTensor}, {5, IdKind::kStorage}};
-    std::vector<uint64_t> codes;
-    for (const auto& [id, kind] : uses) codes.push_back(encoder.EncodeId(encode_ids, id, kind));
-    EXPECT_EQ(codes[2], stored) << static_cast<int>(coding);
-    if (coding == BatchCoding::kStepsRecentByKind) EXPECT_EQ(codes[3] & 3, 2u);  // high - x.
-    for (size_t i = 0; i < uses.size(); ++i) {
-      EXPECT_EQ(decoder.DecodeId(decode_ids, codes[i], uses[i].second), uses[i].first) << i;
-    }
-  }
-}
-
-// 1.14 codes a node execution's times from its op's: the same times store 0 and 0; others, their
-// distance from the op's (of either sign); before any op, from 0. A 1.13 batch codes them from
-// the cursor. Both decode back, and the cursor moves to each time as before.
-TEST(StepCoding, ExecTimesFromTheOpsTimes) {
-  using Role = StepCoding::TimeRole;
-  const std::vector<std::pair<int64_t, Role>> times = {
-      {500, Role::kExecStart}, {700, Role::kExecEnd},  // Before any op.
-      {1000, Role::kOpStart},  {1400, Role::kOpEnd},   {1000, Role::kExecStart},
-      {1400, Role::kExecEnd},  {1500, Role::kOther},   {990, Role::kExecStart},
-      {1403, Role::kExecEnd},  {1600, Role::kOther}};
-  for (BatchCoding coding : {BatchCoding::kStepsRecentByKind, BatchCoding::kStepsExecTimes}) {
-    StepCoding encoder, decoder;
-    encoder.SetCoding(coding);
-    decoder.SetCoding(coding);
-    TimeCoder encode_times(100), decode_times(100);
-    std::vector<uint64_t> codes;
-    for (const auto& [t, role] : times) codes.push_back(encoder.EncodeTime(encode_times, t, role));
-    if (coding == BatchCoding::kStepsExecTimes) {
-      EXPECT_EQ(codes, (std::vector<uint64_t>{1000, 1400, 600, 800, 0, 0, 200, 19, 6, 394}));
-    } else {
-      EXPECT_EQ(codes[4], 799u);  // 1000 - 1400 from the cursor, zigzag.
-    }
-    for (size_t i = 0; i < times.size(); ++i) {
-      EXPECT_EQ(decoder.DecodeTime(decode_times, codes[i], times[i].second), times[i].first) << i;
-      EXPECT_EQ(decode_times.cursor(), times[i].first) << i;
-    }
-  }
-}
-
-// Past kWindow uses the decoder's ring wraps: ids used half a window ago, and then a window ago,
-// still decode to themselves; one used more than a window ago is no longer recent.
-TEST(RecentIds, DecodesAcrossTheRingsWrap) {
-  RecentIds encoder, decoder;
-  const uint64_t half = RecentIds::kWindow / 2;
-  size_t recent = 0;
-  for (uint64_t i = 0; i < 3 * RecentIds::kWindow; ++i) {
-    const ObjectId id = i < 2 * RecentIds::kWindow ? i % half + 1 : i % RecentIds::kWindow + 1;
-    const uint64_t ago = encoder.Ago(id);
-    if (ago != 0) {
-      ++recent;
-      ASSERT_EQ(decoder.At(ago), id) << i;
-    }
-    decoder.Use(id);
-  }
-  EXPECT_EQ(recent, 3 * RecentIds::kWindow - half - half);
+  std::string out;
+  auto writer = TraceWriter::ToString(&out, SampleFileInfo());
+  size_t refused = 0;
+  for (const Record& r : with_bad) refused += !writer->Append(r).ok();
+  EXPECT_TRUE(writer->Close().ok());
+  EXPECT_GT(bad_ops, 10u);
+  EXPECT_EQ(refused, bad_ops);
+  Trace trace = ReadTraceBytesAll(out);
+  ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  ExpectSameRecords(records, trace.records);
 }
 
 template <class T>

@@ -182,7 +182,8 @@ void ExpectEveryField(const std::string& file, uint16_t minor) {
   EXPECT_EQ(trace.summary.header.major, 1);
   EXPECT_EQ(trace.summary.header.minor, minor);
   // Step coding is read from 1.10 on, its recent ids from 1.11 on, its offset deltas from 1.12,
-  // its recent ids by kind from 1.13, its node execution times from 1.14.
+  // its recent ids by kind from 1.13, its node execution times from 1.14, its times from the
+  // previous steps' from 1.15.
   EXPECT_EQ(trace.summary.header.oldest_reader_minor, minor < 10 ? 0 : minor);
   std::vector<Record> want = testing::ManySteps(2);
   AsOf(minor, want);
@@ -268,7 +269,7 @@ TEST(Golden, V1_9ReadsEveryField) {
 
 // From 1.10 on, each minor only codes the same records otherwise: 1.10 step coding, 1.11 recent
 // ids, 1.12 record offset deltas, 1.13 recent ids by kind, 1.14 node execution times from their
-// op's. Each file reads back as the minor before's.
+// op's, 1.15 times from the previous steps'. Each file reads back as the minor before's.
 class GoldenRecoded : public ::testing::TestWithParam<int> {};
 
 TEST_P(GoldenRecoded, ReadsEveryFieldAsTheMinorBefore) {
@@ -280,13 +281,23 @@ TEST_P(GoldenRecoded, ReadsEveryFieldAsTheMinorBefore) {
   EXPECT_TRUE(previous.records == trace.records);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenRecoded, ::testing::Values(10, 11, 12, 13, 14),
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenRecoded, ::testing::Values(10, 11, 12, 13, 14, 15),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "V1_" + std::to_string(info.param);
                          });
 
-// A reader of 1.13 or before refuses a file of 1.14's step coding (oldest reader 1.14) rather than
-// find its batches' coding unknown, one of 1.12 or before a file of 1.13's (oldest reader 1.13)
+// 1.15's times coded from the steps' before, on steps that repeat (every kind's records of
+// v1_15.trr make no step): they read back as written.
+TEST(Golden, V1_15StepsReadsItsTimes) {
+  const Trace trace = ReadTraceFileAll(kGolden + "/steps/v1_15.trr");
+  ASSERT_TRUE(trace.summary.status.ok()) << trace.summary.status.message();
+  EXPECT_EQ(trace.summary.header.minor, 15);
+  EXPECT_TRUE(trace.records == testing::TrainingSteps(6));
+}
+
+// A reader of 1.14 or before refuses a file of 1.15's step coding (oldest reader 1.15) rather than
+// find its batches' coding unknown, one of 1.13 or before a file of 1.14's (oldest reader 1.14)
+// for the same reason, one of 1.12 or before a file of 1.13's (oldest reader 1.13)
 // rather than decode its recent ids by kind wrong, one of 1.11 or before a file of 1.12's (oldest
 // reader 1.12) rather than find its record batches corrupt, one of 1.10 or before a file of 1.11's
 // (oldest reader 1.11) rather than decode its recent ids as 0, and one of 1.9 or before a 1.10 file
@@ -295,7 +306,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, GoldenRecoded, ::testing::Values(10, 11, 12, 13
 TEST(Golden, StepCodedFileNeedsAReaderOfItsCoding) {
   for (const auto& [name, oldest] : {std::pair{"/v1_10.trr", 10}, std::pair{"/v1_11.trr", 11},
                                      std::pair{"/v1_12.trr", 12}, std::pair{"/v1_13.trr", 13},
-                                     std::pair{"/v1_14.trr", 14}}) {
+                                     std::pair{"/v1_14.trr", 14}, std::pair{"/v1_15.trr", 15}}) {
     std::ifstream in(kGolden + name, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     ASSERT_GT(bytes.size(), 16u);

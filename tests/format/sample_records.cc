@@ -1,6 +1,7 @@
 #include "sample_records.h"
 
 #include <string>
+#include <utility>
 
 #include "torchrr/format/json.h"
 
@@ -149,6 +150,50 @@ std::vector<Record> ManySteps(int steps) {
     for (Record& r : EveryKind(base, old_id, 1'000'000'000LL * (step + 1))) {
       out.push_back(std::move(r));
     }
+  }
+  return out;
+}
+
+std::vector<Record> TrainingSteps(int steps) {
+  enum : InternId { kMm = 1, kAdd, kMmBackward, kAddInPlace };
+  std::vector<Record> out = {StringDef{kMm, "aten::mm"}, StringDef{kAdd, "aten::add"},
+                             StringDef{kMmBackward, "MmBackward0"},
+                             StringDef{kAddInPlace, "aten::add_"}};
+  ObjectId next_id = 1;
+  int64_t t = 1'000'000'000;
+  uint64_t state = 88172645463325252ull;
+  auto jitter = [&] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return static_cast<int64_t>(state % 200);
+  };
+  auto op = [&](InternId name, OpScope scope, int64_t gap, int64_t duration) {
+    OpRecord r;
+    r.op = next_id++;
+    r.name = name;
+    r.scope = scope;
+    r.thread = 1;
+    r.start_ns = t + gap + jitter();
+    r.end_ns = r.start_ns + duration + jitter();
+    t = r.end_ns;
+    return r;
+  };
+  for (int step = 0; step < steps; ++step) {
+    std::vector<ObjectId> nodes;
+    const std::pair<InternId, int64_t> forwards[] = {{kMm, 20'000}, {kAdd, 3'000}};
+    for (auto [name, duration] : forwards) {
+      OpRecord forward = op(name, OpScope::kFunction, 500, duration);
+      NodeRecord node;  // Written before the op whose end saw it, as the recorder does.
+      node.node = next_id++;
+      node.name = kMmBackward;
+      node.created_by = forward.op;
+      nodes.push_back(node.node);
+      out.push_back(node);
+      out.push_back(forward);
+    }
+    OpRecord backward = op(kMmBackward, OpScope::kBackwardFunction, 800, 40'000);
+    out.push_back(backward);
+    out.push_back(NodeExecRecord{nodes[0], backward.op, 1, backward.start_ns, backward.end_ns});
+    out.push_back(op(kAddInPlace, OpScope::kFunction, 200, 5'000));
   }
   return out;
 }

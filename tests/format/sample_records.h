@@ -21,6 +21,11 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0);
 // small chunk size.
 std::vector<Record> ManySteps(int steps);
 
+// `steps` training steps as the recorder writes them (format/SPEC.md "Steps"): two forward ops
+// that create a node each, a backward function that runs one, an optimizer op; the same ops in
+// every step, their times a few microseconds apart with up to 200 ns of jitter.
+std::vector<Record> TrainingSteps(int steps);
+
 }  // namespace torchrr::format::testing
 
 namespace torchrr::format {

@@ -6,6 +6,8 @@
 //
 // v1_<minor>.trr: every record kind (tests/format/sample_records.cc, two steps) in several chunks,
 // as this version writes them (v1_0.trr by format 1.0, v1_1.trr by 1.1; the older ones stay).
+// steps/v1_<minor>.trr (from 1.15): six training steps that repeat (TrainingSteps), one chunk;
+// apart from the files above, which hold every kind of record and which the tests take as such.
 // errors/: truncated.trr (cut inside chunk 3), corrupt.trr (a payload byte of chunk 3 flipped),
 // too_new.trr (format 2.0, oldest reader 2.0), not_a_trace.trr (text).
 // errors/, crafted as a stranger could (docs/reliability.md; what each must give is checked by
@@ -204,7 +206,18 @@ int main(int argc, char** argv) {
   too_new.replace(8, 8, version, 8);
   const std::string name = "/v" + std::to_string(kFormatMajor) + "_" +
                            std::to_string(kFormatMinor) + ".trr";
+  // Repeating training steps, whose times 1.15 codes from the steps' before: every kind's
+  // records above make no step.
+  std::string steps;
+  {
+    auto writer = TraceWriter::ToString(&steps, testing::SampleFileInfo());
+    for (const Record& r : testing::TrainingSteps(6)) {
+      if (!writer->Append(r).ok()) return 1;
+    }
+    if (!writer->Close().ok()) return 1;
+  }
   bool ok = WriteFile(dir + name, trace) &&
+            WriteFile(dir + "/steps" + name, steps) &&
             WriteFile(dir + "/errors/truncated.trr",
                       trace.substr(0, third.offset + 24 + third.compressed_bytes / 2)) &&
             WriteFile(dir + "/errors/corrupt.trr", corrupt) &&

@@ -30,7 +30,7 @@ namespace torchrr::format {
 
 // The format version this build writes and reads. Major: breaking; minor: additive.
 inline constexpr uint16_t kFormatMajor = 1;
-inline constexpr uint16_t kFormatMinor = 14;
+inline constexpr uint16_t kFormatMinor = 15;
 
 struct FileHeader {
   uint16_t major = 0;

@@ -29,9 +29,10 @@ struct WriterOptions {
   size_t chunk_raw_bytes = 16u << 20;
   int zstd_level = 1;
   // Step coding (format 1.10, with recent ids 1.11, record offset deltas 1.12, recent ids by
-  // kind 1.13 and node execution times from their op's 1.14; SPEC.md "Step coding"): a repeating
-  // training step repeats byte for byte, for zstd to remove. Off, the batches code as format 1.0
-  // to 1.9 did, and readers from 1.0 on read the file; on, readers from 1.14 on.
+  // kind 1.13, node execution times from their op's 1.14 and times from the previous steps' 1.15;
+  // SPEC.md "Step coding"): a repeating training step repeats byte for byte, for zstd to remove.
+  // Off, the batches code as format 1.0 to 1.9 did, and readers from 1.0 on read the file; on,
+  // readers from 1.15 on.
   bool step_coding = true;
   // Open() replaces only a trace or an empty file unless this is set: an output path that names
   // the program's own script (`record -o train.py`) is refused instead of destroyed.
