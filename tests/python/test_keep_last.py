@@ -95,9 +95,9 @@ def test_clean_window_is_not_a_clean_bill(tmp_path):
     assert document["recording"]["steps"]["first"] == 4, document["recording"]
 
 
-def test_sigterm_writes_the_window(tmp_path):
-    """A run ended by SIGTERM (the default action: no handler of its own) still leaves its last
-    steps, as `torchrr record` forwards the signal."""
+def start_loop(tmp_path):
+    """A training loop recorded with `--keep-last 3`, once its 20th step is done: the recording
+    `torchrr record` process, and the trace's path."""
     script = tmp_path / "loop.py"
     script.write_text(
         "import sys, torch\n"
@@ -121,7 +121,16 @@ def test_sigterm_writes_the_window(tmp_path):
     deadline = time.time() + 120
     while not ready.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    assert ready.exists(), proc.communicate()[1]
+    if not ready.exists():
+        proc.kill()
+        pytest.fail(proc.communicate()[1])
+    return proc, trace
+
+
+def test_sigterm_writes_the_window(tmp_path):
+    """A run ended by SIGTERM (the default action: no handler of its own) still leaves its last
+    steps, as `torchrr record` forwards the signal."""
+    proc, trace = start_loop(tmp_path)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
@@ -129,6 +138,53 @@ def test_sigterm_writes_the_window(tmp_path):
     assert code == 8, document  # A window with no violation.
     steps = document["recording"]["steps"]
     assert steps["count"] == 3 and steps["first"] >= 17, steps
+
+
+# tgkill(2), to send a signal to one thread of another process.
+TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def blocked_signals(pid, tid):
+    for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            mask = int(line.split()[1], 16)
+            return {s for s in range(1, 64) if mask >> (s - 1) & 1}
+    return set()
+
+
+@pytest.mark.skipif(os.uname().machine not in TGKILL, reason="tgkill's number on this machine")
+def test_the_writer_thread_takes_no_fatal_signal(tmp_path):
+    """The kernel gives a signal sent to the process to any thread that does not block it. Taken
+    on the writer thread, the handler that waits for the window to be written would wait for
+    itself, and the process would die 10 s later without its window. The writer thread blocks
+    them: a SIGTERM sent to it alone stays pending, and one sent to the process writes the
+    window."""
+    import ctypes
+    proc, trace = start_loop(tmp_path)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1, children  # `torchrr record` runs the program as its child.
+        child = int(children[0])
+        # The writer thread: the one that blocks SIGXFSZ, to see a full disk as an error.
+        writers = [int(tid) for tid in os.listdir(f"/proc/{child}/task")
+                   if signal.SIGXFSZ in blocked_signals(child, tid)]
+        assert len(writers) == 1, writers
+        assert {signal.SIGTERM, signal.SIGINT, signal.SIGABRT} <= blocked_signals(child,
+                                                                                   writers[0])
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(TGKILL[os.uname().machine], child, writers[0],
+                            int(signal.SIGTERM)) == 0
+        time.sleep(0.5)
+        assert proc.poll() is None, "the writer thread took the signal"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    code, document = replay(trace)
+    assert code == 8, document  # The window, with no violation.
+    assert document["recording"]["steps"]["count"] == 3, document["recording"]
 
 
 def test_steps_range(tmp_path):

@@ -1,10 +1,12 @@
 // SIGTERM, SIGINT and SIGABRT while steps are kept: the window is written before the process dies.
 #include "sink/trace_sink.h"
 
+#include <pthread.h>
 #include <signal.h>
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace torchrr::recorder {
 
@@ -19,9 +21,26 @@ constexpr int kDumpWaitMs = 10000;
 
 }  // namespace
 
+void TraceSink::StartWriterThread() {
+  sigset_t window, previous;
+  sigemptyset(&window);
+  for (int signal : kWindowSignals) sigaddset(&window, signal);
+  // A new thread starts with its creator's mask: blocked from its first instruction.
+  pthread_sigmask(SIG_BLOCK, &window, &previous);
+  thread_ = std::thread([this] { WriterLoop(); });
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+}
+
 void TraceSink::OnFatalSignal(int signal) {
   const int saved_errno = errno;
-  if (TraceSink* sink = g_window_sink.exchange(nullptr)) {
+  TraceSink* sink = g_window_sink.load();
+  // On the writer thread itself (abort() there, or a signal sent to that thread alone), waiting
+  // would only delay the end by kDumpWaitMs: nothing else writes the window.
+  if (sink != nullptr && pthread_equal(pthread_self(), sink->thread_.native_handle())) {
+    sink = nullptr;
+  }
+  if (sink != nullptr) sink = g_window_sink.exchange(nullptr);
+  if (sink != nullptr) {
     sink->dump_requested_.store(true);
     const timespec tick{0, 10 * 1000 * 1000};
     for (int waited = 0; waited < kDumpWaitMs && !sink->dump_done_.load(); waited += 10) {

@@ -146,7 +146,7 @@ TraceSink::TraceSink(const RecorderOptions& options, Pull pull, const format::Fi
     spilling_ = !options.steps.on() && !spill_prefix_.empty();
     InstallSignalHandlers();
   }
-  thread_ = std::thread([this] { WriterLoop(); });
+  StartWriterThread();
 }
 
 TraceSink::~TraceSink() { Close(); }

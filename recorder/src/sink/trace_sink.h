@@ -123,6 +123,10 @@ class TraceSink {
   static void OnFatalSignal(int signal);
   void InstallSignalHandlers();
   void RestoreSignalHandlers();
+  // Starts the writer thread with SIGTERM, SIGINT and SIGABRT blocked: the kernel gives a signal
+  // sent to the process to a thread that does not block it, and OnFatalSignal run on the writer
+  // thread would wait for the window that only that thread writes.
+  void StartWriterThread();
 
   // A source file as the writer thread read it.
   struct Source {
