@@ -68,11 +68,11 @@ struct StructArg {
   operator const FbStruct*() const { return &value; }
 };
 
-// OpRecord's and NodeRecord's sequence_nr, which kSteps batches code as deltas (SequenceCoder).
-// An OpRecord's name: the key of the times after it (kStepsPredictedTimes).
+// An OpRecord's name: what its op times are matched by (kStepsPredictedTimes).
 template <class F>
 constexpr bool IsOpName = std::is_same_v<F, Field<&OpRecord::name, Coding::kPlain>>;
 
+// OpRecord's and NodeRecord's sequence_nr, which kSteps batches code as deltas (SequenceCoder).
 template <class F>
 constexpr bool IsSequenceNr = std::is_same_v<F, Field<&OpRecord::sequence_nr, Coding::kPlain>> ||
                                std::is_same_v<F, Field<&NodeRecord::sequence_nr, Coding::kPlain>>;
@@ -382,7 +382,6 @@ Status BatchEncoder::Add(const Record& record) {
   TimeCoder times_before = times_;
   SequenceCoder sequence_before = steps_.sequence;
   const int64_t op_times_before[2] = {steps_.op_times[0], steps_.op_times[1]};
-  const InternId op_name_before = steps_.op_name;
   size_t times_before_size = steps_.times.size();
   size_t step_ids_before = steps_.step_ids.size();
   const StepCoding::TimesMark times_mark = steps_.MarkTimes();
@@ -404,7 +403,6 @@ Status BatchEncoder::Add(const Record& record) {
     steps_.times.resize(times_before_size);
     steps_.step_ids.resize(step_ids_before);
     steps_.RestoreTimes(times_mark);
-    steps_.op_name = op_name_before;
     steps_.recent.Undo();
     return Status(StatusCode::kInvalidArgument, std::string(RecordKindName(record)) + why);
   }

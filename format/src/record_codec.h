@@ -108,7 +108,7 @@ enum class BatchCoding : uint8_t {
   kStepsRecent = 2,  // 1.11: kSteps, and ids used recently as how many id uses ago (RecentIds).
   kStepsRecentByKind = 3,  // 1.13: kStepsRecent, the uses counted among those of the id's kind.
   kStepsExecTimes = 4,     // 1.14: kStepsRecentByKind, and a node execution's times from its op's.
-  kStepsPredictedTimes = 5,  // 1.15: kStepsExecTimes, each time from the previous steps' (below).
+  kStepsPredictedTimes = 5,  // 1.15: kStepsExecTimes, op times from the previous steps' (below).
 };
 
 // The ids of a kStepsRecent batch used recently, by how many id uses ago. A training step refers
@@ -250,8 +250,8 @@ struct StepCoding {
   // keeps a step that differs (the first, an evaluation) from guessing from ops it does not run.
   // Node executions' times, which 1.14 already stores as 0, are left as they are.
   //
-  // The k-th op times of the last steps are kept in place, in one array the coding walks once a
-  // step: three arrays, the step's and the two before, cost the writer about 5%.
+  // The k-th op times of the last two steps are kept in place, in one array the coding walks once
+  // a step.
   struct TimeSlot {
     // [0]: the difference of the last step that had a k-th op time, and its op's name; [1]: of
     // the step that had one before it.
@@ -318,15 +318,16 @@ struct StepCoding {
     return predicted;
   }
 
-  // Encoding: what a record's op times change, for a dropped record to take back (an OpRecord
-  // has two).
+  // Encoding: what a record changes of the op names and times, for a dropped record to take back
+  // (an OpRecord has two op times).
   struct TimesMark {
+    InternId op_name = 0;
     size_t op_time = 0;
     size_t slots = 0;
     TimeSlot saved[2];
   };
   TimesMark MarkTimes() const {
-    TimesMark mark{op_time, time_slots.size(), {}};
+    TimesMark mark{op_name, op_time, time_slots.size(), {}};
     for (size_t i = 0; i < 2 && op_time + i < time_slots.size(); ++i) {
       mark.saved[i] = time_slots[op_time + i];
     }
@@ -338,6 +339,7 @@ struct StepCoding {
       time_slots[mark.op_time + i] = mark.saved[i];
     }
     op_time = mark.op_time;
+    op_name = mark.op_name;
   }
 
   // The kind RecentIds counts an id of this kind among.
