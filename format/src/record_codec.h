@@ -121,15 +121,35 @@ enum class BatchCoding : uint8_t {
 class RecentIds {
  public:
   static constexpr uint64_t kWindow = uint64_t{1} << 16;
+  // The encoder's table of last uses: ids kSets apart share a set of kWays slots (below).
+  static constexpr uint64_t kSets = uint64_t{1} << 16;
+  static constexpr uint64_t kWays = 2;
 
   // Encoding: how many uses of its kind ago x was last used (1: the use just before), 0 when not
-  // within kWindow or last used as another kind. Then notes this use, which Undo takes back.
+  // within kWindow, last used as another kind, or no longer in the table. Then notes this use,
+  // which Undo takes back.
   uint64_t Ago(ObjectId x, size_t kind = 0) {
-    auto [it, added] = last_.try_emplace(x, 0);
-    const uint64_t previous = it->second;  // The use's clock + 1, times kKinds, plus its kind.
-    undo_.push_back(Change{x, previous, kind});
+    if (last_.empty()) last_.resize(kSlots);
+    // The id's set: two slots side by side. A slot not of this batch, else the one used longer
+    // ago, gives way to an id in neither.
+    uint32_t index = static_cast<uint32_t>((x & (kSets - 1)) * kWays);
+    Slot* slot = &last_[index];
+    uint64_t previous = 0;  // The use's clock + 1, times kKinds, plus its kind.
+    if (Holds(slot[0], x)) {
+      previous = slot[0].last;
+    } else if (Holds(slot[1], x)) {
+      previous = slot[1].last;
+      ++index;
+    } else if (slot[0].batch == batch_ &&
+               (slot[1].batch != batch_ || slot[1].last < slot[0].last)) {
+      ++index;
+    }
+    Slot& use = last_[index];
+    undo_.push_back(Change{use, index, kind});
     const uint64_t now = ++clock_[kind];
-    it->second = now * kKinds + kind;
+    const uint64_t value = now * kKinds + kind;
+    // A batch of more than 2^32 / kKinds uses (none has): its later ids are coded in full.
+    use = value <= UINT32_MAX ? Slot{x, batch_, static_cast<uint32_t>(value)} : Slot{};
     if (previous == 0 || previous % kKinds != kind) return 0;
     const uint64_t ago = now - previous / kKinds;
     return ago <= kWindow ? ago : 0;
@@ -153,32 +173,45 @@ class RecentIds {
   // Encoding: the uses noted since the last Commit are taken back (a dropped record's).
   void Undo() {
     for (auto it = undo_.rbegin(); it != undo_.rend(); ++it) {
-      if (it->previous == 0) {
-        last_.erase(it->id);
-      } else {
-        last_[it->id] = it->previous;
-      }
+      last_[it->index] = it->slot;
       --clock_[it->kind];
     }
     undo_.clear();
   }
   void Commit() { undo_.clear(); }
   void Clear() {
-    last_.clear();
     undo_.clear();
     clock_.fill(0);
+    if (++batch_ == 0) {  // The batch number wrapped: no slot may look current.
+      std::fill(last_.begin(), last_.end(), Slot{});
+      batch_ = 1;
+    }
   }
 
  private:
   static constexpr uint64_t kKinds = kIdKinds;
+  // Ids are handed out in order, so the ids a batch uses are mostly a run of recent ones: a table
+  // indexed by the id's low bits keeps them apart and next to each other, where a hash table
+  // scatters them and allocates a node each. An id that loses its slot to another of its set is
+  // coded in full at its next use (Ago 0), which the decoder reads all the same. Two ways keep an
+  // id used every step (a parameter's) from losing its slot to each new id.
+  static constexpr uint64_t kSlots = kSets * kWays;
+  struct Slot {
+    ObjectId id = 0;
+    uint32_t batch = 0;  // The slot holds a use in the batch of this number (batch_).
+    uint32_t last = 0;   // That use's clock + 1, times kKinds, plus the kind it was used as.
+  };
   struct Change {
-    ObjectId id;
-    uint64_t previous;
+    Slot slot;  // As it was.
+    uint32_t index;
     size_t kind;
   };
-  // Encoding: id -> (its last use's clock + 1) * kKinds + the kind it was used as. One table for
+  // Encoding, allocated at the first use: the last use of the id in each slot. One table for
   // every kind: an id names one object, of one kind.
-  std::unordered_map<ObjectId, uint64_t> last_;
+  bool Holds(const Slot& slot, ObjectId x) const { return slot.id == x && slot.batch == batch_; }
+
+  std::vector<Slot> last_;
+  uint32_t batch_ = 1;
   std::vector<Change> undo_;                               // Encoding: the record's changes.
   std::array<std::vector<ObjectId>, kIdKinds> ring_;       // Decoding: each kind's last uses.
   std::array<uint64_t, kIdKinds> clock_{};                 // Uses so far, per kind.

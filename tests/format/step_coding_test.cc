@@ -191,6 +191,33 @@ TEST(StepCoding, RepeatingStepsTimesTakeLessIn115) {
   EXPECT_LT(column[1] * 10, column[0] * 8) << column[0] << " " << column[1];
 }
 
+// The encoder keeps the last uses of kWays ids per set (ids kSets apart): a third id of the set
+// takes the slot of the one used longer ago, which is then coded in full at its next use and
+// decodes all the same; an id used again and again keeps its slot.
+TEST(RecentIds, AnIdThatLostItsSlotIsCodedInFullAndDecodes) {
+  static_assert(RecentIds::kWays == 2);
+  const ObjectId a = 7;
+  const ObjectId b = a + RecentIds::kSets;
+  const ObjectId c = a + 2 * RecentIds::kSets;
+  const ObjectId d = a + 3 * RecentIds::kSets;
+  // a is used at every other use and keeps its slot; c takes b's, d takes c's; b, used again
+  // within the window, is coded in full.
+  const std::vector<ObjectId> uses = {a, b, a, c, a, d, a, b};
+  const std::vector<uint64_t> ago = {0, 0, 2, 0, 2, 0, 2, 0};
+  RecentIds encoder, decoder;
+  for (size_t i = 0; i < uses.size(); ++i) {
+    EXPECT_EQ(encoder.Ago(uses[i]), ago[i]) << i;
+    if (ago[i] != 0) EXPECT_EQ(decoder.At(ago[i]), uses[i]) << i;
+    decoder.Use(uses[i]);
+  }
+  // A dropped record's uses are taken back, the slots they took included.
+  encoder.Commit();
+  EXPECT_EQ(encoder.Ago(a), 2u);
+  EXPECT_EQ(encoder.Ago(c), 0u);  // Takes b's slot.
+  encoder.Undo();
+  EXPECT_EQ(encoder.Ago(b), 1u);
+}
+
 // Past kWindow uses the decoder's ring wraps: ids used half a window ago, and then a window ago,
 // still decode to themselves; one used more than a window ago is no longer recent.
 TEST(RecentIds, DecodesAcrossTheRingsWrap) {
