@@ -15,7 +15,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -196,6 +195,7 @@ class RecentIds {
   // coded in full at its next use (Ago 0), which the decoder reads all the same. Two ways keep an
   // id used every step (a parameter's) from losing its slot to each new id.
   static constexpr uint64_t kSlots = kSets * kWays;
+  static_assert(kWays == 2, "Ago() looks in two slots");
   struct Slot {
     ObjectId id = 0;
     uint32_t batch = 0;  // The slot holds a use in the batch of this number (batch_).
@@ -206,10 +206,10 @@ class RecentIds {
     uint32_t index;
     size_t kind;
   };
-  // Encoding, allocated at the first use: the last use of the id in each slot. One table for
-  // every kind: an id names one object, of one kind.
   bool Holds(const Slot& slot, ObjectId x) const { return slot.id == x && slot.batch == batch_; }
 
+  // Encoding, allocated at the first use: the last use of the id in each slot. One table for
+  // every kind: an id names one object, of one kind.
   std::vector<Slot> last_;
   uint32_t batch_ = 1;
   std::vector<Change> undo_;                               // Encoding: the record's changes.
