@@ -175,3 +175,38 @@ def test_recomputed_layers_keep_their_module_paths(tmp_path):
     # Two in the forward, two recomputed in backward, each under its own layer.
     assert sorted(sigmoids) == [(False, "layers.0 (Layer)"), (False, "layers.1 (Layer)"),
                                 (True, "layers.0 (Layer)"), (True, "layers.1 (Layer)")], sigmoids
+
+
+# A module called from a method of the module that owns it other than forward (Lightning's
+# training_step, a model's compute_loss): no module runs around it, and its path is the one the
+# user reads in that method (`net.2`), not the one under the called module alone (`2`).
+CALLED_FROM_A_METHOD = textwrap.dedent("""\
+    import torch
+    from torch import nn
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+        def training_step(self, x):
+            return self.net(x).sum()  # VICTIM
+    model = Model()
+    loss = model.training_step(torch.randn(4, 8))
+    with torch.no_grad():
+        model.net[2].weight.mul_(0.5)  # CULPRIT
+    def helper(net, x):
+        return net(x).sum()
+    helper(model.net, torch.randn(4, 8))
+    loss.backward()
+    """)
+
+
+def test_a_module_called_from_its_owners_method_is_named_under_it(tmp_path):
+    script = tmp_path / "method.py"
+    script.write_text(CALLED_FROM_A_METHOD)
+    trace = tmp_path / "method.trr"
+    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    assert proc.returncode != 0 and "modified by an inplace operation" in proc.stderr
+    [violation] = torchrr.replay(trace).violations
+    assert violation.culprit.user_frame.line == marker_line(script, "CULPRIT")
+    assert violation.victim.user_frame.line == marker_line(script, "VICTIM")
+    assert violation.victim.module == "net.2 (Linear)"

@@ -8,11 +8,14 @@ that start under it.
 
 The path is the one ``named_modules()`` of the outermost running module gives, found once per
 (parent, child) pair: a child reached through a container that runs no forward of its own
-(``nn.ModuleList``) is looked up among the parent's descendants. Inside a torch.compile'd region
-the hooks do nothing (dynamo traces them as no-ops), so compiled graphs are unchanged.
+(``nn.ModuleList``) is looked up among the parent's descendants; an outermost one called from
+another method of a module that owns it (Lightning's ``training_step``) is named under that module.
+Inside a torch.compile'd region the hooks do nothing (dynamo traces them as no-ops), so compiled
+graphs are unchanged.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 
@@ -54,6 +57,22 @@ def _name_under(parent, child) -> str:
     return ""
 
 
+def _name_under_caller(module) -> str:
+    """`module`'s name under the module whose method called it, when that method is not a forward
+    (Lightning's ``training_step`` calling ``self.net``): the path a user reads in their own code
+    (``net.2``), where the outermost running module alone would give ``2``. "" when the caller is no
+    module's method or does not own it."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename in _HOOK_FILES:
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_argcount == 0 or frame.f_code.co_varnames[0] != "self":
+        return ""
+    owner = frame.f_locals.get("self")
+    if owner is module or not isinstance(owner, _module_class):
+        return ""
+    return _name_under(owner, module)
+
+
 def _entry(stack: list, module) -> tuple:
     """`module`'s path from the outermost running module and its text for the recorder, called from
     the innermost running one; cached per (module, caller's text)."""
@@ -70,6 +89,8 @@ def _entry(stack: list, module) -> tuple:
         # Called with no module running, after a call under its model: activation
         # checkpointing's recomputation of a layer, run by backward. Named as in the forward.
         entry = _paths[id(module)]
+    elif not name and not stack and (name := _name_under_caller(module)):
+        entry = (name, f"{name} ({cls})".encode())
     elif not name:  # The outermost, or called by a module that does not own it.
         entry = ("", f"({cls})".encode())
     else:
@@ -126,11 +147,14 @@ def _no_module(text) -> None:
 # While installed: torch.compiler.is_compiling, and the recorder's torchrr_set_module.
 _is_compiling = None
 _set_module = _no_module
+# While installed: nn.Module, and the files of the frames between a module's caller and the hooks.
+_module_class = type(None)
+_HOOK_FILES: frozenset = frozenset()
 
 
 def install() -> None:
     """Starts naming modules (on start()). Idempotent; imports torch."""
-    global _generation, _is_compiling, _set_module
+    global _generation, _is_compiling, _set_module, _module_class, _HOOK_FILES
     import torch
     from torch.nn.modules import module as nn_module
     lib = _native.library()
@@ -138,6 +162,9 @@ def install() -> None:
         if _handles:
             return
         _is_compiling = torch.compiler.is_compiling
+        _module_class = torch.nn.Module
+        _HOOK_FILES = frozenset({_pre_hook.__code__.co_filename,
+                                 nn_module.Module._call_impl.__code__.co_filename})
         _set_module = lib.torchrr_set_module
         _generation += 1
         _entries.clear()
