@@ -403,7 +403,16 @@ const char* PythonStackWalkerName() {
 
 bool PythonInterpreterRunning() {
   // Not through Api(): that resolves once, and this may be asked before a program loads Python.
-  auto* initialized = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  // Once found, the symbol is kept: the recorder asks at every forward op's end, and dlsym with
+  // RTLD_DEFAULT first finds its caller's library among all those loaded (hundreds in a Python
+  // process with torch), which cost more than the op's ids. libpython is never unloaded.
+  using Initialized = int (*)();
+  static std::atomic<Initialized> found{nullptr};
+  Initialized initialized = found.load(std::memory_order_acquire);
+  if (initialized == nullptr) {
+    initialized = reinterpret_cast<Initialized>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+    if (initialized != nullptr) found.store(initialized, std::memory_order_release);
+  }
   return initialized != nullptr && initialized() != 0;
 }
 
