@@ -1,6 +1,7 @@
 #include "stacks/python_stacks.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/types.h>
 
 #include <algorithm>
@@ -401,19 +402,47 @@ const char* PythonStackWalkerName() {
   return Fast(py).enabled() ? "frames" : "api";
 }
 
+namespace {
+
+// How many libraries the process has loaded so far (dl_iterate_phdr's count, read from the first
+// object it reports: one callback, not a walk of them all).
+unsigned long long LibrariesLoaded() {
+  unsigned long long adds = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* out) {
+        if (size >= offsetof(dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) {
+          *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+        }
+        return 1;
+      },
+      &adds);
+  return adds;
+}
+
+}  // namespace
+
 bool PythonInterpreterRunning() {
   // Not through Api(): that resolves once, and this may be asked before a program loads Python.
-  // Once found, the symbol is kept: the recorder asks at every forward op's end, and dlsym with
-  // RTLD_DEFAULT first finds its caller's library among all those loaded (hundreds in a Python
-  // process with torch), which cost more than the op's ids. libpython is never unloaded.
+  // The recorder asks at every forward op's end, and dlsym with RTLD_DEFAULT finds its caller's
+  // library among all those loaded (hundreds in a Python process with torch), then looks in each
+  // (all of them, and an error message allocated, when the symbol is not there): more than the
+  // op's ids cost. So the symbol is kept once found (libpython is never unloaded), and a lookup
+  // that failed is not made again until the process loads another library.
   using Initialized = int (*)();
   static std::atomic<Initialized> found{nullptr};
+  static std::atomic<unsigned long long> missing_at{0};  // Loads counted at the failed lookup.
   Initialized initialized = found.load(std::memory_order_acquire);
   if (initialized == nullptr) {
+    const unsigned long long loaded = LibrariesLoaded();
+    if (loaded != 0 && loaded == missing_at.load(std::memory_order_relaxed)) return false;
     initialized = reinterpret_cast<Initialized>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
-    if (initialized != nullptr) found.store(initialized, std::memory_order_release);
+    if (initialized == nullptr) {
+      missing_at.store(loaded, std::memory_order_relaxed);
+      return false;
+    }
+    found.store(initialized, std::memory_order_release);
   }
-  return initialized != nullptr && initialized() != 0;
+  return initialized() != 0;
 }
 
 void ForgetPythonCodeDescriptions() { g_epoch.fetch_add(1, std::memory_order_acq_rel); }
