@@ -21,6 +21,9 @@ Usage: bench_peft.py [--rounds R] [--steps K] [--threads T] [--hidden H] [--laye
                      [--batch B] [--vocab V] [--device cpu|cuda] [--dtype float32|bfloat16]
                      [--configs plain,torchrr,torchrr-nomodules,torchrr-all,anomaly,profiler]
                      [--verify-saved]
+
+--configs also takes torchrr-core (no module names, no Python stacks) and profiler-nostacks
+(record_shapes only): the two tools' collection before stacks, side by side.
 """
 import argparse
 import contextlib
@@ -40,10 +43,10 @@ from torchrr import _modules  # noqa: E402
 
 
 @contextlib.contextmanager
-def record_without_modules(path):
+def record_without_modules(path, **options):
     """torchrr as configured "torchrr", without the module hooks that name each op's nn.Module:
     what naming modules costs, side by side."""
-    with torchrr.record(path, native_stacks=False):
+    with torchrr.record(path, native_stacks=False, **options):
         _modules.uninstall()
         yield
 
@@ -91,11 +94,22 @@ def main():
                                                all_ops=True)),
         "torchrr-nomodules": ("torchrr, no module names",
                               lambda: record_without_modules(os.path.join(tmp, "nomod.trr"))),
+        # The op callbacks alone (no module names, no Python stacks), against the profiler's
+        # without stacks: what each tool's collection costs before stacks.
+        "torchrr-core": ("torchrr, no module names, no Python stacks",
+                         lambda: record_without_modules(os.path.join(tmp, "core.trr"),
+                                                        python_stacks=False)),
         "anomaly": ("anomaly mode", lambda: torch.autograd.set_detect_anomaly(True)),
         "profiler": ("profiler (shapes, stacks)",
                      lambda: torch.profiler.profile(record_shapes=True, with_stack=True)),
+        "profiler-nostacks": ("profiler (shapes)",
+                              lambda: torch.profiler.profile(record_shapes=True)),
     }
     wanted = args.configs.split(",")
+    unknown = [name for name in wanted if name not in available]
+    if unknown:
+        parser.error(f"--configs: unknown {', '.join(unknown)} "
+                     f"(known: {', '.join(available)})")
     if "plain" not in wanted:
         wanted.insert(0, "plain")
     configs = dict(available[name] for name in wanted)
