@@ -53,6 +53,7 @@ struct OpInfo {
   format::InternId stack = 0;
   uint32_t thread = 0;
   format::OpScope scope = format::OpScope::kFunction;
+  bool grad_mode = true;
   format::InternId module = 0;  // OpRecord.module_path (1.8).
 };
 

@@ -257,7 +257,8 @@ CounterState& Analyzer::Impl::GetCounter(ObjectId id) {
 void Analyzer::Impl::On(const format::OpRecord& r) {
   ++state_.op_count;
   uint32_t slot = static_cast<uint32_t>(state_.ops.size());
-  state_.ops.push_back({r.parent, r.name, r.overload, r.stack, r.thread, r.scope, r.module_path});
+  state_.ops.push_back(
+      {r.parent, r.name, r.overload, r.stack, r.thread, r.scope, r.grad_mode, r.module_path});
   state_.index.Set(r.op, IdKind::kOp, slot);
   if (r.scope == OpScope::kFunction && r.sequence_nr >= 0) {
     recent_sequenced_ops_[recent_next_++ % kRecentSequencedOps] = {r.thread, r.sequence_nr, r.op};

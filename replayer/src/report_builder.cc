@@ -224,6 +224,7 @@ OpRef ReportBuilder::MakeOpRef(ObjectId id) const {
     ref.stack = StackFrames(op->stack);
     ref.user_frame = FirstUserFrame(ref.stack);
     ref.module = state_.Str(op->module);
+    ref.grad_mode = op->grad_mode;
   }
   return ref;
 }

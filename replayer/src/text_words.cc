@@ -48,6 +48,10 @@ std::string CulpritLabel(const Violation& v) {
   if (v.kind == ViolationKind::kDetached) {
     label += " detached it from its graph in place";
   } else if (v.kind != ViolationKind::kSilent) {
+    // The versions are the save's and the use's: later writes took their share of the count.
+    if (const size_t later = v.later_culprits.size(); later > 0) {
+      label += " and " + std::to_string(later) + (later == 1 ? " later write" : " later writes");
+    }
     label += " changed the version " + std::to_string(v.saved_version) + " -> " +
              std::to_string(v.current_version);
   } else if (v.evidence == SilentEvidence::kCounterReset && v.counter_reset) {
@@ -118,6 +122,13 @@ std::string FixHint(const Violation& v) {
   if (silent) {
     return "write through the tensor itself, not .data or another tensor over its memory "
            "(DLPack, numpy()), so autograd sees it; or .clone() the tensor before writing into it";
+  }
+  // An optimizer step, an EMA or a clamp of the weights, an activation scaled under no_grad:
+  // out of place, the tensor would lose its autograd history (what `torchrr fix` weighs too).
+  if (v.culprit && !v.culprit->grad_mode) {
+    return "move the write after backward() (a parameter's or buffer's update), or .clone() the "
+           "tensor where it is made, before autograd saves it; under no_grad, an out-of-place "
+           "op would cut the tensor from its graph";
   }
   const std::string name = v.culprit ? OpName(*v.culprit) : "the in-place op";
   std::string out_of_place = name;

@@ -280,6 +280,10 @@ TEST(AnalyzerTest, TwoModificationsGiveFirstCulpritAndLaterOnes) {
   EXPECT_EQ(v.later_culprits[0].user_frame->line, 13u);
   EXPECT_EQ(v.saved_version, 0u);
   EXPECT_EQ(v.current_version, 2u);
+  // The first write alone did not take the version from 0 to 2.
+  const std::string text = FormatText(report, /*color=*/false);
+  EXPECT_NE(text.find("aten::mul_ and 1 later write changed the version 0 -> 2"),
+            std::string::npos) << text;
 }
 
 // The in-place op runs two helper calls deep: torch's frames, then helpers.py, then train.py.
@@ -757,10 +761,30 @@ TEST(ReportTest, TextLeadsWithTheCulpritAndQuotesTheSource) {
   EXPECT_LT(culprit, victim);
   EXPECT_NE(text.find("torch.sigmoid(x)"), std::string::npos) << text;
   EXPECT_NE(text.find("SigmoidBackward0"), std::string::npos);
-  EXPECT_NE(text.find("help: make aten::mul_ out of place (aten::mul)"), std::string::npos) << text;
+  // Written under no_grad: out of place, y would lose its history.
+  EXPECT_NE(text.find("help: move the write after backward()"), std::string::npos) << text;
   EXPECT_EQ(text.find('\x1b'), std::string::npos);
   EXPECT_NE(FormatText(Analyze(b.records), /*color=*/true).find('\x1b'), std::string::npos);
   std::remove(path.c_str());
+}
+
+// With grad mode on, making the write out of place keeps the tensor in its graph: that is the
+// help; under no_grad (an optimizer step, a weight update) it is to move the write instead.
+TEST(ReportTest, HelpFollowsTheCulpritsGradMode) {
+  for (bool grad_mode : {true, false}) {
+    TraceBuilder b;
+    auto x = b.Leaf({4, 8});
+    auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+    b.Inplace("aten::mul_", y.out, {}, b.At(12), grad_mode);
+    b.Backward({y.node}, y.node, kSigmoidMessage);
+    const std::string text = FormatText(Analyze(b.records), /*color=*/false);
+    const std::string help = grad_mode ? "help: make aten::mul_ out of place (aten::mul), or "
+                                         ".clone() the tensor before modifying it"
+                                       : "help: move the write after backward() (a parameter's "
+                                         "or buffer's update), or .clone() the tensor where it is "
+                                         "made";
+    EXPECT_NE(text.find(help), std::string::npos) << text;
+  }
 }
 
 TEST(ReportTest, NothingToReportSaysSo) {

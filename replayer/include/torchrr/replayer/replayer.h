@@ -73,6 +73,7 @@ struct OpRef {
   // Not an op: a saved_tensors_hooks unpack hook, `stack` and `user_frame` its definition (id 0,
   // no name).
   bool hook = false;
+  bool grad_mode = true;         // GradMode at the op's start (OpRecord.grad_mode).
 };
 
 enum class ViolationKind : uint8_t {
