@@ -49,6 +49,9 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
     if (v->culprit) {
       out << "  culprit: " << Location(*v->culprit) << "\n"
           << CodeLine(sources, v->culprit) << "           " << CulpritLabel(*v) << "\n";
+      if (std::string library = LibraryLocation(*v->culprit); !library.empty()) {
+        out << "           run inside " << library << "\n";
+      }
     } else {
       out << "  culprit: not recorded (the write happened outside any recorded op)\n";
     }
@@ -58,6 +61,9 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
     }
     if (v->victim) {
       out << "  victim:  " << Location(*v->victim) << "\n" << CodeLine(sources, v->victim);
+      if (std::string library = LibraryLocation(*v->victim); !library.empty()) {
+        out << "           run inside " << library << "\n";
+      }
     }
     out << "  help: " << FixHint(*v) << "\n";
     if (count > 1) out << "  (" << TimesAndSteps(group) << ")\n";

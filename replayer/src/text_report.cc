@@ -65,6 +65,7 @@ class TextReport {
   void EmitUnrecordedWrite(const Violation& v);
   void EmitCandidates(const Violation& v);
   void EmitVictim(const Violation& v);
+  void EmitLibraryFrame(const OpRef& op);
   void EmitNeededBy(const Violation& v);
   void EmitGroup(const ViolationGroup& group);
   void EmitMessage(const std::string& lead, const std::string& message);
@@ -354,6 +355,7 @@ void TextReport::EmitCulprit(const Violation& v) {
   Arrow() << Location(*v.culprit) << "\n";
   std::string label = CulpritLabel(v);
   if (!EmitSourceQuote(*v.culprit, label)) Fact() << "culprit: " << label << "\n";
+  EmitLibraryFrame(*v.culprit);
   if (v.evidence == SilentEvidence::kFingerprint) EmitCandidates(v);
 }
 
@@ -445,6 +447,14 @@ void TextReport::EmitVictim(const Violation& v) {
   }
   Note() << "saved here by " << OpName(*v.victim) << " at " << Location(*v.victim) << "\n";
   EmitSourceQuote(*v.victim, "saved by " + OpName(*v.victim));
+  EmitLibraryFrame(*v.victim);
+}
+
+// The library code that ran an op the quoted line only called:
+//      = run inside transformers/activations.py:84 in SiLUActivation.forward
+void TextReport::EmitLibraryFrame(const OpRef& op) {
+  const std::string library = LibraryLocation(op);
+  if (!library.empty()) Fact() << "run inside " << library << "\n";
 }
 
 // The node that needed the tensor, and which of its saved members it was:

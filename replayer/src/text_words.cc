@@ -21,6 +21,28 @@ std::string Location(const OpRef& op) {
   return s;
 }
 
+std::string LibraryLocation(const OpRef& op) {
+  for (const Frame& f : op.stack) {
+    if (!f.framework) return "";  // The user frame: nothing ran the op on its behalf.
+    if (!f.python) continue;
+    size_t at = f.file.find("/site-packages/");
+    if (at == std::string::npos) at = f.file.find("/dist-packages/");  // Debian's Python.
+    if (at == std::string::npos) continue;  // The standard library's, a generated file.
+    const std::string path = f.file.substr(at + std::string_view("/site-packages/").size());
+    const std::string package = path.substr(0, path.find('/'));
+    // torch's own frames (and torchrr's) are how every op is called, not where.
+    if (package == "torch" || package == "torchrr" || package == "functorch" ||
+        package == "triton") {
+      continue;
+    }
+    std::string s = Printable(path);
+    if (f.line != 0) s += ":" + std::to_string(f.line);
+    if (!f.function.empty()) s += " in " + Printable(f.function);
+    return s;
+  }
+  return "";
+}
+
 std::string Unindented(const std::string& line) {
   const size_t indent = line.find_first_not_of(" \t");
   return indent == std::string::npos ? "" : Printable(line.substr(indent));

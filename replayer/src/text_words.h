@@ -17,6 +17,13 @@ std::string OpName(const OpRef& op);
 // "train.py:12 in forward"; "<no user frame recorded>" without a user frame.
 std::string Location(const OpRef& op);
 
+// Where a third-party library (transformers, peft, accelerate: a package under site-packages
+// other than torch) ran the op that its user frame only called (a model's forward under
+// Trainer.train()): "transformers/activations.py:84 in SiLUActivation.forward", the innermost such
+// frame before the user frame; "" when the user frame called torch directly, or the op has no
+// Python stack.
+std::string LibraryLocation(const OpRef& op);
+
 // A quoted source line without its indentation, printable; "" for a blank line.
 std::string Unindented(const std::string& line);
 

@@ -286,6 +286,34 @@ TEST(AnalyzerTest, TwoModificationsGiveFirstCulpritAndLaterOnes) {
             std::string::npos) << text;
 }
 
+// A model's forward under Trainer.train(): the user frame is the train() line, and the report
+// also names the library line that ran the op; a write the user's line made itself gets none.
+TEST(AnalyzerTest, LibraryFrameThatRanTheOpIsNamed) {
+  TraceBuilder b;
+  const std::string site = "/venv/lib/python3.11/site-packages/";
+  auto x = b.Leaf({4, 8});
+  auto saved_at = b.Stack({{site + "torch/nn/modules/module.py", 1775, "_call_impl", true},
+                           {site + "transformers/activations.py", 103, "SiLUActivation.forward",
+                            true},
+                           {site + "transformers/trainer.py", 2000, "Trainer.train", true},
+                           {"train.py", 21, "<module>", false}});
+  auto y = b.Forward("aten::silu", "SiluBackward0", {x}, {{"self", x}}, saved_at);
+  b.Inplace("aten::mul_", x, {}, b.At(11, "train.py", "scale_hook"), false);
+  b.Backward({y.node}, y.node);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const Violation& v = report.violations[0];
+  ASSERT_TRUE(v.victim && v.victim->user_frame);
+  EXPECT_EQ(v.victim->user_frame->line, 21u);
+  const std::string text = FormatText(report, /*color=*/false);
+  const std::string library =
+      "= run inside transformers/activations.py:103 in SiLUActivation.forward";
+  const size_t at = text.find(library);
+  EXPECT_NE(at, std::string::npos) << text;
+  EXPECT_GT(at, text.find("note: saved here by aten::silu")) << text;  // The victim's, only.
+  EXPECT_EQ(text.find("run inside", at + library.size()), std::string::npos) << text;
+}
+
 // The in-place op runs two helper calls deep: torch's frames, then helpers.py, then train.py.
 TEST(AnalyzerTest, UserFrameIsTheFirstNonFrameworkFrame) {
   TraceBuilder b;
