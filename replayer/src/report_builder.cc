@@ -63,7 +63,7 @@ bool IsBackwardCallFrame(const Frame& f) {
 // The first frame outside framework code; null for none.
 const Frame* FirstUserFrameOf(const std::vector<Frame>& stack) {
   for (const Frame& f : stack) {
-    if (!f.framework && (!f.file.empty() || !f.function.empty())) return &f;
+    if (IsUserFrame(f)) return &f;
   }
   return nullptr;
 }

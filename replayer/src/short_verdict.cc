@@ -29,6 +29,13 @@ std::string CodeLine(SourceCache& sources, const std::optional<OpRef>& op) {
          code + "\n";
 }
 
+// "           run inside transformers/activations.py:103 in SiLUActivation.forward" under an op
+// that a library ran for its line (LibraryLocation); "" when none did.
+std::string RunInside(const OpRef& op) {
+  const std::string library = LibraryLocation(op);
+  return library.empty() ? "" : "           run inside " + library + "\n";
+}
+
 }  // namespace
 
 std::string FormatShortVerdict(const Report& report, const std::string& trace) {
@@ -48,10 +55,8 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
     const size_t count = group.violations.size();
     if (v->culprit) {
       out << "  culprit: " << Location(*v->culprit) << "\n"
-          << CodeLine(sources, v->culprit) << "           " << CulpritLabel(*v) << "\n";
-      if (std::string library = LibraryLocation(*v->culprit); !library.empty()) {
-        out << "           run inside " << library << "\n";
-      }
+          << CodeLine(sources, v->culprit) << "           " << CulpritLabel(*v) << "\n"
+          << RunInside(*v->culprit);
     } else {
       out << "  culprit: not recorded (the write happened outside any recorded op)\n";
     }
@@ -60,10 +65,8 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
           << CodeLine(sources, v->changed_source);
     }
     if (v->victim) {
-      out << "  victim:  " << Location(*v->victim) << "\n" << CodeLine(sources, v->victim);
-      if (std::string library = LibraryLocation(*v->victim); !library.empty()) {
-        out << "           run inside " << library << "\n";
-      }
+      out << "  victim:  " << Location(*v->victim) << "\n" << CodeLine(sources, v->victim)
+          << RunInside(*v->victim);
     }
     out << "  help: " << FixHint(*v) << "\n";
     if (count > 1) out << "  (" << TimesAndSteps(group) << ")\n";

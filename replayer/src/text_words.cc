@@ -1,5 +1,8 @@
 #include "text_words.h"
 
+#include <string>
+#include <string_view>
+
 #include "torchrr/replayer/printable.h"
 
 namespace torchrr::replayer {
@@ -23,12 +26,17 @@ std::string Location(const OpRef& op) {
 
 std::string LibraryLocation(const OpRef& op) {
   for (const Frame& f : op.stack) {
-    if (!f.framework) return "";  // The user frame: nothing ran the op on its behalf.
-    if (!f.python) continue;
-    size_t at = f.file.find("/site-packages/");
-    if (at == std::string::npos) at = f.file.find("/dist-packages/");  // Debian's Python.
-    if (at == std::string::npos) continue;  // The standard library's, a generated file.
-    const std::string path = f.file.substr(at + std::string_view("/site-packages/").size());
+    if (IsUserFrame(f)) return "";  // Reached the user frame: no library ran the op for it.
+    if (!f.python || !f.framework) continue;
+    std::string path;
+    // Debian's Python installs packages under dist-packages.
+    for (std::string_view packages : {"/site-packages/", "/dist-packages/"}) {
+      if (size_t at = f.file.find(packages); at != std::string::npos) {
+        path = f.file.substr(at + packages.size());
+        break;
+      }
+    }
+    if (path.empty()) continue;  // The standard library's, a generated file.
     const std::string package = path.substr(0, path.find('/'));
     // torch's own frames (and torchrr's) are how every op is called, not where.
     if (package == "torch" || package == "torchrr" || package == "functorch" ||

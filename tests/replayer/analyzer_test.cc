@@ -292,7 +292,9 @@ TEST(AnalyzerTest, LibraryFrameThatRanTheOpIsNamed) {
   TraceBuilder b;
   const std::string site = "/venv/lib/python3.11/site-packages/";
   auto x = b.Leaf({4, 8});
-  auto saved_at = b.Stack({{site + "torch/nn/modules/module.py", 1775, "_call_impl", true},
+  // A frame nothing could name (an unsymbolized one) is nobody's line, not the user frame.
+  auto saved_at = b.Stack({{"", 0, "", false},
+                           {site + "torch/nn/modules/module.py", 1775, "_call_impl", true},
                            {site + "transformers/activations.py", 103, "SiLUActivation.forward",
                             true},
                            {site + "transformers/trainer.py", 2000, "Trainer.train", true},

@@ -49,6 +49,12 @@ struct Frame {
   std::string generated_function;
 };
 
+// A frame of the user's code: not framework code (torch, site-packages, the runtime, torchrr),
+// and named (a native frame nothing could symbolize is nobody's line).
+inline bool IsUserFrame(const Frame& f) {
+  return !f.framework && (!f.file.empty() || !f.function.empty());
+}
+
 // Where in the user's code an op was called: the first frame, innermost first, that is not
 // framework code (torch, the runtime, torchrr).
 struct UserFrame {
