@@ -64,26 +64,7 @@ def main():
     parser.add_argument("--verify-saved", action="store_true",
                         help="also time torchrr with --verify-saved")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model = peft_lora.build_model(args).to(getattr(torch, args.dtype))
-    model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    input_ids = torch.randint(1, args.vocab, (args.batch, args.seq))
-    input_ids = input_ids.to(args.device)
-    cuda = args.device == "cuda"
-
-    def step():
-        logits = model(input_ids=input_ids).logits
-        loss = peft_lora.next_token_loss(logits, input_ids)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    tmp = tempfile.mkdtemp(prefix="torchrr_bench_peft_")
+    # Checked before the model is built; the traces go into `tmp`, made below.
     available = {
         "plain": ("plain", contextlib.nullcontext),
         "torchrr": ("torchrr (Python stacks)",
@@ -110,6 +91,26 @@ def main():
     if unknown:
         parser.error(f"--configs: unknown {', '.join(unknown)} "
                      f"(known: {', '.join(available)})")
+    torch.set_num_threads(args.threads)
+    model = peft_lora.build_model(args).to(getattr(torch, args.dtype))
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    input_ids = torch.randint(1, args.vocab, (args.batch, args.seq))
+    input_ids = input_ids.to(args.device)
+    cuda = args.device == "cuda"
+
+    def step():
+        logits = model(input_ids=input_ids).logits
+        loss = peft_lora.next_token_loss(logits, input_ids)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    tmp = tempfile.mkdtemp(prefix="torchrr_bench_peft_")
     if "plain" not in wanted:
         wanted.insert(0, "plain")
     configs = dict(available[name] for name in wanted)
