@@ -10,6 +10,7 @@
 #include "container.h"
 #include "record_codec.h"
 #include "torchrr/format/reader.h"
+#include "torchrr/format/version.h"
 
 namespace torchrr::format {
 namespace {
@@ -133,15 +134,6 @@ class TraceWriter::Impl {
   size_t pending_raw_bytes() const { return batch_.records() == 0 ? 0 : batch_.raw_size(); }
 
  private:
-  // The oldest reader that can read what this writer writes: 1.0, or 1.15 for step coding, which
-  // earlier readers would decode into wrong times, sequence numbers and ids without noticing
-  // (1.10 readers do not know 1.11's recent ids: they would decode them as 0; 1.12 readers do not
-  // know 1.13's batch coding 3), or refuse as corrupt (1.11 readers do not know 1.12's record
-  // offset deltas; 1.13 readers, 1.14's batch coding 4; 1.14 readers, 1.15's batch coding 5).
-  static constexpr uint16_t kOldestReaderMajor = 1;
-  static constexpr uint16_t kOldestReaderMinor = 0;
-  static constexpr uint16_t kOldestStepCodingReaderMinor = 15;
-
   // A record with at most this many elements in its strings and vectors takes well under 1 MiB
   // encoded: it cannot take a chunk below kMaxChunkTargetBytes near kMaxChunkBytes. Only the
   // others are looked at closer.

@@ -25,12 +25,9 @@
 
 #include "torchrr/format/records.h"
 #include "torchrr/format/status.h"
+#include "torchrr/format/version.h"
 
 namespace torchrr::format {
-
-// The format version this build writes and reads. Major: breaking; minor: additive.
-inline constexpr uint16_t kFormatMajor = 1;
-inline constexpr uint16_t kFormatMinor = 15;
 
 struct FileHeader {
   uint16_t major = 0;
