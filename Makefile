@@ -21,9 +21,12 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 	@tools/install_into_venv.sh $(BUILD)
 
+# The Python tests on JOBS workers (docs/testing.md): `make test PYTEST_ARGS=tests/python/replay`
+# runs one area, PYTEST_ARGS='tests -k sigmoid_mul' the tests whose names match.
+PYTEST_ARGS ?= tests
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 demo: build
 	@BUILD=$(BUILD) tools/demo.sh
