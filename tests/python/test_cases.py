@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import torchrr
-from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, record, same_file,
-                      trace_order_problems)
+from conftest import (PYTORCH_INPLACE, marker_line, marker_lines, needs_build, record_warm,
+                      same_file, trace_order_problems)
 
 CASES = Path(__file__).parent / "cases"
 TAGS = {"hooks", "save_on_cpu", "checkpoint", "reentrant", "non_reentrant", "recomputation",
@@ -79,7 +79,7 @@ def test_case(script, all_ops, tmp_path):
     flags = ["--verify-saved"] if expect.get("verify_saved") == "1" else []
     if all_ops:
         flags.append("--all-ops")
-    proc = record(trace, [sys.executable, script], flags=flags)
+    proc = record_warm(trace, [sys.executable, script], flags=flags)
     report = torchrr.replay(trace)
     assert report.trace.get("status") == "ok", report.trace
     expect = expectations(script, report.trace.get("torch", ""))

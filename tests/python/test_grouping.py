@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import torchrr
-from conftest import cli, marker_line, needs_build, record
+from conftest import cli, marker_line, needs_build, record_warm
 
 pytestmark = needs_build
 
@@ -58,7 +58,7 @@ def test_one_diagnostic_names_its_modules_and_steps(tmp_path):
     script = tmp_path / "layers.py"
     script.write_text(LAYERS)
     trace = tmp_path / "layers.trr"
-    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    proc = record_warm(trace, [sys.executable, script], flags=("--quiet",))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(_replay(trace, "--json").stdout)
     violations = report["violations"]
@@ -115,7 +115,7 @@ def test_compiled_modules_are_unchanged_and_eager_ops_named(tmp_path):
     script = tmp_path / "compiled.py"
     script.write_text(COMPILED)
     trace = tmp_path / "compiled.trr"
-    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    proc = record_warm(trace, [sys.executable, script], flags=("--quiet",))
     assert "graph breaks: 0" in proc.stdout, proc.stdout + proc.stderr
     # torch's warning about global module hooks is about torchrr's own: not the program's output.
     assert "global hooks" not in proc.stderr, proc.stderr
@@ -159,7 +159,7 @@ def test_recomputed_layers_keep_their_module_paths(tmp_path):
     script = tmp_path / "checkpointed.py"
     script.write_text(CHECKPOINTED)
     trace = tmp_path / "checkpointed.trr"
-    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    proc = record_warm(trace, [sys.executable, script], flags=("--quiet",))
     assert proc.returncode == 0, proc.stderr
     dump = subprocess.run([cli(), "dump", "--json", str(trace)], capture_output=True, text=True,
                           timeout=60)
@@ -204,7 +204,7 @@ def test_a_module_called_from_its_owners_method_is_named_under_it(tmp_path):
     script = tmp_path / "method.py"
     script.write_text(CALLED_FROM_A_METHOD)
     trace = tmp_path / "method.trr"
-    proc = record(trace, [sys.executable, script], flags=("--quiet",))
+    proc = record_warm(trace, [sys.executable, script], flags=("--quiet",))
     assert proc.returncode != 0 and "modified by an inplace operation" in proc.stderr
     [violation] = torchrr.replay(trace).violations
     assert violation.culprit.user_frame.line == marker_line(script, "CULPRIT")

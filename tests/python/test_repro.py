@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTORCH_INPLACE, cli, needs_build, record
+from conftest import PYTORCH_INPLACE, cli, needs_build, record, record_warm
 
 pytestmark = needs_build
 
@@ -60,7 +60,7 @@ def _recorded(tmp_path, source):
     script = tmp_path / "bug.py"
     script.write_text(source)
     trace = tmp_path / "bug.trr"
-    proc = record(trace, [sys.executable, script])
+    proc = record_warm(trace, [sys.executable, script])
     return trace, proc
 
 
@@ -237,7 +237,7 @@ def test_an_unpack_hooks_tensor_raises_the_same_error(tmp_path, case):
 @pytest.mark.parametrize("case", ["ctypes_write", "numpy_write"])
 def test_a_write_no_recorded_op_made_gets_a_stand_in_write(tmp_path, case):
     trace = tmp_path / "bug.trr"
-    record(trace, [sys.executable, CASES / f"{case}.py"], flags=["--verify-saved"])
+    record_warm(trace, [sys.executable, CASES / f"{case}.py"], flags=["--verify-saved"])
     out = tmp_path / "repro.py"
     made = _repro(trace, out)
     assert made.returncode == 0, made.stderr

@@ -6,7 +6,7 @@ import sys
 import textwrap
 
 import torchrr
-from conftest import marker_line, needs_build, record
+from conftest import marker_line, needs_build, record_warm
 
 pytestmark = needs_build
 
@@ -50,7 +50,7 @@ def _violations(tmp_path, source, name):
     script = tmp_path / f"{name}.py"
     script.write_text(source)
     trace = tmp_path / f"{name}.trr"
-    proc = record(trace, [sys.executable, script])
+    proc = record_warm(trace, [sys.executable, script])
     assert proc.returncode == 0, proc.stderr
     return script, torchrr.replay(trace).violations
 

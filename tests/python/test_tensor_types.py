@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import cli, needs_build, record
+from conftest import cli, needs_build, record_warm
 
 pytestmark = needs_build
 
@@ -31,7 +31,7 @@ def test_unusual_tensors_do_not_stop_the_recording(tmp_path):
     script = tmp_path / "types.py"
     script.write_text(SCRIPT)
     trace = tmp_path / "run.trr"
-    proc = record(trace, [sys.executable, script])
+    proc = record_warm(trace, [sys.executable, script])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "done"
     assert "recording stopped" not in proc.stderr, proc.stderr
