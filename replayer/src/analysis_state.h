@@ -95,7 +95,9 @@ struct Bump {
 struct CounterState {
   uint32_t first_version = 0;  // version_before at its first recorded use.
   uint64_t first_seq = 0;      // The record that first used it.
-  format::ObjectId first_tensor = 0;  // The tensor of that use: its views came later.
+  // The first tensor seen with it that requires grad (GradientCutWatch): a view made of it
+  // under no_grad reads as a leaf that requires grad, and is not a parameter.
+  format::ObjectId first_grad_tensor = 0;
   uint32_t last_version = 0;   // Latest version seen: the highest since the last reset.
   // The first op to show last_version at its end, and when it ended: an op that starts later
   // and sees a lower version saw a reset, not a race between threads.

@@ -346,7 +346,6 @@ void Analyzer::Impl::TrackVersions(const format::OpRecord& r) {
     CounterState& counter = GetCounter(counter_id);
     if (!counter.seen) {
       counter.seen = true;
-      counter.first_tensor = use.tensor;
       counter.first_version = use.version_before;
       counter.last_version = use.version_before;
     } else if (use.version_before < counter.last_version && counter.last_op != 0 &&

@@ -198,7 +198,13 @@ void GradientCutWatch::NoteParameterUse(const format::OpRecord& r, const format:
       p.named_by_argument = true;
     }
   }
-  if (!r.grad_mode && p.cut == 0) p.cut = NewCut(r, NoGradCause(r));
+  if (!r.grad_mode) {
+    const uint32_t cut = NewCut(r, NoGradCause(r));
+    if (std::find(p.cuts.begin(), p.cuts.end(), cut) == p.cuts.end()) {
+      if (p.cuts.size() == Parameter::kMaxCuts) p.cuts.erase(p.cuts.begin());
+      p.cuts.push_back(cut);
+    }
+  }
 }
 
 void GradientCutWatch::OnOp(const format::OpRecord& r) {
@@ -215,14 +221,11 @@ void GradientCutWatch::OnOp(const format::OpRecord& r) {
     if (slot == IdIndex::kAbsent) continue;
     const TensorState& t = state_.tensors[slot];
     bool parameter = t.is_leaf && t.requires_grad;
-    if (parameter) {
-      // A view made under no_grad reads as a leaf that requires grad too; it shares its base's
-      // version counter, which the base was seen with first.
-      const CounterState* counter = state_.FindCounter(t.counter);
-      if (counter != nullptr && counter->first_tensor != use.tensor) {
-        parameter = false;
-        Set(slot, CutOf(slot));
-      }
+    if (parameter && !OwnsCounter(t, use.tensor)) {
+      // A view made under no_grad reads as a leaf that requires grad too; it shares the
+      // version counter of its base, which required grad before it.
+      parameter = false;
+      Set(slot, CutOf(slot));
     }
     if (parameter) NoteParameterUse(r, use);
     if (!parameter && !Tainted(slot)) continue;
@@ -243,6 +246,7 @@ void GradientCutWatch::OnOp(const format::OpRecord& r) {
     if (slot == IdIndex::kAbsent) continue;
     const TensorState& t = state_.tensors[slot];
     if (t.requires_grad) {
+      OwnsCounter(t, use.tensor);
       Set(slot, 0);  // Computed from a leaf that requires grad, and still carrying it.
     } else if (tainted_input && IsFloating(t.dtype)) {
       uint32_t cut = input_cut;
@@ -284,6 +288,15 @@ ObjectId GradientCutWatch::CheckpointAround(ObjectId op) const {
     op = info->parent;
   }
   return 0;
+}
+
+bool GradientCutWatch::OwnsCounter(const TensorState& t, ObjectId tensor) {
+  if (t.counter == 0) return true;
+  uint32_t slot = state_.index.Find(t.counter, IdKind::kCounter);
+  if (slot == IdIndex::kAbsent) return true;
+  ObjectId& first = state_.counters[slot].first_grad_tensor;
+  if (first == 0) first = tensor;
+  return first == tensor;
 }
 
 uint64_t GradientCutWatch::UserLineOf(ObjectId op) const {
@@ -336,7 +349,13 @@ void GradientCutWatch::Finish() {
     std::vector<ObjectId> ids;
     for (ObjectId id : parameter_order_) {
       const Parameter& p = parameters_.at(id);
-      if (p.cut != 0 && !reached.contains(id) && group_of(p.cut) == group) ids.push_back(id);
+      if (reached.contains(id)) continue;
+      for (uint32_t cut : p.cuts) {
+        if (group_of(cut) == group) {
+          ids.push_back(id);
+          break;
+        }
+      }
     }
     return ids;
   };
@@ -369,18 +388,24 @@ void GradientCutWatch::Finish() {
   }
   // A backward that ran and never reached parameters a reentrant checkpoint cut off.
   if (state_.pass_count == 0) return;
-  std::vector<std::pair<uint64_t, uint8_t>> groups;
+  std::vector<std::pair<std::pair<uint64_t, uint8_t>, uint32_t>> groups;  // With a cut of each.
   for (ObjectId id : parameter_order_) {
     const Parameter& p = parameters_.at(id);
-    if (p.cut == 0 || reached.contains(id)) continue;
-    if (cuts_[p.cut - 1].cause != CutCause::kReentrantCheckpoint) continue;
-    auto group = group_of(p.cut);
-    if (group == raised_group) continue;
-    if (std::find(groups.begin(), groups.end(), group) == groups.end()) groups.push_back(group);
+    if (reached.contains(id)) continue;
+    for (uint32_t cut : p.cuts) {
+      if (cuts_[cut - 1].cause != CutCause::kReentrantCheckpoint) continue;
+      auto group = group_of(cut);
+      if (group == raised_group) continue;
+      if (std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+            return g.first == group;
+          }) == groups.end()) {
+        groups.emplace_back(group, cut);
+      }
+    }
   }
-  for (const auto& group : groups) {
+  for (const auto& [group, cut_index] : groups) {
     std::vector<ObjectId> ids = unreached_in(group);
-    const Cut& c = cuts_[parameters_.at(ids.front()).cut - 1];
+    const Cut& c = cuts_[cut_index - 1];
     CutFinding finding;
     finding.cause = c.cause;
     finding.op = c.op;

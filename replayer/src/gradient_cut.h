@@ -67,7 +67,10 @@ class GradientCutWatch {
     std::string name;
     format::InternId module = 0;
     bool named_by_argument = false;
-    uint32_t cut = 0;  // First op that used it under no_grad: index + 1 in cuts_, 0 none.
+    // The places that used it under no_grad (index + 1 in cuts_), the latest kMaxCuts distinct:
+    // its initialisation, a checkpoint's forward, an optimizer's update.
+    static constexpr size_t kMaxCuts = 4;
+    std::vector<uint32_t> cuts;
   };
   struct RaisedError {
     std::string message;
@@ -85,6 +88,9 @@ class GradientCutWatch {
   // What tells two cuts' places apart: the op's user line (file and line of its first frame
   // that is not framework code), else its stack, else the op.
   uint64_t UserLineOf(format::ObjectId op) const;
+  // Whether `tensor` (which requires grad, with metadata `t`) is the first tensor that requires
+  // grad seen with its version counter, noting it when it is.
+  bool OwnsCounter(const TensorState& t, format::ObjectId tensor);
   // The CheckpointFunction op `op` ran inside, 0 when none.
   format::ObjectId CheckpointAround(format::ObjectId op) const;
   std::vector<uint32_t> ParametersOf(uint32_t cut_index,
