@@ -340,10 +340,14 @@ void GradientCutWatch::Finish() {
     if (node.variable != 0 && node.last_pass != UINT64_MAX) reached[node.variable] = true;
   }
   // Frozen since (requires_grad_(False) after it was used, as when a model is built and then
-  // its base frozen): not trainable, whatever it was then.
+  // its base frozen): not trainable, whatever it was then. And only what an op takes as a
+  // module's weight or bias is named a parameter: a view of an activation that a checkpoint's
+  // no_grad forward made reads as a leaf that requires grad too.
   for (ObjectId id : parameter_order_) {
     const TensorState* t = state_.FindTensor(id);
-    if (t == nullptr || !t->requires_grad) reached[id] = true;
+    if (t == nullptr || !t->requires_grad || !parameters_.at(id).named_by_argument) {
+      reached[id] = true;
+    }
   }
   auto unreached_in = [&](std::pair<uint64_t, uint8_t> group) {
     std::vector<ObjectId> ids;
