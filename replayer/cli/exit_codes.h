@@ -37,6 +37,9 @@ inline constexpr int kExitNotReproduced = 13;
 // A verb that reads a trace needed more memory than its bound (memory_limit.h): a hostile or
 // damaged trace, or --max-memory too low.
 inline constexpr int kExitMemory = 14;
+// replay: no violation, but the gradient stopped: backward raised "does not require grad", or
+// trainable parameters got no gradient from a backward that ran (Report::gradient_cuts).
+inline constexpr int kExitGradientCut = 15;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -64,6 +67,9 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
     {kExitNoRepro, "repro: no violation to reproduce, or one a script cannot express"},
     {kExitNotReproduced, "repro --check: the script ran and did not reproduce the violation"},
     {kExitMemory, "the trace needs more memory than the verb's bound (--max-memory)"},
+    {kExitGradientCut,
+     "replay: the gradient stopped: backward found no path to the loss, or trainable parameters "
+     "got no gradient"},
     {kExitNotRun, "record: the program could not be run"},
 };
 
@@ -107,11 +113,14 @@ constexpr int ExitCodeFor(format::StatusCode code) {
 // error of the program it kept, it holds no verdict), then violations; 0 only for a whole trace
 // of a whole recording with ops and no violation. Violations found in a damaged or incomplete
 // recording are reported all the same; the code says the verdict covers only part of the run.
-constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations, bool empty) {
+// A gradient cut (`gradient_cut`) without violations is 15.
+constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations, bool empty,
+                             bool gradient_cut = false) {
   if (read_code != 0) return read_code;
   if (incomplete) return kExitIncomplete;
   if (empty) return kExitEmpty;
-  return violations ? kExitViolations : kExitOk;
+  if (violations) return kExitViolations;
+  return gradient_cut ? kExitGradientCut : kExitOk;
 }
 
 }  // namespace torchrr::cli

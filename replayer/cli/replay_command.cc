@@ -86,6 +86,9 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
              (n != 0 ? std::to_string(n) + " violation" + (n == 1 ? "" : "s")
               : !report.unexplained_errors.empty() || report.program_error
                   ? "an error torchrr does not explain"
+              : !report.gradient_cuts.empty()
+                  ? "the gradient stopped at " + std::to_string(report.gradient_cuts.size()) +
+                        " place" + (report.gradient_cuts.size() == 1 ? "" : "s")
               : report.ops == 0 ? "no op recorded"
                                 : "no violation") +
              (code != format::StatusCode::kOk ? ", trace " + std::string(StatusName(code))
@@ -97,8 +100,10 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
   const bool found = !report.violations.empty() || !report.unexplained_errors.empty() ||
                      report.program_error.has_value();
   // A window with nothing in it is no clean bill for the steps it did not keep.
-  replayed->exit_code = ReplayExitCode(
-      read_code, report.incomplete() || (report.window() && !found), found, report.ops == 0);
+  const bool cut = !report.gradient_cuts.empty();
+  replayed->exit_code =
+      ReplayExitCode(read_code, report.incomplete() || (report.window() && !found && !cut), found,
+                     report.ops == 0, cut);
   if (options.format == ReplayFormat::kGnu || options.format == ReplayFormat::kSarif) {
     replayed->report = std::move(report);
   }
@@ -109,10 +114,11 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
 // then a trace with no op, then violations.
 int Severity(int exit_code) {
   if (exit_code == kExitOk) return 0;
-  if (exit_code == kExitViolations) return 1;
-  if (exit_code == kExitEmpty) return 2;
-  if (exit_code == kExitIncomplete) return 3;
-  return 4;
+  if (exit_code == kExitGradientCut) return 1;
+  if (exit_code == kExitViolations) return 2;
+  if (exit_code == kExitEmpty) return 3;
+  if (exit_code == kExitIncomplete) return 4;
+  return 5;
 }
 
 }  // namespace

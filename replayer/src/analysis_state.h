@@ -95,6 +95,9 @@ struct Bump {
 struct CounterState {
   uint32_t first_version = 0;  // version_before at its first recorded use.
   uint64_t first_seq = 0;      // The record that first used it.
+  // The first tensor seen with it that requires grad (GradientCutWatch): a view made of it
+  // under no_grad reads as a leaf that requires grad, and is not a parameter.
+  format::ObjectId first_grad_tensor = 0;
   uint32_t last_version = 0;   // Latest version seen: the highest since the last reset.
   // The first op to show last_version at its end, and when it ended: an op that starts later
   // and sees a lower version saw a reset, not a race between threads.
@@ -245,6 +248,25 @@ struct RestoredUse {
   uint64_t pass = 0;
 };
 
+// A gradient cut as found (GradientCutWatch), resolved into a GradientCut by BuildReport.
+struct CutFinding {
+  CutCause cause = CutCause::kNoGrad;
+  format::ObjectId op = 0;          // The op that cut the path (innermost); 0 for kNoParameter.
+  format::ObjectId checkpoint = 0;  // kReentrantCheckpoint: the CheckpointFunction's op.
+  bool raised = false;
+  format::ObjectId loss_op = 0;
+  std::string message;
+  // The parameters it kept from backward (tensor ids, with what BuildReport names them by).
+  struct Parameter {
+    format::ObjectId tensor = 0;
+    std::string name;
+    format::InternId module = 0;
+  };
+  std::vector<Parameter> parameters;
+  uint64_t parameter_count = 0;
+  uint64_t backward_passes = 0;
+};
+
 struct AnalysisState {
   uint64_t seq = 0;  // The record being analyzed, from 1.
 
@@ -291,6 +313,8 @@ struct AnalysisState {
 
   // What the analysis found, in the order autograd met (or would have met) it.
   std::vector<Finding> findings;
+  // Where the gradient stopped (GradientCutWatch::Finish).
+  std::vector<CutFinding> cut_findings;
   // Writes to parameters (leaves that require grad), in record order.
   struct ParameterWrite {
     uint64_t seq = 0;

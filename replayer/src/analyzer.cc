@@ -24,6 +24,7 @@
 #include "analysis_state.h"
 #include "backward_replay.h"
 #include "content_lineage.h"
+#include "gradient_cut.h"
 #include "report_builder.h"
 #include "silent_writes.h"
 #include "torchrr/format/step_rule.h"
@@ -110,6 +111,7 @@ class Analyzer::Impl {
   ContentLineage lineage_{state_};
   SilentWriteWatch silent_{state_};
   BackwardReplay backward_{state_, silent_};
+  GradientCutWatch cut_{state_};
   bool finished_ = false;
 
   // Per thread, the open ops that already have ended children, innermost last. Ops nest properly
@@ -171,6 +173,7 @@ void Analyzer::Impl::Add(const format::Record& record) {
 Report Analyzer::Impl::Finish() {
   if (finished_) return {};
   backward_.Finish();
+  cut_.Finish();
   finished_ = true;
   Report report = BuildReport(state_);
   report.sources = std::move(state_.sources);
@@ -204,6 +207,7 @@ void Analyzer::Impl::On(const format::StringDef& r) {
   if (r.text == "detach_") detach_inner_name_ = r.id;
   if (r.text == "aten::detach") detach_name_ = r.id;
   if (r.text == "aten::_has_compatible_shallow_copy_type") shallow_copy_check_name_ = r.id;
+  cut_.OnString(r);
   Put(state_.strings, r.id, Shortened(r.text));
 }
 
@@ -279,6 +283,7 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   }
   if (r.threw && r.scope == OpScope::kFunction) NoteThrew(r);
   silent_.OnOp(r);
+  cut_.OnOp(r);
   if (r.scope == OpScope::kBackwardFunction) {
     backward_.OnBackwardOp(r, subtree_first);
   } else {
@@ -561,6 +566,7 @@ void Analyzer::Impl::On(const format::ErrorRecord& r) {
     }
     return;
   }
+  cut_.OnError(r);
   if (r.message.find(kVersionErrorPhrase) == std::string::npos) {
     if (r.kind == format::ErrorKind::kCppException && r.op != 0) {
       state_.other_op_errors.emplace_back(r.op, r.message);

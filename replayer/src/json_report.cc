@@ -174,6 +174,33 @@ json ProgramErrorJson(const Report& report) {
           {"op", e.op.id == 0 ? json(nullptr) : OpJson(e.op)}};
 }
 
+// Where the gradient stopped: [{"cause", "raised", "op", "checkpoint", "loss", "message",
+// "parameters": [{"id", "name", "module", "shape"}], "parameter_count", "summary",
+// "backward_passes", "help"}].
+json GradientCutsJson(const Report& report) {
+  json cuts = json::array();
+  for (const GradientCut& cut : report.gradient_cuts) {
+    json parameters = json::array();
+    for (const CutParameter& p : cut.parameters) {
+      parameters.push_back(
+          {{"id", p.id}, {"name", p.name}, {"module", p.module}, {"shape", p.shape}});
+    }
+    cuts.push_back({{"cause", CutCauseName(cut.cause)},
+                    {"raised", cut.raised},
+                    {"op", OptionalOpJson(cut.op)},
+                    {"checkpoint", OptionalOpJson(cut.checkpoint)},
+                    {"loss", OptionalOpJson(cut.loss)},
+                    {"message", cut.pytorch_message.empty() ? json(nullptr)
+                                                            : json(cut.pytorch_message)},
+                    {"parameters", std::move(parameters)},
+                    {"parameter_count", cut.parameter_count},
+                    {"summary", cut.summary},
+                    {"backward_passes", cut.backward_passes},
+                    {"help", cut.help}});
+  }
+  return cuts;
+}
+
 // The violations that are one diagnostic: [{"violations": [index, ...], "count", "steps"}].
 json GroupsJson(const Report& report) {
   json groups = json::array();
@@ -229,6 +256,7 @@ nlohmann::json ToJson(const Report& report) {
           {"unexplained_errors", UnexplainedErrorsJson(report)},
           {"program_error", ProgramErrorJson(report)},
           {"restored_writes", RestoredWritesJson(report)},
+          {"gradient_cuts", GradientCutsJson(report)},
           {"warnings", report.warnings}};
 }
 

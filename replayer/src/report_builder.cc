@@ -1,5 +1,6 @@
 // What the analysis found, in the user's words; see report_builder.h.
 #include "report_builder.h"
+#include "gradient_cut.h"
 
 #include <algorithm>
 #include <charconv>
@@ -129,6 +130,7 @@ class ReportBuilder {
     report.groups = GroupViolations(report.violations);
     AddWarnings(report);
     AddUnexplainedErrors(report);
+    AddGradientCuts(report);
     AddProgramError(report);
     AddRestored(report);
     return report;
@@ -168,6 +170,7 @@ class ReportBuilder {
   void AddUnexplainedErrors(Report& report) const;
   void AddProgramError(Report& report) const;
   void AddRestored(Report& report) const;
+  void AddGradientCuts(Report& report) const;
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
   void AddFreedBy(const Finding& f, Violation& v) const;
@@ -452,6 +455,10 @@ void ReportBuilder::AddProgramError(Report& report) const {
   if (!state_.program_error || !report.violations.empty() || !report.unexplained_errors.empty()) {
     return;
   }
+  // PyTorch's "does not require grad": the gradient cut that explains it is the verdict.
+  for (const GradientCut& cut : report.gradient_cuts) {
+    if (cut.raised && cut.pytorch_message == state_.program_error->message) return;
+  }
   const AnalysisState::ProgramErrorSeen& seen = *state_.program_error;
   // An interrupted run says so in the trace (its last steps may be missing), not as an error.
   if (seen.type == "KeyboardInterrupt") return;
@@ -699,6 +706,45 @@ void ReportBuilder::AddFingerprintEvidence(const Finding& f, Violation& v) const
   }
 }
 
+
+void ReportBuilder::AddGradientCuts(Report& report) const {
+  for (const CutFinding& f : state_.cut_findings) {
+    GradientCut cut;
+    cut.cause = f.cause;
+    if (f.op != 0 && f.checkpoint != 0) {
+      // The op the checkpointed function called: the outermost one inside the checkpoint.
+      ObjectId inside = f.op;
+      for (int depth = 0; depth < 256; ++depth) {
+        const OpInfo* op = state_.FindOp(inside);
+        if (op == nullptr || op->parent == 0 || op->parent == f.checkpoint) break;
+        inside = op->parent;
+      }
+      cut.op = MakeOpRef(inside);
+    } else if (f.op != 0) {
+      cut.op = UserOpRef(f.op);
+    }
+    if (f.checkpoint != 0) cut.checkpoint = UserOpRef(f.checkpoint);
+    cut.raised = f.raised;
+    if (f.loss_op != 0) cut.loss = UserOpRef(f.loss_op);
+    cut.pytorch_message = f.message;
+    cut.parameter_count = f.parameter_count;
+    cut.backward_passes = f.backward_passes;
+    for (const CutFinding::Parameter& p : f.parameters) {
+      CutParameter parameter;
+      parameter.id = p.tensor;
+      parameter.name = p.name;
+      parameter.module = state_.Str(p.module);
+      if (const TensorState* t = state_.FindTensor(p.tensor)) {
+        parameter.shape = state_.layouts.Shape(t->layout);
+      }
+      cut.parameters.push_back(std::move(parameter));
+    }
+    cut.summary = CutParameterSummary(cut.parameters, cut.parameter_count);
+    cut.help = CutHelp(cut.cause);
+    report.gradient_cuts.push_back(std::move(cut));
+  }
+}
+
 }  // namespace
 
 Report BuildReport(const AnalysisState& state) { return ReportBuilder(state).Build(); }
@@ -740,3 +786,4 @@ std::string PytorchNodeName(std::string_view node_name, std::string_view torch_v
 }
 
 }  // namespace torchrr::replayer
+

@@ -36,9 +36,45 @@ std::string RunInside(const OpRef& op) {
   return library.empty() ? "" : "           run inside " + library + "\n";
 }
 
+// The gradient cuts, when the trace has no violation: where the gradient stopped, its code, the
+// parameters it kept from backward, and the help.
+std::string GradientCutVerdict(const Report& report, const std::string& trace) {
+  const std::string shown = Printable(trace);
+  SourceCache sources(&report.sources);
+  std::ostringstream out;
+  for (size_t i = 0; i < report.gradient_cuts.size() && i < kMaxPlaces; ++i) {
+    const GradientCut& cut = report.gradient_cuts[i];
+    out << "torchrr: the gradient stopped in " << shown << ": "
+        << (cut.raised ? "backward found no path from a trainable parameter to the loss"
+                       : std::to_string(cut.parameter_count) + " trainable parameter" +
+                             (cut.parameter_count == 1 ? "" : "s") + " got no gradient")
+        << "\n";
+    const std::optional<OpRef>& at = cut.checkpoint ? cut.checkpoint : cut.op;
+    if (at) {
+      out << "  cut:     " << Location(*at) << "\n"
+          << CodeLine(sources, at) << "           " << OpName(*at) << " ("
+          << CutCauseName(cut.cause) << ")\n"
+          << RunInside(*at);
+    } else {
+      out << "  cut:     no recorded op connects the loss to a parameter that requires grad\n";
+    }
+    if (cut.parameter_count != 0) out << "  params:  " << Printable(cut.summary) << "\n";
+    if (cut.loss) out << "  loss:    " << Location(*cut.loss) << "\n";
+    out << "  help: " << Printable(cut.help) << "\n";
+  }
+  std::string page = trace;
+  if (page.ends_with(".trr")) page.resize(page.size() - 4);
+  out << "the whole report: torchrr replay " << shown << "; as a page: torchrr report " << shown
+      << " -o " << Printable(page) << ".html\n";
+  return out.str();
+}
+
 }  // namespace
 
 std::string FormatShortVerdict(const Report& report, const std::string& trace) {
+  if (report.violations.empty() && !report.gradient_cuts.empty()) {
+    return GradientCutVerdict(report, trace);
+  }
   if (report.violations.empty()) return "";
   const std::string shown = Printable(trace);
   const size_t n = report.violations.size();

@@ -52,6 +52,7 @@ class TextReport {
   void EmitChangedSource(const Violation& v);
   void EmitUnexplainedError(const UnexplainedError& error);
   void EmitProgramError(const ProgramError& error);
+  void EmitGradientCut(const GradientCut& cut);
   void EmitSummary(const Report& report);
   std::string Text() const { return out_.str(); }
 
@@ -181,6 +182,78 @@ void TextReport::EmitProgramError(const ProgramError& error) {
   out_ << "\n";
 }
 
+// Where the gradient stopped (GradientCut):
+//   error: backward raised: the path from trainable parameters to the loss was cut here
+//     --> train.py:12 in forward
+//      |
+//   12 |     h = self.encoder(x)
+//      |     ^^^^^^^^^^^^^^^^^^^ aten::linear ran under torch.no_grad(): no gradient past it
+//      = 2 encoder in layers 0-1 that require grad (encoder.0.weight, encoder.0.bias, ...)
+//   note: the loss: aten::mean at train.py:14 in <module>
+//      = pytorch: element 0 of tensors does not require grad and does not have a grad_fn
+//   help: this op ran under torch.no_grad() ...
+void TextReport::EmitGradientCut(const GradientCut& cut) {
+  const std::string count = std::to_string(cut.parameter_count);
+  out_ << p_.Error("error") << ": "
+       << p_.Bold(cut.raised ? "backward raised: the path from trainable parameters to the loss "
+                               "was cut"
+                             : count + " trainable parameter" +
+                                   (cut.parameter_count == 1 ? "" : "s") +
+                                   " got no gradient: backward never reached " +
+                                   (cut.parameter_count == 1 ? "it" : "them"))
+       << "\n";
+  static constexpr const char* kWhat[] = {
+      "ran under torch.no_grad(): no gradient past it",
+      "ran under torch.inference_mode(): no gradient past it",
+      "detached it: no gradient past it",
+      "made it a Python number: a tensor made from it has no history",
+      "detached it for NumPy (or a raw pointer): what came back has no history",
+      "ran under no_grad inside checkpoint(use_reentrant=True), whose inputs do not require grad",
+      "made an output with no autograd node from an input that requires grad",
+      "",
+  };
+  const OpRef* at = cut.checkpoint ? &*cut.checkpoint : cut.op ? &*cut.op : nullptr;
+  if (at != nullptr) {
+    Arrow() << Location(*at) << "\n";
+    std::string label = cut.checkpoint
+                            ? OpName(*cut.checkpoint) +
+                                  ": checkpoint(use_reentrant=True) with no input that requires "
+                                  "grad, its output has no grad_fn"
+                            : OpName(*at) + " " + kWhat[static_cast<int>(cut.cause)];
+    if (!EmitSourceQuote(*at, label)) Fact() << label << "\n";
+    if (std::string library = LibraryLocation(*at); !library.empty()) {
+      Fact() << "run by " << Printable(library) << "\n";
+    }
+    if (cut.checkpoint && cut.op) {
+      Note() << OpName(*cut.op) << " ran under its no_grad at " << Location(*cut.op)
+             << (cut.op->module.empty() ? "" : " in " + Printable(cut.op->module)) << "\n";
+    } else if (!at->module.empty()) {
+      Fact() << "in " << Printable(at->module) << "\n";
+    }
+  } else {
+    Arrow() << "<no recorded op connects the loss to a parameter that requires grad>\n";
+  }
+  if (cut.parameter_count != 0) {
+    std::string names;
+    for (size_t i = 0; i < cut.parameters.size() && i < 3; ++i) {
+      const std::string& name = cut.parameters[i].name;
+      names += (i ? ", " : "") + (name.empty() ? "#" + std::to_string(cut.parameters[i].id)
+                                               : Printable(name));
+    }
+    if (cut.parameter_count > 3) names += ", ...";
+    Fact() << (cut.raised ? "cut off: " : "no gradient: ") << Printable(cut.summary) << " ("
+           << names << ")\n";
+  }
+  if (cut.backward_passes != 0) {
+    Fact() << "in " << cut.backward_passes << " backward pass"
+           << (cut.backward_passes == 1 ? "" : "es")
+           << " that ran: their AccumulateGrad never ran, their .grad stays None\n";
+  }
+  if (cut.loss) Note() << "the loss: " << OpName(*cut.loss) << " at " << Location(*cut.loss) << "\n";
+  if (!cut.pytorch_message.empty()) EmitMessage("pytorch: ", cut.pytorch_message);
+  out_ << p_.Help("help") << ": " << Printable(cut.help) << "\n\n";
+}
+
 // A message of several lines (torch.compile's errors name the frame and the user code on lines of
 // their own) as fact lines, each escaped on its own so that none can pass for a diagnostic:
 //      = torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped
@@ -243,6 +316,11 @@ void TextReport::EmitSummary(const Report& report) {
     size_t n = report.unexplained_errors.size();
     out_ << "no saved tensor was modified, but backward raised " << n << " error"
          << (n == 1 ? "" : "s") << " that torchrr does not explain (" << counts << ")\n";
+  } else if (report.violations.empty() && !report.gradient_cuts.empty()) {
+    size_t n = report.gradient_cuts.size();
+    out_ << p_.Bold("the gradient stopped at " + std::to_string(n) + " place" +
+                    (n == 1 ? "" : "s"))
+         << "; no saved tensor was modified (" << counts << ")\n";
   } else if (report.program_error) {
     out_ << "no saved tensor was modified, but the program raised an error that torchrr does not "
             "explain (" << counts << ")\n";
@@ -631,6 +709,7 @@ std::string FormatText(const Report& report, bool color, bool each) {
     }
   }
   for (const UnexplainedError& e : report.unexplained_errors) text.EmitUnexplainedError(e);
+  for (const GradientCut& cut : report.gradient_cuts) text.EmitGradientCut(cut);
   if (report.program_error) text.EmitProgramError(*report.program_error);
   text.EmitSummary(report);
   return text.Text();

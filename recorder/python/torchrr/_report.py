@@ -228,6 +228,43 @@ class Violation:
 
 
 @dataclass
+class GradientCut:
+    """Where the gradient stopped: backward raised "does not require grad" (``raised``), or
+    trainable parameters got no gradient from a backward that ran. cause: ``"no_grad"``,
+    ``"inference_mode"``, ``"detach"``, ``"item"``, ``"numpy"``, ``"reentrant_checkpoint"``,
+    ``"no_backward"`` or ``"no_parameter"``; op: the op that cut the path, at its line;
+    checkpoint: for a reentrant checkpoint, its call; loss: the op that made the tensor backward
+    was called on (raised only); parameters: ``[{"id", "name", "module", "shape"}]``, the first
+    of ``parameter_count``; summary: ``"48 lora_A/lora_B in layers 0-11"``; help: what to
+    change (replayer/SCHEMA.md, ``gradient_cuts``)."""
+    cause: str
+    raised: bool
+    op: Optional[Op]
+    checkpoint: Optional[Op]
+    loss: Optional[Op]
+    message: Optional[str]
+    parameters: list
+    parameter_count: int
+    summary: str
+    help: str
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GradientCut":
+        return cls(d.get("cause", ""), bool(d.get("raised", False)), Op.from_json(d.get("op")),
+                   Op.from_json(d.get("checkpoint")), Op.from_json(d.get("loss")),
+                   d.get("message"), list(d.get("parameters", [])),
+                   d.get("parameter_count", 0), d.get("summary", ""), d.get("help", ""), d)
+
+    def __str__(self) -> str:
+        """One line: ``gradient cut (no_grad): aten::linear at train.py:12 in forward; 2 fc``."""
+        at = self.checkpoint or self.op
+        where = f": {at}" if at else ""
+        kept = f"; {self.summary}" if self.summary else ""
+        return f"gradient cut ({self.cause}){where}{kept}"
+
+
+@dataclass
 class Report:
     """The whole report. ``trace`` is the reader's verdict: ``{"path", "status": "ok" |
     "truncated" | "corrupt", "message", "warnings"}``."""
@@ -245,7 +282,8 @@ class Report:
     trace: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
     # `torchrr replay`'s exit code for this report: 0 clean, 1 violations or an unexplained error,
-    # 4 truncated, 5 corrupt, 8 an incomplete recording, 10 a trace with no op (README).
+    # 4 truncated, 5 corrupt, 8 an incomplete recording, 10 a trace with no op, 15 a gradient cut
+    # (README).
     exit_code: int = 0
     # The trace replay() read (absolute), and the directory it ran in, whose source files the
     # text and the page quote: str() and the notebook's view render from them.
@@ -272,6 +310,12 @@ class Report:
         """The error the program ended with when torchrr does not explain it (not about saved
         tensors): ``{"type", "message", "op"}``, or None."""
         return self.raw.get("program_error")
+
+    @property
+    def gradient_cuts(self) -> list:
+        """Where the gradient stopped (GradientCut), in the order found; empty when every
+        trainable parameter a backward could reach got its gradient."""
+        return [GradientCut.from_json(c) for c in self.raw.get("gradient_cuts") or []]
 
     @classmethod
     def from_json(cls, d: dict) -> "Report":
@@ -324,6 +368,7 @@ class Report:
         violation, the program's unexplained error, whether the recording is whole, and the
         counts."""
         lines = [str(v) for v in self.violations]
+        lines += [str(c) for c in self.gradient_cuts]
         error = self.program_error
         if error:
             lines.append(f"the program raised {error.get('type')}: {error.get('message')}, "
@@ -390,7 +435,7 @@ def replay(path: str | os.PathLike) -> Report:
         except json.JSONDecodeError:
             document = None
     # Every exit code the CLI writes a report for (README, exit codes).
-    if proc.returncode in (0, 1, 4, 5, 8, 10) and isinstance(document, dict) and \
+    if proc.returncode in (0, 1, 4, 5, 8, 10, 15) and isinstance(document, dict) and \
             "violations" in document:
         report = Report.from_json(document)
         report.exit_code = proc.returncode

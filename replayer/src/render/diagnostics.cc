@@ -126,6 +126,25 @@ Diagnostic OfProgramError(const ProgramError& error) {
   return d;
 }
 
+// Where the gradient stopped: at the cut's line (the checkpoint call's for a reentrant
+// checkpoint), else the loss's.
+Diagnostic OfGradientCut(const GradientCut& cut) {
+  Diagnostic d;
+  d.rule = kGradientCutRule;
+  d.evidence = CutCauseName(cut.cause);
+  d.pytorch_raised = cut.raised;
+  const std::optional<OpRef>& op = cut.checkpoint ? cut.checkpoint : cut.op;
+  d.at = PlaceOf(op);
+  if (!d.at) d.at = PlaceOf(cut.loss);
+  d.message = cut.raised ? "the gradient stopped: backward found no path from a trainable "
+                           "parameter to the loss"
+                         : "the gradient stopped: trainable parameters got no gradient (" +
+                               Printable(cut.summary) + ")";
+  if (op) d.message += "; cut by " + OpName(*op) + " (" + CutCauseName(cut.cause) + ")";
+  d.help = Printable(cut.help);
+  return d;
+}
+
 // What makes two instances one diagnostic.
 std::string KeyOf(const Diagnostic& d) {
   auto place = [](const std::optional<DiagnosticPlace>& p) {
@@ -161,6 +180,9 @@ std::vector<Diagnostic> CollectDiagnostics(const std::vector<const Report*>& rep
     for (const Violation& v : report->violations) add(OfViolation(v), i, v.backward_pass);
     for (const UnexplainedError& e : report->unexplained_errors) {
       add(OfUnexplained(e), i, std::nullopt);
+    }
+    for (const GradientCut& cut : report->gradient_cuts) {
+      add(OfGradientCut(cut), i, std::nullopt);
     }
     if (report->program_error) add(OfProgramError(*report->program_error), i, std::nullopt);
   }

@@ -25,9 +25,11 @@ struct DiagnosticPlace {
 // The rules a diagnostic follows, besides the violation kinds' (ViolationKindName).
 inline constexpr const char kUnexplainedErrorRule[] = "unexplained_error";
 inline constexpr const char kProgramErrorRule[] = "program_error";
+inline constexpr const char kGradientCutRule[] = "gradient_cut";
 
 struct Diagnostic {
-  std::string rule;  // ViolationKindName(kind), kUnexplainedErrorRule or kProgramErrorRule.
+  // ViolationKindName(kind), kUnexplainedErrorRule, kProgramErrorRule or kGradientCutRule.
+  std::string rule;
   // The culprit's user line; without one, the victim's; nullopt when neither has a frame.
   std::optional<DiagnosticPlace> at;
   std::string message;  // One line, escaped (Printable); names no version, pass or step.

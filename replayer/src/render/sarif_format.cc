@@ -66,6 +66,14 @@ constexpr Rule kRules[] = {
      "The recorded program raised an error that no violation explains, of a kind torchrr does "
      "not follow (an error in forward, a data error).",
      "Read the program's error; torchrr has no verdict on it."},
+    {kGradientCutRule, "GradientCut",
+     "The gradient stopped between trainable parameters and the loss.",
+     "Backward raised that the loss does not require grad, or trainable parameters got no "
+     "gradient from a backward that ran: an op on their path to the loss cut it (no_grad, "
+     "inference_mode, detach, .item(), NumPy, a reentrant checkpoint whose inputs do not "
+     "require grad, a kernel without backward).",
+     "Follow the help of the result: run that part with gradients, or for a reentrant "
+     "checkpoint call enable_input_require_grads() or use use_reentrant=False."},
 };
 
 // `path` as a URI reference: RFC 3986's unreserved characters and '/' kept, every other byte

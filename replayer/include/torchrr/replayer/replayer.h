@@ -295,6 +295,63 @@ struct RestoredWrite {
   uint64_t backward_pass = 0;
 };
 
+// Why the path from trainable parameters (leaves that require grad) toward the loss carries no
+// gradient: the op that cut it.
+enum class CutCause : uint8_t {
+  kNoGrad = 0,               // An op ran under torch.no_grad() (or set_grad_enabled(False)).
+  kInferenceMode = 1,        // An op ran under torch.inference_mode(): an inference tensor.
+  kDetach = 2,               // detach(): the values go on, the graph does not.
+  kItem = 3,                 // .item() or .tolist(): a Python number, made a tensor again.
+  kNumpy = 4,                // detach() then .numpy(): the values came back from NumPy.
+  kReentrantCheckpoint = 5,  // checkpoint(use_reentrant=True) whose inputs do not require grad:
+                             // its forward runs under no_grad, and its output has no grad_fn.
+  kNoBackward = 6,           // An op with an input that requires grad, run with grad mode on,
+                             // whose output has no autograd node (a kernel or a Function
+                             // without backward).
+  kNoParameter = 7,          // No recorded op connects the loss to any parameter that requires
+                             // grad (every parameter frozen, or its values came from outside).
+};
+// "no_grad", "inference_mode", "detach", "item", "numpy", "reentrant_checkpoint", "no_backward",
+// "no_parameter"
+const char* CutCauseName(CutCause cause);
+
+// A trainable parameter (a leaf tensor that requires grad, used by a recorded op) as a report
+// names it.
+struct CutParameter {
+  format::ObjectId id = 0;        // Its tensor id.
+  // Its module path and the argument it is ("layers.3.self_attn.q_proj.lora_A.default.weight"),
+  // the module's path alone when the op does not say which argument, or "" when no module ran it.
+  std::string name;
+  std::string module;             // The module that used it, with its class; "" when unknown.
+  std::vector<int64_t> shape;
+};
+
+// Where the gradient stopped: backward raised "element 0 of tensors does not require grad and
+// does not have a grad_fn" (`raised`), or a backward that ran never reached trainable parameters
+// (their AccumulateGrad never ran), and the op on the path between them and the loss that cut it.
+struct GradientCut {
+  CutCause cause = CutCause::kNoGrad;
+  // The op that cut the path, at its line; for kReentrantCheckpoint, an op the checkpointed
+  // function ran under no_grad; absent for kNoParameter.
+  std::optional<OpRef> op;
+  // kReentrantCheckpoint: the checkpoint's call (the CheckpointFunction it applied).
+  std::optional<OpRef> checkpoint;
+  // The raising case: the op that made the tensor backward was called on, as far as the trace
+  // shows it (the last op of the forward before the error), and PyTorch's message.
+  bool raised = false;
+  std::optional<OpRef> loss;
+  std::string pytorch_message;
+  // The parameters the cut kept from backward: for a backward that ran, those that got no
+  // gradient; for one that raised, those used under the cutting op. At most kMaxListed, and how
+  // many in all; `summary` groups them ("48 lora_A/lora_B in layers 0-11").
+  static constexpr size_t kMaxListed = 64;
+  std::vector<CutParameter> parameters;
+  uint64_t parameter_count = 0;
+  std::string summary;
+  uint64_t backward_passes = 0;   // The backward passes that ran without reaching them.
+  std::string help;               // What to change, one sentence.
+};
+
 // What the analysis found, and how much it looked at.
 struct Report {
   // Every violation. When PyTorch raised, the first one is the one it stopped at; the rest follow
@@ -340,6 +397,9 @@ struct Report {
   // The source the trace carries, by path as its frames name it; empty for traces before 1.4 and
   // those recorded with --no-source or redacted with --drop-source.
   std::map<std::string, RecordedSource> sources;
+  // Where the gradient stopped (GradientCut), in the order found; empty when every trainable
+  // parameter a backward could reach got its gradient.
+  std::vector<GradientCut> gradient_cuts;
 };
 
 // The streaming analysis: feed records in file order, then Finish(). Memory grows with the
