@@ -177,7 +177,9 @@ int RunInfo(const InfoOptions& options) {
 void RegisterInfoCommand(CLI::App& app, int* exit_code) {
   auto options = std::make_shared<InfoOptions>();
   CLI::App* info = app.add_subcommand("info", "Show a trace's header, writer and contents");
-  info->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  AddTraceArgument(*info, &options->path);
+  info->footer(ExitCodesFooter({kExitOk, kExitUsage, kExitNotATrace, kExitTruncated,
+                                kExitCorrupt, kExitTooNew, kExitOther, kExitMemory}));
   info->add_flag("--json", options->json, "One JSON object instead of text");
   info->callback([options, exit_code] { *exit_code = RunInfo(*options); });
 }

@@ -127,3 +127,36 @@ def test_json_and_short_stay_aliases(buggy_trace):
     assert replay("--short", trace).stdout == replay("--format", "short", trace).stdout
     assert replay("--json", "--format", "gnu", trace).returncode == 2
 
+
+def replay_on_a_terminal(trace, env):
+    """`torchrr replay --color auto TRACE` with its stdout a terminal (a pty): what it printed."""
+    import os
+    import pty
+
+    controller, terminal = pty.openpty()
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    proc = subprocess.run([cli(), "replay", "--color", "auto", str(trace)], stdout=terminal,
+                          stderr=subprocess.DEVNULL, env={**full_env, **env}, timeout=60)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the terminal's other side is closed and drained.
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    assert proc.returncode == 1
+    return b"".join(chunks).decode()
+
+
+def test_no_color_and_a_dumb_terminal_turn_colour_off(buggy_trace):
+    _, trace = buggy_trace
+    assert "\x1b[" in replay_on_a_terminal(trace, {"TERM": "xterm"})
+    for env in ({"NO_COLOR": "1", "TERM": "xterm"}, {"TERM": "dumb"}):
+        shown = replay_on_a_terminal(trace, env)
+        assert "saved tensor modified in place" in shown and "\x1b[" not in shown, env
+    # An empty NO_COLOR is no request (no-color.org).
+    assert "\x1b[" in replay_on_a_terminal(trace, {"NO_COLOR": "", "TERM": "xterm"})
