@@ -40,7 +40,8 @@ def test_export_to_stdout_and_to_a_file_say_what_they_wrote(tmp_path):
     assert named.returncode == unnamed.returncode == 0, named.stderr + unnamed.stderr
     assert (tmp_path / "named.json").read_bytes() == (tmp_path / "unnamed.json").read_bytes()
     assert (tmp_path / "named.json").read_text() == piped.stdout
-    assert unnamed.stderr.startswith(f"torchrr: wrote {tmp_path / 'unnamed.json'} ("), unnamed.stderr
+    assert unnamed.stderr.startswith(f"torchrr: wrote {tmp_path / 'unnamed.json'} ("), \
+        unnamed.stderr
 
 
 def test_redact_to_stdout_is_the_same_trace_as_to_a_file(tmp_path):
@@ -56,7 +57,8 @@ def test_redact_to_stdout_is_the_same_trace_as_to_a_file(tmp_path):
     # The same records either way: the piped copy reads back whole, to the same verdict.
     replays = [run("replay", "--json", path) for path in (piped_copy, tmp_path / "copy.trr")]
     assert replays[0].returncode == replays[1].returncode, replays[0].stderr
-    assert json.loads(replays[0].stdout)["violations"] == json.loads(replays[1].stdout)["violations"]
+    violations = [json.loads(replay.stdout)["violations"] for replay in replays]
+    assert violations[0] == violations[1]
     assert not (Path.cwd() / "-").exists()
 
 
@@ -115,6 +117,21 @@ def test_record_without_o_numbers_the_default_name(tmp_path):
     assert lines[0].endswith("; the default name, numbered: torchrr.trr is taken)"), proc.stderr
     replay = run("replay", "--json", tmp_path / "torchrr.2.trr")
     assert replay.returncode == 0, replay.stderr + replay.stdout
+    # A CPU-only run is not said to have used the CUDA its torch was built with.
+    info = run("info", tmp_path / "torchrr.2.trr")
+    written_by = next(line for line in info.stdout.splitlines() if line.startswith("written by:"))
+    assert written_by.endswith(("; this run used no CUDA device)", "(a build without CUDA)")), \
+        written_by
+    assert json.loads(run("info", "--json", tmp_path / "torchrr.2.trr").stdout)["run_used_cuda"] \
+        is False
+
+
+def test_info_says_when_the_run_used_cuda():
+    # The golden trace holds CUDA kernels and copies, from a torch built with CUDA 12.1.
+    info = run("info", GOLDEN)
+    assert "torch 2.4.1+cu121 (built with CUDA 12.1; this run used a CUDA device)" in info.stdout, \
+        info.stdout
+    assert json.loads(run("info", "--json", GOLDEN).stdout)["run_used_cuda"] is True
 
 
 def test_help_shows_metavars_defaults_and_each_verbs_exit_codes():
