@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 PY := .venv/bin/python
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test demo bench fuzz dist clean
+.PHONY: all setup configure build build-demo test demo bench fuzz dist clean
 
 all: build
 
@@ -28,7 +28,13 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(PY) -m pytest -q -n $(JOBS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
-demo: build
+# Only what the demo runs (CMake's torchrr_demo; DEMO=cpp: and the C++ sample), not the tests,
+# fuzzers and benchmarks that `make build` also builds.
+build-demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target torchrr_demo $(if $(filter cpp,$(DEMO)),lora_step)
+	@tools/install_into_venv.sh $(BUILD)
+
+demo: build-demo
 	@BUILD=$(BUILD) tools/demo.sh
 
 bench: build

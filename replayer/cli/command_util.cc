@@ -66,6 +66,41 @@ int OpenOutputFile(const std::string& output, std::string_view own_prefix, bool 
   return -1;
 }
 
+CLI::Option* AddTraceArgument(CLI::App& command, std::string* path) {
+  return command.add_option("FILE", *path, "The trace (.trr)")->required();
+}
+
+CLI::Option* AddOutputOption(CLI::App& command, std::string* output, const std::string& what,
+                             bool stdout_ok) {
+  return command
+      .add_option("-o,--output", *output,
+                  what + (stdout_ok ? "; - writes it to stdout" : ""))
+      ->type_name("OUT");
+}
+
+void AddForceFlag(CLI::App& command, bool* force) {
+  command.add_flag("--force", *force,
+                   "Replace the output even when it is an existing file this verb did not write");
+}
+
+void SayWrote(const std::string& output, const std::string& what) {
+  const std::string where = output == kStdout ? "stdout" : replayer::Printable(output);
+  std::fprintf(stderr, "torchrr: wrote %s (%s)\n", where.c_str(), what.c_str());
+}
+
+std::string ExitCodesFooter(std::initializer_list<int> codes, const std::string& note) {
+  std::string text = "Exit codes:\n";
+  for (int code : codes) {
+    for (const ExitCodeMeaning& exit : kExitCodeMeanings) {
+      if (exit.code != code) continue;
+      const std::string number = std::to_string(code);
+      text += "  " + number + std::string(number.size() < 3 ? 3 - number.size() : 1, ' ') +
+              exit.meaning + "\n";
+    }
+  }
+  return note.empty() ? text : text + note + "\n";
+}
+
 void AddSourceRootOption(CLI::App& command, std::vector<std::string>* roots) {
   command
       .add_option("--source-root", *roots,

@@ -3,6 +3,7 @@
 #ifndef TORCHRR_REPLAYER_CLI_COMMANDS_H_
 #define TORCHRR_REPLAYER_CLI_COMMANDS_H_
 
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,27 @@ int OpenOutputFile(const std::string& output, std::string_view own_prefix, bool 
 // Creates and opens nothing.
 int CheckOutputFile(const std::string& output, std::string_view own_prefix, bool force,
                     int* exit_code);
+
+// `-o -`: a verb whose output is a file writes it to stdout instead (export, redact, report,
+// repro); `record` refuses it with a usage error (a trace is locked and written while the program
+// runs, which a pipe cannot be).
+inline constexpr std::string_view kStdout = "-";
+
+// The options every verb that reads a trace and writes a file declares alike, declared here once:
+// the trace argument (FILE), -o/--output OUT (`what` says what the file is; "-" for stdout is
+// added to the help where `stdout_ok`), and --force.
+CLI::Option* AddTraceArgument(CLI::App& command, std::string* path);
+CLI::Option* AddOutputOption(CLI::App& command, std::string* output, const std::string& what,
+                             bool stdout_ok);
+void AddForceFlag(CLI::App& command, bool* force);
+
+// The line every verb that wrote something prints on stderr: "torchrr: wrote OUT (WHAT)", OUT
+// being "stdout" for `-o -`. Nothing else is printed there by it.
+void SayWrote(const std::string& output, const std::string& what);
+
+// The footer of a verb's help: the exit codes it returns (`codes`, from exit_codes.h), each with
+// its meaning; `torchrr --help` lists all of them once.
+std::string ExitCodesFooter(std::initializer_list<int> codes, const std::string& note = "");
 
 // --source-root DIR (repeatable): where a report may read this machine's source files for code
 // the trace does not carry (replayer::SetLocalSourceRoots); without it, the working directory.

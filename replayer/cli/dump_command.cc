@@ -140,7 +140,9 @@ int RunDump(const DumpOptions& options) {
 void RegisterDumpCommand(CLI::App& app, int* exit_code) {
   auto options = std::make_shared<DumpOptions>();
   CLI::App* dump = app.add_subcommand("dump", "Print every record of a trace, one per line");
-  dump->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  AddTraceArgument(*dump, &options->path);
+  dump->footer(ExitCodesFooter({kExitOk, kExitUsage, kExitNotATrace, kExitTruncated,
+                                kExitCorrupt, kExitTooNew, kExitOther, kExitMemory}));
   dump->add_flag("--json", options->json,
                  "One JSON object per line; the first describes the file (kind \"trace\")");
   dump->callback([options, exit_code] { *exit_code = RunDump(*options); });

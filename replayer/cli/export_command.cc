@@ -1,6 +1,8 @@
-// `torchrr export --chrome-trace FILE -o OUT.json`: the trace as a Chrome Trace Event file for
-// Perfetto's UI and chrome://tracing (chrome_trace.h says what becomes what).
+// `torchrr export FILE -o OUT.json`: the trace as a Chrome Trace Event file for Perfetto's UI and
+// chrome://tracing (chrome_trace.h says what becomes what), the one format export writes
+// (--chrome-trace names it, and may be left out). `-o -` writes it to stdout.
 #include <cstdio>
+#include <iostream>
 #include <ostream>
 #include <memory>
 #include <string>
@@ -17,19 +19,18 @@ namespace {
 struct ExportOptions {
   std::string path;
   std::string output;
-  bool chrome_trace = false;
   bool force = false;
 };
 
 int RunExport(const ExportOptions& options) {
-  if (!options.chrome_trace) {
-    std::fprintf(stderr, "torchrr: error: export: name a format (--chrome-trace)\n");
-    return kExitUsage;
-  }
-  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+  const bool to_stdout = options.output == kStdout;
   int refused = 0;
-  if (CheckOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused) != 0) {
-    return refused;
+  if (!to_stdout) {
+    if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
+    if (CheckOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused) !=
+        0) {
+      return refused;
+    }
   }
   // Pass 1: the analysis and what the events need to know ahead (chrome_trace.h).
   replayer::Analyzer analyzer;
@@ -42,20 +43,35 @@ int RunExport(const ExportOptions& options) {
   if (NothingToWrite(rc)) return rc;
   replayer::Report report = FinishAnalysis(analyzer, summary);
 
-  const int fd =
-      OpenOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused);
-  if (fd < 0) return refused;
-  format::OutputFileBuffer file(fd, options.output);
-  std::ostream out(&file);
-  replayer::ChromeTraceWriter writer(out, plan, report, summary.info);
-  (void)format::ReadTraceFile(options.path, [&](const format::Record& r) { writer.Add(r); });
-  writer.Finish();
-  out.flush();
-  if (!file.Close().ok()) {
+  // Pass 2: the events, in the order read.
+  auto write = [&](std::ostream& out) {
+    replayer::ChromeTraceWriter writer(out, plan, report, summary.info);
+    (void)format::ReadTraceFile(options.path, [&](const format::Record& r) { writer.Add(r); });
+    writer.Finish();
+    out.flush();
+  };
+  bool written = false;
+  if (to_stdout) {
+    write(std::cout);
+    written = static_cast<bool>(std::cout);
+  } else {
+    const int fd =
+        OpenOutputFile(options.output, replayer::kChromeTracePrefix, options.force, &refused);
+    if (fd < 0) return refused;
+    format::OutputFileBuffer file(fd, options.output);
+    std::ostream out(&file);
+    write(out);
+    written = file.Close().ok();
+  }
+  if (!written) {
     std::fprintf(stderr, "torchrr: error: %s: write failed\n",
-                 replayer::Printable(options.output).c_str());
+                 to_stdout ? "stdout" : replayer::Printable(options.output).c_str());
     return kExitOther;
   }
+  const size_t n = report.violations.size();
+  SayWrote(options.output, "Chrome Trace Event JSON, " + std::to_string(report.ops) + " ops, " +
+                               std::to_string(n) + " violation" + (n == 1 ? "" : "s") +
+                               "; open it in ui.perfetto.dev");
   return rc;
 }
 
@@ -65,15 +81,18 @@ void RegisterExportCommand(CLI::App& app, int* exit_code) {
   auto options = std::make_shared<ExportOptions>();
   CLI::App* command = app.add_subcommand(
       "export", "Write a trace in another tool's format (a damaged trace: what verifies)");
-  command->add_option("FILE", options->path, "Trace file (.trr)")->required();
-  command
-      ->add_flag("--chrome-trace", options->chrome_trace,
-                 "Chrome Trace Event JSON, for ui.perfetto.dev and chrome://tracing: ops, "
-                 "backward nodes, CUDA kernels, violations")
+  AddTraceArgument(*command, &options->path);
+  // The one format, and the default: the flag stays for the command lines that name it.
+  command->add_flag_callback(
+      "--chrome-trace", [] {},
+      "Chrome Trace Event JSON, for ui.perfetto.dev and chrome://tracing: ops, backward nodes, "
+      "CUDA kernels, violations (the default, and only, format)");
+  AddOutputOption(*command, &options->output, "The JSON file (.json)", /*stdout_ok=*/true)
       ->required();
-  command->add_option("-o,--output", options->output, "Output file (.json)")->required();
-  command->add_flag("--force", options->force,
-                    "Replace the output even when it is a file this verb did not write");
+  AddForceFlag(*command, &options->force);
+  command->footer(ExitCodesFooter(
+      {kExitOk, kExitUsage, kExitNotATrace, kExitTruncated, kExitCorrupt, kExitTooNew, kExitOther,
+       kExitMemory}));
   command->callback([options, exit_code] { *exit_code = RunExport(*options); });
 }
 

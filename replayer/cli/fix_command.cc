@@ -82,7 +82,7 @@ void RegisterFixCommand(CLI::App& app, int* exit_code) {
   CLI::App* fix = app.add_subcommand(
       "fix", "Propose a patch for each violation's culprit line, as a unified diff; --check "
              "proves it by re-running the recorded command on patched copies");
-  fix->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  AddTraceArgument(*fix, &options->path);
   fix->add_flag("--json", options->json,
                 "The edits as JSON: file, first_line, last_line, old, new, violations, certain");
   fix->add_flag("--check", options->check,
@@ -92,10 +92,16 @@ void RegisterFixCommand(CLI::App& app, int* exit_code) {
                 "After a clean --check, write the patch to the files (each old file kept as "
                 "FILE.orig)");
   fix->add_option("--timeout", options->timeout_s, "Seconds the re-run may take (--check)")
-      ->check(CLI::Range(1.0, 86400.0));
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   fix->add_option("--steps", options->steps,
                   "Stop the re-run once its first N training steps are recorded (--check)")
+      ->type_name("N")
       ->check(CLI::Range(1u, std::numeric_limits<unsigned>::max()));
+  fix->footer(ExitCodesFooter({kExitOk, kExitViolations, kExitUsage, kExitNotATrace,
+                               kExitTruncated, kExitCorrupt, kExitTooNew, kExitOther,
+                               kExitNotRerun, kExitMemory}));
   fix->callback([options, exit_code] {
     FixOptions run = *options;
     run.check = run.check || run.apply;

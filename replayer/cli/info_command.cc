@@ -90,6 +90,30 @@ struct Completeness {
   }
 };
 
+// Whether the run put anything on a CUDA device: a tensor there, a kernel or a copy. The trace's
+// CUDA version is that of the torch build, which a CPU-only run of a CUDA build also has.
+struct CudaUse {
+  bool used = false;
+
+  void See(const format::Record& record) {
+    if (used) return;
+    if (const auto* tensor = std::get_if<format::TensorInfo>(&record)) {
+      used = tensor->device.type == kCudaDeviceType;
+    } else {
+      used = std::holds_alternative<format::CudaKernelRecord>(record) ||
+             std::holds_alternative<format::CudaMemcpyRecord>(record);
+    }
+  }
+  // "torch 2.15, built with CUDA 13.2; this run used no CUDA device".
+  std::string Describe(const format::FileInfo& info) const {
+    if (info.cuda_version.empty()) return "a build without CUDA";
+    return "built with CUDA " + replayer::Printable(info.cuda_version) +
+           (used ? "; this run used a CUDA device" : "; this run used no CUDA device");
+  }
+
+  static constexpr int8_t kCudaDeviceType = 1;  // c10::DeviceType::CUDA.
+};
+
 // What a recorded op costs: the file, and the record chunks' payloads compressed and raw, divided
 // by the op records. Absent from a trace that holds no op.
 struct BytesPerOp {
@@ -118,9 +142,11 @@ int RunInfo(const InfoOptions& options) {
   using format::ReadSummary;
   // Records are counted by the reader; only what says whether the recording is whole is kept.
   Completeness completeness;
+  CudaUse cuda;
   replayer::PrivacyScan privacy;
   ReadSummary s = format::ReadTraceFile(options.path, [&](const format::Record& r) {
     completeness.See(r);
+    cuda.See(r);
     privacy.See(r);
   });
   int rc = ReportRead(options.path, s);
@@ -132,6 +158,7 @@ int RunInfo(const InfoOptions& options) {
     nlohmann::json j = format::SummaryToJson(s);
     j["bytes_per_op"] = bytes_per_op ? bytes_per_op->ToJson() : nlohmann::json(nullptr);
     j["recording"] = completeness.ToJson();
+    j["run_used_cuda"] = cuda.used;
     j["privacy"] = privacy.ToJson();
     fmt::print("{}\n", JsonText(j));
     return rc;
@@ -141,9 +168,9 @@ int RunInfo(const InfoOptions& options) {
   fmt::print("format:           {}.{} (oldest reader {}.{})\n", s.header.major, s.header.minor,
              s.header.oldest_reader_major, s.header.oldest_reader_minor);
   if (s.has_info) {
-    fmt::print("written by:       torchrr {}, torch {}, cuda {}\n",
+    fmt::print("written by:       torchrr {}, torch {} ({})\n",
                replayer::Printable(info.torchrr_version), replayer::Printable(info.torch_version),
-               info.cuda_version.empty() ? "none" : replayer::Printable(info.cuda_version));
+               cuda.Describe(info));
     std::string rank = info.rank < 0 ? "not distributed"
                                      : fmt::format("rank {} of {}", info.rank, info.world_size);
     fmt::print("host:             {}, pid {}, {}\n", replayer::Printable(info.host), info.pid,
@@ -177,7 +204,9 @@ int RunInfo(const InfoOptions& options) {
 void RegisterInfoCommand(CLI::App& app, int* exit_code) {
   auto options = std::make_shared<InfoOptions>();
   CLI::App* info = app.add_subcommand("info", "Show a trace's header, writer and contents");
-  info->add_option("FILE", options->path, "Trace file (.trr)")->required();
+  AddTraceArgument(*info, &options->path);
+  info->footer(ExitCodesFooter({kExitOk, kExitUsage, kExitNotATrace, kExitTruncated,
+                                kExitCorrupt, kExitTooNew, kExitOther, kExitMemory}));
   info->add_flag("--json", options->json, "One JSON object instead of text");
   info->callback([options, exit_code] { *exit_code = RunInfo(*options); });
 }

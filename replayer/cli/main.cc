@@ -49,6 +49,31 @@ void AddMemoryLimit(CLI::App& verb) {
   });
 }
 
+// Help a person reads: each option's metavar (FILE, SECONDS) instead of the parser's type and
+// checks ("TEXT:FILE", "FLOAT:FLOAT in [1 - 86400]"), and its default in its description.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    if (!opt->get_option_text().empty()) return " " + opt->get_option_text();
+    std::string out;
+    if (opt->get_type_size() != 0 && !opt->get_positional()) {
+      // The type name as given, before the validators' descriptions CLI11 appends after ':'.
+      std::string metavar = opt->get_type_name();
+      metavar = metavar.substr(0, metavar.find(':'));
+      if (!metavar.empty()) out += " " + metavar;
+      if (opt->get_expected_max() == CLI::detail::expected_max_vector_size) out += " ...";
+    }
+    if (opt->get_required() && !opt->get_positional()) out += " (required)";
+    return out;
+  }
+
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    std::string desc = opt->get_description();
+    if (!opt->get_default_str().empty()) desc += " (default: " + opt->get_default_str() + ")";
+    return desc;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -59,7 +84,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("torchrr ") + TORCHRR_VERSION + " (trace format " +
                                         std::to_string(torchrr::format::kFormatMajor) + "." +
                                         std::to_string(torchrr::format::kFormatMinor) + ")");
-  app.footer(torchrr::cli::ExitCodesText());
+  app.formatter(std::make_shared<HelpFormatter>());
   app.require_subcommand(1);
 
   int exit_code = 0;
@@ -74,6 +99,8 @@ int main(int argc, char** argv) {
   torchrr::cli::RegisterReproCommand(app, &exit_code);
 
   for (const char* verb : kTraceReadingVerbs) AddMemoryLimit(*app.get_subcommand(verb));
+  // After the verbs, which would inherit it: each lists only the codes it returns.
+  app.footer(torchrr::cli::ExitCodesText());
 
   try {
     app.parse(argc, argv);

@@ -34,14 +34,20 @@
 #include "launch/torch_check.h"
 #include "torchrr/format/writer.h"
 #include "torchrr/recording_options.h"
+#include "torchrr/replayer/printable.h"
 
 namespace torchrr::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
+// The trace's name when -o is not given, in the working directory; when a trace of that name (or
+// one of its rank or exec siblings) is there, the first free torchrr.N.trr instead (DefaultOutput).
+constexpr const char* kDefaultOutput = "torchrr.trr";
+
 struct RecordArgs {
-  std::string output = "torchrr.trr";
+  std::string output = kDefaultOutput;
+  bool output_given = false;  // -o was on the command line.
   // The recording options given (recording_options.def), each as its TORCHRR_* variable's text.
   std::map<const RecordingOption*, std::string> options;
   bool no_stacks = false;
@@ -135,6 +141,57 @@ std::vector<fs::path> WrittenTraces(const fs::path& output, fs::file_time_type s
   return traces;
 }
 
+// The trace's name without -o: torchrr.trr, else the first of torchrr.1.trr, torchrr.2.trr, ...
+// that no earlier run wrote (neither the file nor a rank or exec sibling of it), so that a second
+// run never replaces the first's trace.
+std::string DefaultOutput() {
+  const fs::file_time_type any = fs::file_time_type::min();
+  std::error_code ec;
+  auto taken = [&](const std::string& name) {
+    return fs::exists(fs::symlink_status(name, ec)) || !WrittenTraces(name, any).empty();
+  };
+  if (!taken(kDefaultOutput)) return kDefaultOutput;
+  for (unsigned n = 1;; ++n) {
+    std::string name = "torchrr." + std::to_string(n) + ".trr";
+    if (!taken(name)) return name;
+  }
+}
+
+std::string SizeText(uintmax_t bytes) {
+  if (bytes < (1u << 10)) return std::to_string(bytes) + " bytes";
+  const double kib = static_cast<double>(bytes) / 1024.0;
+  return kib < 1024.0 ? fmt::format("{:.1f} KiB", kib) : fmt::format("{:.1f} MiB", kib / 1024.0);
+}
+
+// After the program ended: where each trace it wrote is (the default name said as such), or why
+// there is none. On stderr, below the program's output.
+void SayWhatWasWritten(const RecordArgs& args, fs::file_time_type started, bool python,
+                       int status) {
+  const std::vector<fs::path> traces = WrittenTraces(args.output, started);
+  for (const fs::path& trace : traces) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(trace, ec);
+    std::string what = "the trace, " + SizeText(ec ? 0 : size);
+    if (!args.output_given && trace == fs::path(args.output)) {
+      what += args.output == kDefaultOutput
+                  ? std::string("; the default name without -o")
+                  : std::string("; the default name, numbered: torchrr.trr is taken");
+    }
+    SayWrote(trace.string(), what);
+  }
+  // A program that could not be run was said to be (child_process.h).
+  if (!traces.empty() || status == kExitNotRun) return;
+  std::string why;
+  if (python) {
+    why = "the program never imported torch (recording starts at `import torch`)";
+  } else {
+    why = "the program never loaded libtorch, or it is not the process that ran it";
+  }
+  if (status != 0) why += "; it exited with status " + std::to_string(status);
+  std::fprintf(stderr, "torchrr: no trace written to %s: %s\n",
+               replayer::Printable(args.output).c_str(), why.c_str());
+}
+
 // A clean run's trace larger than this is not replayed after the program ends (a whole long run
 // takes a while to analyse): `torchrr replay` says the rest. A failed run's always is.
 constexpr uintmax_t kVerdictMaxBytes = uintmax_t{64} << 20;
@@ -156,11 +213,18 @@ void PrintVerdicts(const std::string& output, fs::file_time_type started, int st
   }
 }
 
-int RunRecord(const RecordArgs& args) {
+int RunRecord(const RecordArgs& given) {
+  RecordArgs args = given;
   if (args.output.empty()) {
     std::fprintf(stderr, "torchrr: error: -o: the trace's path is empty\n");
     return kExitUsage;
   }
+  if (args.output == kStdout) {
+    std::fprintf(stderr, "torchrr: error: record: -o -: a trace cannot go to stdout (the recorder "
+                         "locks and writes a file while the program runs); name a file\n");
+    return kExitUsage;
+  }
+  if (!args.output_given) args.output = DefaultOutput();
   std::error_code ec;
   const RecorderDirs dirs = FindRecorderDirs(fs::canonical("/proc/self/exe", ec));
   fs::path preload = dirs.lib / "libtorchrr_preload.so";
@@ -228,10 +292,10 @@ int RunRecord(const RecordArgs& args) {
       PrependEnv("LD_PRELOAD", preload.string(), ':');
     }
   });
-  if (!python && fs::exists(output)) {
-    std::fprintf(stderr, "torchrr: trace written to %s\n", output.c_str());
+  if (!args.quiet) {
+    SayWhatWasWritten(args, started, python, status);
+    PrintVerdicts(args.output, started, status);
   }
-  if (!args.quiet) PrintVerdicts(args.output, started, status);
   return status;
 }
 
@@ -293,36 +357,40 @@ void RegisterRecordCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<RecordArgs>();
   CLI::App* cmd = app.add_subcommand(
       "record", "Run a program with the recorder attached: torchrr record -o run.trr -- CMD ...");
-  cmd->add_option("-o,--output", args->output,
-                  "Trace file to write: a new or regular file, locked while recorded (torchrun: "
-                  "one per rank, FILE.rankN.trr)");
+  AddOutputOption(*cmd, &args->output,
+                  "The trace to write: a new or regular file, locked while recorded (torchrun: "
+                  "one per rank, OUT.rankN.trr); default: torchrr.trr in the working directory, "
+                  "or torchrr.N.trr when that is taken",
+                  /*stdout_ok=*/false);
   cmd->add_flag("--no-stacks", args->no_stacks, "Do not capture stacks (faster, no lines)");
   AddOptionFlags(*cmd, args);
   cmd->add_flag("--quiet", args->quiet,
-                "Print no verdict after the program ends (by default, a trace with a violation "
-                "gets its culprit and victim lines and the fix)");
+                "Print nothing after the program ends (by default: where the trace is, and for a "
+                "trace with a violation its culprit and victim lines and the fix)");
   cmd->add_option("--locate-write", args->locate_write,
                   "A trace of an earlier run of this program whose write into a saved tensor no "
                   "op made (--verify-saved's evidence fingerprint): this run watches that tensor's "
                   "bytes line by line from its save to its use and names the line after which "
                   "they changed (Python programs)")
+      ->type_name("TRACE")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--python", args->force_python, "The command is a Python program");
   cmd->add_flag("--native", args->force_native, "The command is a native program (LD_PRELOAD)");
   cmd->add_option("command", args->command, "The program and its arguments, after --")
       ->required();
-  cmd->footer(fmt::format(
-      "The exit status is the program's (128+N when signal N ended it); {} when it could not be "
-      "run, {} when torchrr itself failed. The program is not run when the output is empty or "
-      "not a regular file ({}), another recording is writing it ({}), or its torch is not the "
-      "one torchrr was built against ({}). Ctrl-C reaches the program once, from the terminal; "
-      "SIGTERM and SIGHUP sent to torchrr are passed on.",
-      kExitNotRun, kExitOther, kExitUsage, kExitOther, kExitTorchMismatch));
-  cmd->callback([args, exit_code] {
+  cmd->footer(ExitCodesFooter(
+      {kExitUsage, kExitOther, kExitTorchMismatch, kExitNotRun},
+      "Otherwise the program's own exit status (128+N when signal N ended it). The program is "
+      "not run when the output is empty or not a regular file (2), another recording is "
+      "writing it (7), or its torch is not the one torchrr was built against (9). Ctrl-C "
+      "reaches the program once, from the terminal; SIGTERM and SIGHUP sent to torchrr are "
+      "passed on."));
+  cmd->callback([cmd, args, exit_code] {
     if (args->no_stacks) {
       args->options[FindRecordingOption("native_stacks")] = "0";
       args->options[FindRecordingOption("python_stacks")] = "0";
     }
+    args->output_given = cmd->get_option("--output")->count() > 0;
     *exit_code = RunRecord(*args);
   });
 }

@@ -1,7 +1,15 @@
 // `torchrr redact FILE -o OUT`: a copy of the trace without the names its owner may not want to
 // share (privacy.h says which and how), every chunk re-written and re-checksummed by the format's
 // writer. A damaged trace: what verifies is redacted, and the exit code says the copy is partial.
+// `-o -` writes the copy to stdout (not to a terminal): the writer makes it in a temporary
+// directory, then it is copied out whole.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +38,46 @@ int Fail(int code, const std::string& message) {
   return code;
 }
 
+namespace fs = std::filesystem;
+
+// Where the copy is written for `-o -`: a file in a directory of its own, removed with it.
+class StdoutStaging {
+ public:
+  StdoutStaging() {
+    std::error_code ec;
+    std::string pattern = (fs::temp_directory_path(ec) / "torchrr-redact-XXXXXX").string();
+    if (!ec && ::mkdtemp(pattern.data()) != nullptr) dir_ = pattern;
+  }
+  ~StdoutStaging() {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+  StdoutStaging(const StdoutStaging&) = delete;
+  StdoutStaging& operator=(const StdoutStaging&) = delete;
+  // The file to write; empty when no directory could be made.
+  std::string file() const { return dir_.empty() ? "" : (dir_ / "redacted.trr").string(); }
+
+ private:
+  fs::path dir_;
+};
+
+// Copies the file at `path` to stdout. Returns whether all of it was written.
+bool CopyToStdout(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char buffer[1 << 16];
+  while (in) {
+    in.read(buffer, sizeof buffer);
+    const size_t n = static_cast<size_t>(in.gcount());
+    if (n != 0 && std::fwrite(buffer, 1, n, stdout) != n) return false;
+  }
+  return in.eof() && std::fflush(stdout) == 0;
+}
+
 int RunRedact(const RedactOptions& options) {
+  const bool to_stdout = options.output == kStdout;
+  if (to_stdout && isatty(STDOUT_FILENO)) {
+    return Fail(kExitUsage, "redact: -o -: stdout is a terminal; redirect it to a file or a pipe");
+  }
   replayer::Redaction redaction;
   redaction.drop_values = options.drop_values;
   redaction.drop_source = options.drop_source;
@@ -42,8 +89,15 @@ int RunRedact(const RedactOptions& options) {
     }
     redaction.maps.emplace_back(map.substr(0, eq), map.substr(eq + 1));
   }
-  if (int rc = RefuseOverwrite(options.path, options.output); rc != 0) return rc;
-  if (int rc = CheckTraceOutput(options.output, options.force); rc != 0) return rc;
+  StdoutStaging staging;
+  if (to_stdout && staging.file().empty()) {
+    return Fail(kExitOther, std::string("redact: no temporary directory: ") + std::strerror(errno));
+  }
+  const std::string output = to_stdout ? staging.file() : options.output;
+  if (!to_stdout) {
+    if (int rc = RefuseOverwrite(options.path, output); rc != 0) return rc;
+    if (int rc = CheckTraceOutput(output, options.force); rc != 0) return rc;
+  }
   // Pass 1: the names to redact, and whether the trace can be read at all.
   format::ReadSummary summary =
       format::ReadTraceFile(options.path, [&](const format::Record& r) { redaction.FindNames(r); });
@@ -57,9 +111,9 @@ int RunRedact(const RedactOptions& options) {
   redaction.ApplyTo(info);
   format::WriterOptions writer_options;
   writer_options.replace_any_file = options.force;
-  auto writer = format::TraceWriter::Open(options.output, info, writer_options);
+  auto writer = format::TraceWriter::Open(output, info, writer_options);
   if (!writer.ok()) {
-    return Fail(7, replayer::Printable(writer.status().message()));
+    return Fail(kExitOther, replayer::Printable(writer.status().message()));
   }
   // Pass 2: every record, rewritten, in the order read.
   format::Status written = format::Status::Ok();
@@ -72,12 +126,12 @@ int RunRedact(const RedactOptions& options) {
   });
   if (written.ok()) written = (*writer)->Close();
   if (!written.ok()) {
-    std::remove(options.output.c_str());
-    return Fail(7, replayer::Printable(written.message()));
+    std::remove(output.c_str());
+    return Fail(kExitOther, replayer::Printable(written.message()));
   }
-  std::fprintf(stderr, "torchrr: redacted %llu strings into %s (%s)\n",
-               static_cast<unsigned long long>(strings_changed),
-               replayer::Printable(options.output).c_str(), redaction.Describe().c_str());
+  if (to_stdout && !CopyToStdout(output)) return Fail(kExitOther, "stdout: write failed");
+  SayWrote(options.output, "the redacted copy: " + std::to_string(strings_changed) +
+                               " strings changed; " + redaction.Describe());
   if (rc != 0) {
     std::fprintf(stderr,
                  "torchrr: warning: %s: the copy holds only the %llu records that could be read\n",
@@ -95,8 +149,9 @@ void RegisterRedactCommand(CLI::App& app, int* exit_code) {
       "redact",
       "Copy a trace without its home directories, user and host names (and, on request, "
       "argument values or source code); it replays to the same verdicts");
-  command->add_option("FILE", options->path, "Trace file (.trr)")->required();
-  command->add_option("-o,--output", options->output, "The redacted copy (.trr)")->required();
+  AddTraceArgument(*command, &options->path);
+  AddOutputOption(*command, &options->output, "The redacted copy (.trr)", /*stdout_ok=*/true)
+      ->required();
   command
       ->add_option("--map", options->maps,
                    "Replace OLD by NEW in every string, before the other rules (repeatable)")
@@ -108,8 +163,9 @@ void RegisterRedactCommand(CLI::App& app, int* exit_code) {
                     "where the files are at hand)");
   command->add_flag("--drop-args", options->drop_args,
                     "Drop the recorded command line's arguments (the program's name stays)");
-  command->add_flag("--force", options->force,
-                    "Replace the output even when it is an existing file that is not a trace");
+  AddForceFlag(*command, &options->force);
+  command->footer(ExitCodesFooter({kExitOk, kExitUsage, kExitNotATrace, kExitTruncated,
+                                   kExitCorrupt, kExitTooNew, kExitOther, kExitMemory}));
   command->callback([options, exit_code] { *exit_code = RunRedact(*options); });
 }
 

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
+#include <string_view>
 #include <map>
 #include <memory>
 #include <string>
@@ -123,9 +125,17 @@ int Severity(int exit_code) {
 
 }  // namespace
 
+bool ColorWanted() {
+  // https://no-color.org: any non-empty NO_COLOR; a dumb terminal draws no escape sequences.
+  const char* no_color = std::getenv("NO_COLOR");
+  const char* term = std::getenv("TERM");
+  return !(no_color != nullptr && *no_color != '\0') &&
+         !(term != nullptr && std::string_view(term) == "dumb");
+}
+
 int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_terminal) {
   const bool color = options.color == ColorMode::kAlways ||
-                     (options.color == ColorMode::kAuto && out_is_terminal);
+                     (options.color == ColorMode::kAuto && out_is_terminal && ColorWanted());
   const bool several = options.paths.size() > 1;
   // The text and the short verdict are one report per trace, under its name; the other formats
   // write one document for all of them.
@@ -200,8 +210,16 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
                    "line and victim line are one diagnostic that says how many and in which steps");
   const std::map<std::string, ColorMode> colors{
       {"auto", ColorMode::kAuto}, {"always", ColorMode::kAlways}, {"never", ColorMode::kNever}};
-  replay->add_option("--color", options->color, "Colour the text report: auto, always, never")
-      ->transform(CLI::CheckedTransformer(colors, CLI::ignore_case));
+  replay
+      ->add_option("--color", options->color,
+                   "Colour the text report: auto (the default: when stdout is a terminal, unless "
+                   "NO_COLOR is set or TERM is dumb), always, never")
+      ->transform(CLI::CheckedTransformer(colors, CLI::ignore_case))
+      ->option_text("auto|always|never");
+  replay->footer(ExitCodesFooter(
+      {kExitOk, kExitViolations, kExitUsage, kExitNotATrace, kExitTruncated, kExitCorrupt,
+       kExitTooNew, kExitOther, kExitIncomplete, kExitEmpty, kExitMemory},
+      "A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported."));
   AddSourceRootOption(*replay, &options->source_roots);
   replay->callback([options, exit_code] {
     *exit_code = RunReplay(*options, std::cout, isatty(STDOUT_FILENO) != 0);

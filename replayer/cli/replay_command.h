@@ -29,13 +29,17 @@ struct ReplayOptions {
   std::vector<std::string> source_roots;  // replayer::SetLocalSourceRoots; empty: the cwd.
 };
 
+// Whether the environment lets ColorMode::kAuto colour a terminal: not when NO_COLOR is set to
+// anything but "" (no-color.org), nor when TERM is "dumb".
+bool ColorWanted();
+
 // Reads each trace of options.paths (streaming: records are analysed as they are read, not kept),
 // writes each report to `out` (several: each under a "==> path <==" line, then a summary line
 // per trace; JSON: {"traces": [...]}; GNU lines and SARIF: one output for all of them),
 // problems with the files to stderr, and returns the exit code, the least clean over the traces
 // (exit_codes.h, ReplayExitCode): a damaged or unreadable trace's (3 to 7), then 8 for an
 // incomplete recording, then 1 for violations, else 0.
-// `out_is_terminal` decides colour under ColorMode::kAuto.
+// `out_is_terminal` and ColorWanted() decide colour under ColorMode::kAuto.
 int RunReplay(const ReplayOptions& options, std::ostream& out, bool out_is_terminal);
 
 // Adds the `replay` subcommand to `app`. When it runs it stores its exit code in *exit_code.

@@ -37,9 +37,6 @@ struct ReportOptions {
   std::vector<std::string> source_roots;
 };
 
-// `-o -`: the page goes to stdout, and no file is checked, replaced or written.
-constexpr std::string_view kStdout = "-";
-
 // Graphs a page draws at most (each is a run of dot, up to its time limit).
 constexpr size_t kMaxGraphs = 20;
 
@@ -202,8 +199,12 @@ int RunReport(const ReportOptions& options) {
   }
 
   const std::string page = replayer::HtmlReport(parts);
+  const size_t n = report.violations.size();
+  const std::string what = "the HTML page, " + std::to_string(n) + " violation" +
+                           (n == 1 ? "" : "s") + "; open it in a browser";
   if (to_stdout) {
     const int written = WriteToStdout(page);
+    if (written == 0) SayWrote(options.output, what);
     return written != 0 ? written : rc;
   }
   const int fd = OpenOutputFile(options.output, replayer::kHtmlReportPrefix, options.force, &refused);
@@ -214,6 +215,7 @@ int RunReport(const ReportOptions& options) {
                  replayer::Printable(options.output).c_str());
     return kExitOther;
   }
+  SayWrote(options.output, what);
   return rc;
 }
 
@@ -225,13 +227,15 @@ void RegisterReportCommand(CLI::App& app, int* exit_code) {
       "report",
       "Write the replay's verdicts as one self-contained HTML page, with the step's "
       "timeline and the autograd graph around each violation (drawn by Graphviz's dot)");
-  command->add_option("FILE", options->path, "Trace file (.trr)")->required();
-  command->add_option("-o,--output", options->output, "The page (.html); - writes it to stdout")
-      ->required();
-  command->add_flag("--force", options->force,
-                    "Replace the output even when it is a file this verb did not write");
-  command->add_option("--fix", options->fix_json,
-                      "Show each violation's fix: the JSON `torchrr fix --json FILE` wrote");
+  AddTraceArgument(*command, &options->path);
+  AddOutputOption(*command, &options->output, "The page (.html)", /*stdout_ok=*/true)->required();
+  AddForceFlag(*command, &options->force);
+  command
+      ->add_option("--fix", options->fix_json,
+                   "Show each violation's fix: the JSON `torchrr fix --json FILE` wrote")
+      ->type_name("JSON");
+  command->footer(ExitCodesFooter({kExitOk, kExitUsage, kExitNotATrace, kExitTruncated,
+                                   kExitCorrupt, kExitTooNew, kExitOther, kExitMemory}));
   AddSourceRootOption(*command, &options->source_roots);
   command->callback([options, exit_code] { *exit_code = RunReport(*options); });
 }

@@ -38,10 +38,6 @@ struct ReproCommandOptions {
   unsigned timeout_s = 120;
 };
 
-// `-o -`: the script goes to stdout (`torchrr repro run.trr -o - | python`), and no file is
-// checked, replaced or written.
-constexpr std::string_view kStdout = "-";
-
 namespace fs = std::filesystem;
 
 // A temporary directory, removed with what it holds when this goes out of scope.
@@ -169,10 +165,9 @@ int RunRepro(const ReproCommandOptions& options) {
     }
     const std::string stand_ins =
         repro.stand_ins == 0 ? "" : ", " + std::to_string(repro.stand_ins) + " through a stand-in";
-    std::fprintf(stderr, "torchrr: wrote %s: violation %zu, %zu of the trace's %llu ops%s\n",
-                 replayer::Printable(options.output).c_str(), options.violation,
-                 repro.slice_ops, static_cast<unsigned long long>(repro.trace_ops),
-                 stand_ins.c_str());
+    SayWrote(options.output, "the reproducer of violation " + std::to_string(options.violation) +
+                                 ": " + std::to_string(repro.slice_ops) + " of the trace's " +
+                                 std::to_string(repro.trace_ops) + " ops" + stand_ins);
   }
   if (options.check) {
     std::fflush(stderr);
@@ -189,17 +184,20 @@ void RegisterReproCommand(CLI::App& app, int* exit_code) {
   auto options = std::make_shared<ReproCommandOptions>();
   CLI::App* command = app.add_subcommand(
       "repro", "Write a standalone Python script, using only torch, that reproduces a violation");
-  command->add_option("FILE", options->path, "Trace file (.trr)")->required();
-  command->add_option("-o,--output", options->output,
-                      "Output script (.py); - for stdout. Required unless --check");
-  command->add_option("--violation", options->violation,
-                      "Which violation, from 0 in the order of `torchrr replay --json` "
-                      "(default: the first)");
-  command->add_option("--device", options->device,
-                      "Where the script runs the recorded non-CPU tensors (default: the recorded "
-                      "device when the machine has it, else the CPU)");
-  command->add_flag("--force", options->force,
-                    "Replace the output even when it is a file this verb did not write");
+  AddTraceArgument(*command, &options->path);
+  AddOutputOption(*command, &options->output, "The script (.py), required unless --check",
+                  /*stdout_ok=*/true);
+  command
+      ->add_option("--violation", options->violation,
+                   "Which violation, from 0 in the order of `torchrr replay --json` "
+                   "(default: the first)")
+      ->type_name("N");
+  command
+      ->add_option("--device", options->device,
+                   "Where the script runs the recorded non-CPU tensors (default: the recorded "
+                   "device when the machine has it, else the CPU)")
+      ->type_name("DEVICE");
+  AddForceFlag(*command, &options->force);
   command->add_flag(
       "--check", options->check,
       "Run the script (a copy in a temporary directory) with $TORCHRR_PYTHON, else the python3 "
@@ -208,7 +206,12 @@ void RegisterReproCommand(CLI::App& app, int* exit_code) {
       "exit 0 when it raised PyTorch's recorded message (a silent write: the gradients "
       "differed), 13 when it did not");
   command->add_option("--timeout", options->timeout_s, "Seconds the script may run (--check)")
-      ->check(CLI::Range(1u, 86400u));
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1u, 86400u))
+      ->capture_default_str();
+  command->footer(ExitCodesFooter({kExitOk, kExitUsage, kExitNotATrace, kExitTruncated,
+                                   kExitCorrupt, kExitTooNew, kExitOther, kExitNoRepro,
+                                   kExitNotReproduced, kExitMemory}));
   command->callback([options, exit_code] { *exit_code = RunRepro(*options); });
 }
 

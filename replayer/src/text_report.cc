@@ -344,7 +344,8 @@ void TextReport::EmitSummary(const Report& report) {
   }
 }
 
-// Quotes the op's user line, indentation dropped, with `label` under it, from the trace or else
+// Quotes the op's user line, indentation dropped, the statement (not a trailing comment)
+// underlined with `label` after it, from the trace or else
 // this machine's file (SourceCache); writes nothing and returns false when neither has it. The
 // first quote from a file that differs here from the recorded one says so:
 //      |
@@ -370,7 +371,8 @@ bool TextReport::EmitSourceQuote(const OpRef& op, const std::string& label) {
   out_ << pad << " " << p_.Gutter("|") << "\n";
   out_ << p_.Gutter(number + " |") << "     " << code << "\n";
   out_ << pad << " " << p_.Gutter("|") << "     "
-       << p_.Bold(std::string(code.empty() ? 1 : code.size(), '^')) << " " << label << "\n";
+       << p_.Bold(std::string(StatementWidth(code, op.user_frame->file), '^')) << " " << label
+       << "\n";
   if (origin == SourceOrigin::kTraceDiffers && said_differs_.insert(op.user_frame->file).second) {
     Fact() << Printable(op.user_frame->file)
            << " on this machine differs from the file the run used: the code shown is the run's\n";

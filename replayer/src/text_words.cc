@@ -1,5 +1,6 @@
 #include "text_words.h"
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -54,6 +55,32 @@ std::string LibraryLocation(const OpRef& op) {
 std::string Unindented(const std::string& line) {
   const size_t indent = line.find_first_not_of(" \t");
   return indent == std::string::npos ? "" : Printable(line.substr(indent));
+}
+
+size_t StatementWidth(const std::string& code, const std::string& file) {
+  const bool python = !(file.ends_with(".cc") || file.ends_with(".cpp") ||
+                        file.ends_with(".cxx") || file.ends_with(".h") ||
+                        file.ends_with(".hpp") || file.ends_with(".cu"));
+  size_t end = code.size();
+  char quote = 0;  // The open string literal's quote; 0 outside one.
+  for (size_t i = 0; i < code.size(); ++i) {
+    const char c = code[i];
+    if (quote != 0) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == quote) {
+        quote = 0;
+      }
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (python ? c == '#' : (c == '/' && i + 1 < code.size() && code[i + 1] == '/')) {
+      end = i;
+      break;
+    }
+  }
+  if (end == 0) return std::max<size_t>(code.size(), 1);  // A comment alone: all of it.
+  // The code starts with a non-blank (Unindented), so a non-blank precedes `end`.
+  return code.find_last_not_of(" \t", end - 1) + 1;
 }
 
 std::string CulpritLabel(const Violation& v) {

@@ -27,6 +27,11 @@ std::string LibraryLocation(const OpRef& op);
 // A quoted source line without its indentation, printable; "" for a blank line.
 std::string Unindented(const std::string& line);
 
+// How many leading characters of `code` (a line as Unindented gives it) are the statement: all
+// but a trailing comment (`#` in Python, `//` in C and C++: `file`'s extension says which) and
+// the blanks before it. A comment sign inside a string literal is not one. At least 1.
+size_t StatementWidth(const std::string& code, const std::string& file);
+
 // What the culprit did to the saved tensor: "aten::mul_ changed the version 0 -> 1",
 // "aten::foo (wrote through aten::add_) wrote into its memory through another tensor, ...",
 // "aten::detach_ detached it in place", "backward pass #0 ran SigmoidBackward0 and freed what it

@@ -35,6 +35,16 @@ def test_import_does_not_import_torch():
 
 
 @needs_build
+def test_version_is_the_command_lines():
+    import subprocess
+
+    shown = subprocess.run([cli(), "--version"], capture_output=True, text=True, timeout=30)
+    assert shown.stdout.split()[:2] == ["torchrr", torchrr.__version__], shown.stdout
+    with pytest.raises(AttributeError):
+        torchrr.no_such_attribute
+
+
+@needs_build
 def test_record_context_manager_records_the_exception(tmp_path):
     trace = tmp_path / "api.trr"
     with pytest.raises(RuntimeError, match=PYTORCH_INPLACE):

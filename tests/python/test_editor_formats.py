@@ -63,15 +63,16 @@ def test_gnu_puts_the_error_on_the_culprits_line(buggy_trace):
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     culprit, victim = marker_line(script, "CULPRIT"), marker_line(script, "VICTIM")
-    assert re.match(rf"^{re.escape(str(script))}:{culprit}:1: error: ", lines[0]), lines
+    # Column 5: the statement's first character, after the loop's indentation.
+    assert re.match(rf"^{re.escape(str(script))}:{culprit}:5: error: ", lines[0]), lines
     # Three steps' violations are one line that says how many.
     assert "saved tensor modified in place by aten::mul_.Tensor" in lines[0], lines[0]
     assert f"aten::sigmoid at {script}:{victim} saved it for SigmoidBackward0" in lines[0]
     assert lines[0].endswith(" (3 times)"), lines[0]
     assert sum(": error: " in line for line in lines) == 1, lines
-    assert lines[1] == (f"{script}:{victim}:1: note: aten::sigmoid saved the tensor here for "
+    assert lines[1] == (f"{script}:{victim}:5: note: aten::sigmoid saved the tensor here for "
                         "SigmoidBackward0"), lines
-    assert lines[2].startswith(f"{script}:{culprit}:1: note: help: make aten::mul_.Tensor out "
+    assert lines[2].startswith(f"{script}:{culprit}:5: note: help: make aten::mul_.Tensor out "
                                "of place"), lines
 
 
@@ -93,6 +94,7 @@ def test_sarif_is_valid_and_points_at_the_culprit(buggy_trace):
     assert urlsplit(location["artifactLocation"]["uri"]).scheme == "file"
     assert location["artifactLocation"]["uri"] == script.as_uri()
     assert location["region"]["startLine"] == marker_line(script, "CULPRIT")
+    assert location["region"]["startColumn"] == 5
     victim = result["relatedLocations"][0]["physicalLocation"]
     assert victim["region"]["startLine"] == marker_line(script, "VICTIM")
     node = result["relatedLocations"][1]["logicalLocations"][0]
@@ -124,3 +126,37 @@ def test_json_and_short_stay_aliases(buggy_trace):
     assert replay("--json", trace).stdout == replay("--format", "json", trace).stdout
     assert replay("--short", trace).stdout == replay("--format", "short", trace).stdout
     assert replay("--json", "--format", "gnu", trace).returncode == 2
+
+
+def replay_on_a_terminal(trace, env):
+    """`torchrr replay --color auto TRACE` with its stdout a terminal (a pty): what it printed."""
+    import os
+    import pty
+
+    controller, terminal = pty.openpty()
+    full_env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    proc = subprocess.run([cli(), "replay", "--color", "auto", str(trace)], stdout=terminal,
+                          stderr=subprocess.DEVNULL, env={**full_env, **env}, timeout=60)
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the terminal's other side is closed and drained.
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    assert proc.returncode == 1
+    return b"".join(chunks).decode()
+
+
+def test_no_color_and_a_dumb_terminal_turn_colour_off(buggy_trace):
+    _, trace = buggy_trace
+    assert "\x1b[" in replay_on_a_terminal(trace, {"TERM": "xterm"})
+    for env in ({"NO_COLOR": "1", "TERM": "xterm"}, {"TERM": "dumb"}):
+        shown = replay_on_a_terminal(trace, env)
+        assert "saved tensor modified in place" in shown and "\x1b[" not in shown, env
+    # An empty NO_COLOR is no request (no-color.org).
+    assert "\x1b[" in replay_on_a_terminal(trace, {"NO_COLOR": "", "TERM": "xterm"})

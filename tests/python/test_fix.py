@@ -489,7 +489,9 @@ def test_steps_beyond_the_programs_end_is_a_whole_run(tmp_path):
 
 def test_a_rerun_past_the_timeout_is_stopped(tmp_path):
     script, trace = record_program(tmp_path, "forever", FOREVER)
-    check = fix("--check", "--timeout", 3, trace, cwd=script.parent, timeout=120)
+    # More steps than it reaches in 3 s: by default the re-run would stop after the violation's.
+    check = fix("--check", "--timeout", 3, "--steps", 1000000, trace, cwd=script.parent,
+                timeout=120)
     assert check.returncode == 1, check.stdout + check.stderr
     assert "with this patch: the program ran past --timeout 3s" in check.stdout.splitlines(), \
         check.stdout

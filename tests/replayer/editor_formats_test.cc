@@ -54,6 +54,23 @@ std::vector<std::string> Lines(const std::string& text) {
   return lines;
 }
 
+// The column is the statement's first non-blank character where the source is at hand (the
+// trace's copy), 1 where it is not; SARIF says the same as startColumn.
+TEST(GnuFormatTest, TheColumnIsTheStatementsFirstCharacter) {
+  Report report;
+  report.violations.push_back(MulAfterSigmoid());
+  report.sources["train.py"].text[12] = "        y.mul_(2)  # the bug";
+  std::vector<std::string> lines = Lines(FormatGnu({Trace("run.trr", report)}));
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_TRUE(lines[0].starts_with("train.py:12:9: error: ")) << lines[0];
+  EXPECT_TRUE(lines[1].starts_with("train.py:5:1: note: ")) << lines[1];  // Not carried.
+  const nlohmann::json log = ToSarif({Trace("run.trr", report)}, "0.0");
+  const nlohmann::json& region =
+      log["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["region"];
+  EXPECT_EQ(region["startLine"], 12);
+  EXPECT_EQ(region["startColumn"], 9);
+}
+
 TEST(GnuFormatTest, ErrorAtTheCulpritNoteAtTheVictim) {
   Report report;
   report.violations.push_back(MulAfterSigmoid());

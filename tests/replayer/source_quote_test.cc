@@ -164,6 +164,20 @@ TEST(SourceQuoteTest, TheTracesCodeIsQuotedWhereTheFileIsGone) {
   EXPECT_EQ(text.find("differs"), std::string::npos) << text;
 }
 
+// The underline covers the statement, not a trailing comment; a comment sign inside a string is
+// no comment; a line without a comment is underlined whole.
+TEST(SourceQuoteTest, TheUnderlineStopsBeforeATrailingComment) {
+  std::string path = TempPath("commented.py");
+  std::string text = ReportCarrying(
+      path, {"    y.mul_(2)   # the bug", "    y = torch.sigmoid(x, name='#1')  # saved"}, 1);
+  EXPECT_NE(text.find("1 |     y.mul_(2)   # the bug\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("|     ^^^^^^^^^ aten::mul_"), std::string::npos) << text;
+  // The victim's: the call with its '#1' argument, 31 characters.
+  EXPECT_NE(text.find("|     " + std::string(31, '^') + " "), std::string::npos) << text;
+  std::string plain = ReportCarrying(TempPath("plain.py"), {"    y.mul_(2)", "    y = x"}, 1);
+  EXPECT_NE(plain.find("|     ^^^^^^^^^ aten::mul_"), std::string::npos) << plain;
+}
+
 TEST(SourceQuoteTest, AFileHereThatDiffersIsSaidOnceAndNeverQuoted) {
   SourceRoots roots({::testing::TempDir()});
   std::string path = TempPath("edited.py");

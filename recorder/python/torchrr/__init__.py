@@ -28,11 +28,21 @@ from ._recording import (Recording, flush, ops_recorded, options_in_effect, reco
 from ._report import (BackwardNode, Frame, GradientCut, Op, ReplayError, Report, Tensor, Violation,
                       replay)
 
-__all__ = [
+__all__ = [  # And __version__, read from the build when asked (__getattr__).
     "BackwardNode", "Frame", "GradientCut", "Op", "Recording", "ReplayError", "Report", "Tensor",
     "TorchVersionWarning", "Violation", "flush", "ops_recorded", "options_in_effect", "record",
     "load_ipython_extension", "record_error", "recording", "replay", "start", "step", "stop",
 ]
+
+
+def __getattr__(name: str):
+    """``torchrr.__version__``: the version of the build this package uses (``torchrr
+    --version``'s), read when first asked so that the import stays cheap."""
+    if name == "__version__":
+        value = _native.version()
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module 'torchrr' has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython) -> None:

@@ -440,7 +440,7 @@ def describe(fixes: list) -> list:
         r = fix["rewrite"]
         which = ", ".join(str(i) for i in fix["violations"])
         label = "violation" if len(fix["violations"]) == 1 else "violations"
-        where = f"{r.file}:{r.first_line}" if r.file else "(no line)"
+        where = f"{os.path.normpath(r.file)}:{r.first_line}" if r.file else "(no line)"
         if r.certain:
             lines.append(f"{label} {which}: {where}: {r.why}")
         else:

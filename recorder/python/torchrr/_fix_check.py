@@ -1,12 +1,15 @@
 """``torchrr fix --check``: re-runs the recorded command (``python script.py ...`` or
 ``python -m module ...``, or the torchrun launch a rank's trace came from, or a C++ program
 built again from its CMake build, _fix_cpp_build) under ``torchrr record`` with the patch applied
-to copies of the files (a temporary copy of the script's directory, or for ``-m`` of the working
-directory the module was imported from, or of the patched C++ files; the user's files are never
-written), replays that trace and says what remains. ``--steps N`` stops the re-run once
-its first N steps are recorded. When a violation was silent, the patched program also runs twice
-without the recorder (_fix_grads/sitecustomize.py), as it is and with every saved tensor kept as
-saved, and the gradients of its backward passes up to the violation's are compared
+to copies of the files (a temporary copy of the common root of the script, or for ``-m`` the
+working directory the module was imported from, and the patched files; or of the patched C++
+files; the user's files are never written), replays that trace and says what remains. The
+command is read as CPython reads its own options (_python_target). ``--steps N`` stops the
+re-run once its first N steps are recorded; without it, a Python program's re-run stops after
+the step of its last violation (_violation_steps). A line on stderr says what is re-run.
+When a violation was silent, the patched program also runs twice without the recorder
+(_fix_grads/sitecustomize.py), as it is and with every saved tensor kept as saved, and the
+gradients of its backward passes up to the violation's are compared
 (compare_gradients). ``--apply`` then writes the checked patch to the user's files, each with a
 ``.orig`` backup.
 
@@ -46,6 +49,9 @@ _RECORDING_ENV = ("TORCHRR_OUTPUT", "TORCHRR_RECORDER_PID", "TORCHRR_FIX_EXIT_CO
 # How often a re-run bounded by --steps looks whether its traces are written: each look is a
 # `torchrr info` per trace not yet written, a few milliseconds.
 _POLL_S = 0.25
+# Once the steps a re-run is bounded to are written, how long the program may take to end on its
+# own (its last step was its end: a Python program's exit takes a moment) before it is stopped.
+_END_GRACE_S = 2
 # After SIGTERM, how long the re-run may take to end before SIGKILL: torchrun gives its workers
 # 30 s after passing SIGTERM on before it kills them.
 _STOP_GRACE_S = 40
@@ -80,46 +86,97 @@ def _found(tail: str, user_files: list) -> str:
     """The directory `tail` (a relative path) hangs from: that of the user's file the trace names
     that ends with it, else the working directory when it holds it; "" when neither."""
     tail = os.sep + os.path.normpath(tail)
-    for path in user_files:
+    for path in map(os.path.normpath, user_files):
         if path.endswith(tail) and os.path.isfile(path):
             return path[:-len(tail)] or os.sep
     return os.getcwd() if os.path.isfile(os.getcwd() + tail) else ""
 
 
+# CPython's own options that take a value (`python -W ignore`, `-Wignore`, `-X dev`), as its
+# getopt reads them (Python/getopt.c); the long one that takes a value; the others take none.
+_PYTHON_VALUE_OPTIONS = "WXcm"
+_PYTHON_LONG_VALUE_OPTIONS = ("--check-hash-based-pycs",)
+
+
+def _python_target(command: list) -> tuple:
+    """What `command` (a Python interpreter and its arguments) runs, read as CPython reads its
+    command line: ("script", index of the script), ("module", index of the argument that holds
+    the module's name, the name) or ("c", index) for `-c`, ("stdin", index) for `-` or nothing
+    after the options. Short options combine (`-uW ignore`, `-Wignore`), a value is the rest of
+    its argument or the next one, and `--` ends the options."""
+    index = 1
+    while index < len(command):
+        arg = command[index]
+        if arg == "--":
+            return ("script", index + 1) if index + 1 < len(command) else ("stdin", index)
+        if arg == "-":
+            return "stdin", index
+        if arg in _PYTHON_LONG_VALUE_OPTIONS:
+            index += 2
+            continue
+        if arg.startswith("--") or arg.startswith(tuple(f"{o}=" for o in
+                                                        _PYTHON_LONG_VALUE_OPTIONS)):
+            index += 1
+            continue
+        if not arg.startswith("-"):
+            return "script", index
+        taken = 1
+        for at in range(1, len(arg)):
+            option = arg[at]
+            if option not in _PYTHON_VALUE_OPTIONS:
+                continue
+            attached = arg[at + 1:]
+            if option in "cm":
+                if attached:
+                    return (option if option == "c" else "module"), index, attached
+                if index + 1 >= len(command):
+                    return "stdin", index
+                return ("c" if option == "c" else "module"), index + 1, command[index + 1]
+            taken = 1 if attached else 2
+            break
+        index += taken
+    return "stdin", index
+
+
 def _script(command: list, user_files: list) -> tuple:
-    """(index in `command` of the Python script, or of the module `-m` names; the absolute path
-    of the file it runs; the directory to copy: the script's, or for `-m` the working directory
-    it imported the module from; the working directory the command ran in)."""
+    """(index in `command` of the Python script, or of the argument holding the module `-m`
+    names; the absolute path of the file it runs; the directory to copy: the script's, or for
+    `-m` the working directory it imported the module from; the working directory the command ran
+    in; whether it is a module). The script is the one Python itself would run
+    (_python_target)."""
     if "python" not in os.path.basename(command[0]):
         raise NotRerunnable(f"`{command[0]}` is not Python: only `python script.py ...` and "
                             "`python -m module ...` are re-run")
-    for index, arg in enumerate(command[1:], 1):
-        if arg == "-c":
-            raise NotRerunnable(f"`{command[0]} -c` runs no file: only `python script.py ...` "
-                                "and `python -m module ...` are re-run")
-        if arg == "-m" and index + 1 < len(command):
-            module = command[index + 1]
-            if not all(part.isidentifier() for part in module.split(".")):
-                raise NotRerunnable(f"`-m {module}` names no module")
-            path = module.replace(".", os.sep)
-            for tail in (path + ".py", os.path.join(path, "__main__.py")):
-                cwd = _found(tail, user_files)
-                if cwd:
-                    return index + 1, os.path.join(cwd, tail), cwd, cwd
-            raise NotRerunnable(f"module {module} is not found in the working directory the "
-                                "trace's lines show (an installed module is not copied)")
-        if arg.startswith("-"):
-            continue
-        if os.path.isabs(arg):
-            if not os.path.isfile(arg):
-                raise NotRerunnable(f"{arg} is missing on this machine")
-            return index, arg, os.path.dirname(arg), os.getcwd()
-        cwd = _found(arg, user_files)
-        if cwd:
-            script = os.path.join(cwd, os.path.normpath(arg))
-            return index, script, os.path.dirname(script), cwd
-        raise NotRerunnable(f"{arg} is missing on this machine")
-    raise NotRerunnable("the recorded command names no script")
+    target = _python_target(command)
+    kind, index = target[0], target[1]
+    if kind == "c":
+        raise NotRerunnable(f"`{command[0]} -c` runs no file: only `python script.py ...` "
+                            "and `python -m module ...` are re-run")
+    if kind == "stdin":
+        raise NotRerunnable("the recorded command names no script (Python read its program "
+                            "from stdin)")
+    if kind == "module":
+        module = target[2]
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise NotRerunnable(f"`-m {module}` names no module")
+        path = module.replace(".", os.sep)
+        for tail in (path + ".py", os.path.join(path, "__main__.py")):
+            cwd = _found(tail, user_files)
+            if cwd:
+                return index, os.path.join(cwd, tail), cwd, cwd, True
+        raise NotRerunnable(f"module {module} is not found in the working directory the "
+                            "trace's lines show (an installed module is not copied)")
+    arg = command[index]
+    if os.path.isabs(arg):
+        arg = os.path.normpath(arg)
+        if not os.path.isfile(arg):
+            raise NotRerunnable(f"{arg} is missing on this machine")
+        return index, arg, os.path.dirname(arg), os.getcwd(), False
+    cwd = _found(arg, user_files)
+    if cwd:
+        script = os.path.normpath(os.path.join(cwd, arg))
+        return index, script, os.path.dirname(script), cwd, False
+    raise NotRerunnable(f"{arg} is missing on this machine")
 
 
 def _rank_trace(trace: str, rank: int) -> str:
@@ -225,11 +282,16 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _record(argv: list, cwd: str, env: dict, timeout: float, workdir: str,
-            bounded_traces: list, steps: Optional[int]) -> tuple:
-    """Runs `argv` (a `torchrr record`), its output kept in `workdir`. With `steps`, stops it
+            bounded_traces: list, steps: Optional[int], shown: str) -> tuple:
+    """Runs `argv` (a `torchrr record`), its output kept in `workdir`, after a line on stderr
+    that says it re-runs `shown` (the user's command) and for how long. With `steps`, stops it
     once each of `bounded_traces` is written with that many steps. Returns (exit status, stderr,
     whether it was stopped so); raises TimeoutExpired after it was stopped at `timeout`
     seconds."""
+    bound = f"its first {steps} step{'s' * (steps != 1)}, " if steps else ""
+    sys.stderr.write(f"torchrr: re-running the patched program ({bound}at most {timeout:g} s): "
+                     f"{shown}\n")
+    sys.stderr.flush()
     with open(os.path.join(workdir, "stdout"), "wb") as out, \
             open(os.path.join(workdir, "stderr"), "wb") as err:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
@@ -244,30 +306,44 @@ def _record(argv: list, cwd: str, env: dict, timeout: float, workdir: str,
             proc.wait(timeout=min(left, _POLL_S) if steps else left)
         except subprocess.TimeoutExpired:
             if steps and _steps_written(bounded_traces, steps, done):
-                _stop(proc)
-                stopped = True
+                try:  # A program whose last step was its end is not stopped: it ends itself.
+                    proc.wait(timeout=min(_END_GRACE_S, max(deadline - time.monotonic(), 0)))
+                except subprocess.TimeoutExpired:
+                    _stop(proc)
+                    stopped = True
     with open(os.path.join(workdir, "stderr"), "rb") as err:
         stderr = err.read().decode("utf-8", "replace")
     return proc.returncode, stderr, stopped
 
 
 def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
-          steps: Optional[int] = None) -> Rerun:
+          steps: Optional[int] = None, default_steps: Optional[int] = None) -> Rerun:
     """Runs the recorded command under `torchrr record` on patched copies in `workdir` (a rank's
     trace: the whole torchrun launch); with `steps`, stops it once its first `steps` steps are
     recorded."""
     info = _info(trace)
     command, flags = _command(info)
+    if any(_fix.cpp.is_cpp(path) for path in texts):
+        if steps:
+            flags = [*flags, "--steps", f"0:{steps - 1}"]
+        return _rerun_cpp(command, flags, texts, timeout, workdir, steps)
+    # The trace's paths as the program named them (`scripts/../src/pkg/mod.py`): one name each.
+    texts = {os.path.normpath(os.path.abspath(path)): text for path, text in texts.items()}
+    index, script, root, cwd, module = _script(command,
+                                               list(texts) + _fix._user_files(document))
+    launcher = _launch(trace, info, command, index)
+    # Without --steps, a Python program stops once the steps its violations were in are recorded
+    # (`default_steps`). Not a launch: another rank's violations may come later.
+    if steps is None and not launcher:
+        steps = default_steps
     if steps:
         flags = [*flags, "--steps", f"0:{steps - 1}"]
-    if any(_fix.cpp.is_cpp(path) for path in texts):
-        return _rerun_cpp(command, flags, texts, timeout, workdir, steps)
-    index, script, root, cwd = _script(command, list(texts) + _fix._user_files(document))
-    launcher = _launch(trace, info, command, index)
-    outside = [p for p in texts if os.path.commonpath([root, p]) != root]
-    if outside:
-        raise NotRerunnable(f"the patch edits {outside[0]}, outside the script's directory "
-                            f"{root}, which is all that is copied")
+    # The copy holds the script and every patched file: their common root (`scripts/train.py`
+    # beside `src/pkg/`: the repository).
+    root = os.path.commonpath([root, *texts])
+    if root == os.path.dirname(root):
+        raise NotRerunnable(f"the script {script} and the patched files share no directory but "
+                            f"{root}: only a tree that holds them all is copied")
     if _copy_size(root) > _COPY_LIMIT:
         raise NotRerunnable(f"{root} holds more than {_COPY_LIMIT >> 20} MiB to copy")
     copy = os.path.join(workdir, "src")
@@ -275,6 +351,7 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
     for path, text in texts.items():
         with open(os.path.join(copy, os.path.relpath(path, root)), "w") as f:
             f.write(text)
+    packages = _package_roots(texts, root, copy, os.path.dirname(script))
     recorded = list(command)
     # A relative interpreter (`.venv/bin/python`) names a file of the directory the program ran
     # in, not of the copy the re-run starts in.
@@ -285,7 +362,7 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
             raise NotRerunnable(f"{command[0]} is not found from here: run fix in the directory "
                                 "the program was recorded in")
         command[0] = found[0]
-    if command[index - 1] != "-m":  # A module is found from the (copied) working directory.
+    if not module:  # A module is found from the (copied) working directory.
         command[index] = os.path.join(copy, os.path.relpath(script, root))
     inside = os.path.commonpath([root, cwd]) == root
     run_cwd = os.path.join(copy, os.path.relpath(cwd, root)) if inside else cwd
@@ -301,11 +378,34 @@ def rerun(trace: str, document: dict, texts: dict, timeout: float, workdir: str,
         result.trace = result.ranks[result.rank]
         result.launch = shlex.join(["torchrun", *launcher[3:], *recorded[2:]])
     env = {k: v for k, v in os.environ.items() if k not in drop}
+    if packages:
+        # Ahead of site-packages, whose .pth or finder of an editable install names the user's.
+        env["PYTHONPATH"] = os.pathsep.join([*packages, *filter(None, [env.get("PYTHONPATH")])])
     result.command, result.cwd, result.env = list(command), run_cwd, env
     result.returncode, result.stderr, result.stopped = _record(
         [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *command], run_cwd, env,
-        timeout, workdir, list(result.ranks.values()) or [new_trace], steps)
+        timeout, workdir, list(result.ranks.values()) or [new_trace], steps,
+        result.launch or shlex.join(recorded))
     return result
+
+
+def _package_roots(texts: dict, root: str, copy: str, script_dir: str) -> list:
+    """The directories of the copy that the patched program must import its patched packages
+    from: for each patched file inside a package (a directory with __init__.py), the directory
+    above its top package (`src` for `src/pkg/mod.py`), unless that is the script's own directory,
+    which Python puts first itself. An editable install (`pip install -e .`) names the user's
+    tree; these, first on PYTHONPATH, name the copy."""
+    roots = []
+    for path in texts:
+        top = os.path.dirname(path)
+        while top != root and os.path.isfile(os.path.join(top, "__init__.py")):
+            top = os.path.dirname(top)
+        if top == os.path.dirname(path) or top == script_dir:
+            continue
+        in_copy = os.path.join(copy, os.path.relpath(top, root))
+        if in_copy not in roots:
+            roots.append(in_copy)
+    return roots
 
 
 def _rerun_cpp(command: list, flags: list, texts: dict, timeout: float, workdir: str,
@@ -336,7 +436,7 @@ def _rerun_cpp(command: list, flags: list, texts: dict, timeout: float, workdir:
     left = max(1.0, timeout - (time.monotonic() - started))
     result.returncode, result.stderr, result.stopped = _record(
         [_fix.cli_path(), "record", "-o", new_trace, *flags, "--", *result.command], result.cwd,
-        result.env, left, workdir, [new_trace], steps)
+        result.env, left, workdir, [new_trace], steps, shlex.join(command))
     return result
 
 
@@ -376,8 +476,11 @@ def _last_error(stderr: str, paths: dict) -> str:
 def verdict(run: Rerun, steps: Optional[int] = None) -> tuple:
     """(clean, the lines saying what the re-run found): the replay of its trace (the same rank's
     under torchrun, then a line for each other rank whose trace holds violations or is missing);
-    "in the first N steps" when --steps stopped it."""
-    lead = f"with this patch, in the first {steps} steps" if run.stopped else "with this patch"
+    "in the first N steps" when --steps N (`steps`) stopped it."""
+    # Only a bound the user chose is named: the default one (the violations' steps) is said on
+    # stderr as the re-run starts, and whether it stopped the program early depends on timing.
+    lead = (f"with this patch, in the first {steps} step{'s' * (steps != 1)}"
+            if run.stopped and steps else "with this patch")
     try:
         document, code = _fix.replay_json(run.trace)
     except _fix.TraceUnreadable as error:
@@ -505,8 +608,18 @@ def apply(space: "_fix.Workspace", texts: dict) -> list:
             f.write(text)
         shutil.copymode(path, temporary)
         os.replace(temporary, path)
-        lines.append(f"patched {path} (the old file: {path}.orig)")
+        shown = os.path.normpath(path)  # `scripts/../pkg/model.py` as `pkg/model.py`.
+        lines.append(f"patched {shown} (the old file: {shown}.orig)")
     return lines
+
+
+def _violation_steps(document: dict) -> Optional[int]:
+    """How many steps a re-run needs to reach every violation: 1 + the last violation's step;
+    None (the whole run) when a violation's step is not known."""
+    steps = [v.get("step") for v in document.get("violations", [])]
+    if not steps or any(not isinstance(step, int) or step < 0 for step in steps):
+        return None
+    return max(steps) + 1
 
 
 def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dict,
@@ -520,7 +633,10 @@ def check(args, document: dict, space: "_fix.Workspace", texts: dict, codes: dic
         return codes["no_fix"] if document.get("violations") else codes["ok"]
     with tempfile.TemporaryDirectory(prefix="torchrr-fix-") as workdir:
         try:
-            run = rerun(args.trace, document, texts, args.timeout, workdir, args.steps)
+            # By default the re-run stops once the steps its violations were in are recorded (a
+            # training run's remaining hours prove nothing more of the patch); --steps overrides.
+            run = rerun(args.trace, document, texts, args.timeout, workdir, args.steps,
+                        default_steps=_violation_steps(document))
         except NotRerunnable as error:
             sys.stderr.write(f"torchrr: cannot re-run the recorded command: {error}\n")
             return codes["not_rerun"]

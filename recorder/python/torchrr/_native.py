@@ -115,6 +115,19 @@ def build_info(library: Path | None = None) -> dict | None:
         return None
 
 
+def version() -> str:
+    """torchrr's version: that of the build this package uses (``torchrr_build.json``), else the
+    installed distribution's, else "unknown"."""
+    info = build_info()
+    if info and info.get("torchrr"):
+        return str(info["torchrr"])
+    try:
+        from importlib.metadata import PackageNotFoundError, version as installed
+        return installed("torchrr")
+    except (ImportError, PackageNotFoundError):
+        return "unknown"
+
+
 def _minor(version: str) -> tuple[int, int] | None:
     match = re.match(r"(\d+)\.(\d+)", version)
     return (int(match[1]), int(match[2])) if match else None

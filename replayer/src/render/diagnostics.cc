@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "source_files.h"
 #include "text_words.h"
 #include "torchrr/replayer/printable.h"
 
@@ -154,6 +155,15 @@ std::string KeyOf(const Diagnostic& d) {
          d.victim_message;
 }
 
+// Sets `place`'s column to that of its line's first non-blank character (1 without the source).
+void SetColumn(SourceCache& sources, std::optional<DiagnosticPlace>& place) {
+  if (!place || place->line == 0) return;
+  const std::string* text = sources.Line(place->file, place->line);
+  if (text == nullptr) return;
+  const size_t first = text->find_first_not_of(" \t\f\v");
+  if (first != std::string::npos) place->column = static_cast<uint32_t>(first + 1);
+}
+
 template <typename T>
 void AddSorted(std::vector<T>& values, T value) {
   auto it = std::lower_bound(values.begin(), values.end(), value);
@@ -165,7 +175,11 @@ void AddSorted(std::vector<T>& values, T value) {
 std::vector<Diagnostic> CollectDiagnostics(const std::vector<const Report*>& reports) {
   std::vector<Diagnostic> diagnostics;
   std::map<std::string, size_t> index;
+  const Report* current = nullptr;
   auto add = [&](Diagnostic d, size_t trace, std::optional<uint64_t> pass) {
+    SourceCache sources(&current->sources);
+    SetColumn(sources, d.at);
+    SetColumn(sources, d.victim_at);
     auto [it, inserted] = index.try_emplace(KeyOf(d), diagnostics.size());
     if (inserted) diagnostics.push_back(std::move(d));
     Diagnostic& kept = diagnostics[it->second];
@@ -177,6 +191,7 @@ std::vector<Diagnostic> CollectDiagnostics(const std::vector<const Report*>& rep
   for (size_t i = 0; i < reports.size(); ++i) {
     const Report* report = reports[i];
     if (report == nullptr) continue;
+    current = report;
     for (const Violation& v : report->violations) add(OfViolation(v), i, v.backward_pass);
     for (const UnexplainedError& e : report->unexplained_errors) {
       add(OfUnexplained(e), i, std::nullopt);

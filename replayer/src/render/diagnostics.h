@@ -19,6 +19,9 @@ namespace torchrr::replayer {
 struct DiagnosticPlace {
   std::string file;
   uint32_t line = 0;
+  // 1-based column of the statement's first non-blank character, from the line's source (the
+  // trace's copy, else this machine's); 1 when the source is not at hand.
+  uint32_t column = 1;
   bool operator==(const DiagnosticPlace&) const = default;
 };
 

@@ -10,17 +10,19 @@
 namespace torchrr::replayer {
 namespace {
 
-// "train.py:12:1": traces record no column, and 1 keeps the three-field form every matcher takes.
-// "train.py" without a line.
+// "train.py:12:5": the statement's first column (1 when its source is not at hand, which keeps
+// the three-field form every matcher takes). "train.py" without a line.
 std::string GnuPlace(const DiagnosticPlace& place) {
   std::string text = Printable(place.file);
-  if (place.line != 0) text += ":" + std::to_string(place.line) + ":1";
+  if (place.line != 0) {
+    text += ":" + std::to_string(place.line) + ":" + std::to_string(place.column);
+  }
   return text;
 }
 
-//   train.py:12:1: error: saved tensor modified in place by aten::mul_; ... (40 times)
-//   train.py:5:1: note: aten::sigmoid saved the tensor here for SigmoidBackward0
-//   train.py:12:1: note: help: make aten::mul_ out of place (aten::mul), or .clone() ...
+//   train.py:12:5: error: saved tensor modified in place by aten::mul_; ... (40 times)
+//   train.py:5:5: note: aten::sigmoid saved the tensor here for SigmoidBackward0
+//   train.py:12:5: note: help: make aten::mul_ out of place (aten::mul), or .clone() ...
 void EmitDiagnostic(const Diagnostic& d, const std::vector<ReplayedTrace>& traces,
                     std::ostream& out) {
   const std::string at = d.at ? GnuPlace(*d.at) : Printable(traces[d.traces.front()].path);

@@ -113,7 +113,9 @@ json TraceArtifact(const std::string& path) {
 
 json PhysicalLocation(const DiagnosticPlace& place) {
   json location = {{"artifactLocation", SourceArtifact(place.file)}};
-  if (place.line != 0) location["region"] = {{"startLine", place.line}};
+  if (place.line != 0) {
+    location["region"] = {{"startLine", place.line}, {"startColumn", place.column}};
+  }
   return location;
 }
 
