@@ -218,8 +218,9 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
       ->option_text("auto|always|never");
   replay->footer(ExitCodesFooter(
       {kExitOk, kExitViolations, kExitUsage, kExitNotATrace, kExitTruncated, kExitCorrupt,
-       kExitTooNew, kExitOther, kExitIncomplete, kExitEmpty, kExitMemory},
-      "A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported."));
+       kExitTooNew, kExitOther, kExitIncomplete, kExitEmpty, kExitMemory, kExitGradientCut},
+      "A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported. 1 wins "
+      "over 15."));
   AddSourceRootOption(*replay, &options->source_roots);
   replay->callback([options, exit_code] {
     *exit_code = RunReplay(*options, std::cout, isatty(STDOUT_FILENO) != 0);
