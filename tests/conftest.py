@@ -7,7 +7,7 @@ long group does not start last.
 
 pytest-xdist groups by rewriting each test's node id in the workers, which pytest 9 no longer
 lets it do; so the workers write each test's group to a file instead (one per worker, in a
-folder the controller names in TORCHRR_TEST_GROUPS), and the controller's scheduler reads them.
+folder the controller names in TESTS_XDIST_GROUPS_DIR), and the controller's scheduler reads them.
 """
 import json
 import os
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-GROUPS_ENV = "TORCHRR_TEST_GROUPS"
+# Not TORCHRR_*: tests check that a recorded program sees no TORCHRR_* variable it was not given.
+GROUPS_ENV = "TESTS_XDIST_GROUPS_DIR"
 # The scopes whose fixtures hold work that the tests using them share.
 SHARED_SCOPES = ("module", "package", "session")
 

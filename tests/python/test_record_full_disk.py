@@ -87,10 +87,14 @@ def test_a_full_disk_stops_the_recording_not_the_program(tmp_path):
 
     assert proc.returncode == 3, f"exit {proc.returncode}, the program's is 3: {proc.stderr}"
     assert proc.stdout == "steps done\n", proc.stdout
-    warnings = [line for line in proc.stderr.splitlines() if line.startswith("torchrr:")]
+    # One warning when the disk fills, then where what was kept is (every verb that writes says).
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("torchrr:")]
+    warnings = [line for line in lines if line.startswith("torchrr: warning:")]
     assert len(warnings) == 1, proc.stderr
     assert "No space left on device" in warnings[0], warnings[0]
     assert "recording stopped" in warnings[0], warnings[0]
+    assert len(lines) == 2 and lines[0] == warnings[0], proc.stderr
+    assert lines[1].startswith(f"torchrr: wrote {mount_point / 'run.trr'} (the trace, "), lines[1]
 
     trace = out / "run.trr"
     assert 0 < trace.stat().st_size <= TMPFS_BYTES
