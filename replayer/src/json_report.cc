@@ -39,7 +39,12 @@ json OpJson(const OpRef& op) {
           {"user_frame", UserFrameJson(op.user_frame)},
           {"stack", std::move(stack)},
           {"module", op.module.empty() ? json(nullptr) : json(op.module)},
-          {"hook", op.hook}};
+          {"hook", op.hook},
+          {"function", op.function.empty()
+                           ? json(nullptr)
+                           : json({{"name", op.function},
+                                   {"backward", op.in_function_backward},
+                                   {"called_from", UserFrameJson(op.called_from)}})}};
 }
 
 json OptionalOpJson(const std::optional<OpRef>& op) { return op ? OpJson(*op) : json(nullptr); }

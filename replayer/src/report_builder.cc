@@ -156,6 +156,14 @@ class ReportBuilder {
   bool IsCompiledRegion(const OpInfo& op) const {
     return state_.Str(op.name).starts_with("Torch-Compiled Region");
   }
+  // Whether `op` is a Python autograd.Function's apply(): named by its class alone, where ATen's
+  // and custom ops' names have a namespace, and neither a range nor autograd's engine wrapper.
+  bool IsFunctionApply(const OpInfo& op) const {
+    const std::string& name = state_.Str(op.name);
+    return op.scope == OpScope::kFunction && name.find("::") == std::string::npos &&
+           !IsAutogradEngineName(name) && !IsCompiledRegion(op);
+  }
+  void SetFunctionContext(ObjectId op, OpRef& ref) const;
   ObjectId BackwardOpOf(ObjectId op) const;
   ExecMessages MessagesByBackwardOp(
       const std::vector<std::pair<ObjectId, std::string>>& errors) const;
@@ -256,7 +264,10 @@ OpRef ReportBuilder::UserOpRef(ObjectId innermost) const {
     const OpInfo* op = state_.FindOp(outer);
     if (op == nullptr || op->parent == 0) break;
     const OpInfo* parent = state_.FindOp(op->parent);
+    // An op with a stack of its own inside a Python Function's apply() is one the Function's
+    // forward called: its line is in the Function, not at the apply.
     if (parent == nullptr || parent->scope != OpScope::kFunction ||
+        (op->stack != 0 && IsFunctionApply(*parent)) ||
         IsAutogradEngineName(state_.Str(parent->name)) || RunsTracedUserLine(*op)) {
       break;
     }
@@ -264,6 +275,7 @@ OpRef ReportBuilder::UserOpRef(ObjectId innermost) const {
     if (IsCompiledRegion(*parent)) break;
   }
   OpRef ref = MakeOpRef(outer);
+  SetFunctionContext(outer, ref);
   if (outer != innermost) {
     if (const OpInfo* inner = state_.FindOp(innermost)) {
       ref.detail = state_.Str(inner->name);
@@ -274,6 +286,39 @@ OpRef ReportBuilder::UserOpRef(ObjectId innermost) const {
     }
   }
   return ref;
+}
+
+// An op with a stack of its own directly inside a Python Function's apply() or its node's
+// backward (the recorder gives those ops stacks): the Function, and the first user line outside
+// it, past the framework frames that ran it (autograd/function.py, the engine's).
+void ReportBuilder::SetFunctionContext(ObjectId id, OpRef& ref) const {
+  const OpInfo* op = state_.FindOp(id);
+  if (op == nullptr || op->parent == 0 || op->stack == 0 || !ref.user_frame) return;
+  const OpInfo* parent = state_.FindOp(op->parent);
+  if (parent == nullptr) return;
+  // In backward, with grad mode off: a Python backward's own ops (the recorder gives a C++
+  // formula's none); with it on, a checkpoint's recomputation of the program's forward.
+  const bool backward = parent->scope == OpScope::kBackwardFunction;
+  if (backward && op->grad_mode) return;
+  if (!backward && !IsFunctionApply(*parent)) return;
+  std::string name = state_.Str(parent->name);
+  constexpr std::string_view kBackward = "Backward";
+  if (backward && name.ends_with(kBackward)) name.resize(name.size() - kBackward.size());
+  // The Function's method ("XEntropy.forward"; "forward" where Python names no class), then the
+  // first user frame outside it; without that frame, past the framework's frames that ran it.
+  const std::string method = backward ? "backward" : "forward";
+  auto it = std::find_if(ref.stack.begin(), ref.stack.end(), [&](const Frame& f) {
+    return f.function == name + "." + method || f.function == method;
+  });
+  if (it == ref.stack.end()) {
+    it = std::find_if(ref.stack.begin(), ref.stack.end(), [](const Frame& f) { return f.framework; });
+  } else {
+    ++it;
+  }
+  it = std::find_if(it, ref.stack.end(), [](const Frame& f) { return IsUserFrame(f); });
+  ref.function = std::move(name);
+  ref.in_function_backward = backward;
+  if (it != ref.stack.end()) ref.called_from = UserFrame{it->file, it->line, it->function};
 }
 
 // The backward op an error came out of: the op itself or its nearest backward ancestor.

@@ -67,6 +67,7 @@ class TextReport {
   void EmitCandidates(const Violation& v);
   void EmitVictim(const Violation& v);
   void EmitLibraryFrame(const OpRef& op);
+  void EmitFunctionContext(const OpRef& op);
   void EmitNeededBy(const Violation& v);
   void EmitGroup(const ViolationGroup& group);
   void EmitMessage(const std::string& lead, const std::string& message);
@@ -435,6 +436,7 @@ void TextReport::EmitCulprit(const Violation& v) {
   Arrow() << Location(*v.culprit) << "\n";
   std::string label = CulpritLabel(v);
   if (!EmitSourceQuote(*v.culprit, label)) Fact() << "culprit: " << label << "\n";
+  EmitFunctionContext(*v.culprit);
   EmitLibraryFrame(*v.culprit);
   if (v.evidence == SilentEvidence::kFingerprint) EmitCandidates(v);
 }
@@ -527,7 +529,21 @@ void TextReport::EmitVictim(const Violation& v) {
   }
   Note() << "saved here by " << OpName(*v.victim) << " at " << Location(*v.victim) << "\n";
   EmitSourceQuote(*v.victim, "saved by " + OpName(*v.victim));
+  EmitFunctionContext(*v.victim);
   EmitLibraryFrame(*v.victim);
+}
+
+// An op a Python autograd.Function's own code ran, and the program's line that ran the Function:
+//      = in XEntropy's forward, called from train.py:102
+//      = in Scratch's backward, run by the backward() at train.py:120
+void TextReport::EmitFunctionContext(const OpRef& op) {
+  if (op.function.empty()) return;
+  Fact() << "in " << Printable(op.function) << (op.in_function_backward ? "'s backward" : "'s forward");
+  if (op.called_from) {
+    out_ << (op.in_function_backward ? ", run by the backward() at " : ", called from ")
+         << Printable(op.called_from->file) << ":" << op.called_from->line;
+  }
+  out_ << "\n";
 }
 
 // The library code that ran an op the quoted line only called:

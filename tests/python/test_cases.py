@@ -10,7 +10,9 @@ PyTorch's message, `_` for spaces; by default the one of the kind, MESSAGES); `v
 line); `exit` (the script's, 1 by default); `violations` (a count, nothing else checked) and `passes`
 (backward passes); `victim_prefix` (instead of `victim_op`, for an op name with spaces); `tags`
 (the modes a case runs under, from TAGS, so that each mode's cases can be found:
-`grep -l tags=.*checkpoint`).
+`grep -l tags=.*checkpoint`); `function` (the culprit ran inside that Python autograd.Function's
+forward or backward: the `# CULPRIT` line is in the Function, and `# CALLED_FROM` marks the line
+that ran it, the apply() or the backward() call).
 
 `KEY@MAJOR.MINOR=VALUE` replaces KEY's value for traces that torch MAJOR.MINOR or later recorded
 (the torch the trace names), where PyTorch names things otherwise: `node@2.12=...`. The latest
@@ -155,6 +157,12 @@ def test_case(script, all_ops, tmp_path):
         assert v.culprit.op == expect["op"]
     assert same_file(v.culprit.user_frame.file, script)
     assert v.culprit.user_frame.line == marker_line(script, "CULPRIT")
+    if "function" in expect:
+        context = v.culprit.function
+        assert context is not None and context.name == expect["function"], v.culprit
+        assert context.called_from.line == marker_line(script, "CALLED_FROM"), context
+    else:
+        assert v.culprit.function is None, v.culprit
 
     callers = marker_lines(script, "CALLER")
     if callers:

@@ -81,6 +81,29 @@ def test_no_certain_rewrite_where_rebinding_would_change_the_program(text, line,
     assert any(why in choice for choice in rewrite.choices) or why in rewrite.why, rewrite
 
 
+_FUNCTION = '''
+class Shift(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits):
+        {mark}logits -= logits.max()
+        return logits.exp()
+'''
+
+
+def test_an_input_of_a_functions_forward_is_rebound_unless_marked_dirty():
+    # Autograd's contract: a forward's write into an input it does not mark dirty is not the
+    # caller's to see, so the name is rebound.
+    rewrite = rewrite_at(_FUNCTION.format(mark=""), 4, "sub_")
+    assert rewrite.certain and rewrite.new == "        logits = logits - logits.max()\n"
+    # Marked dirty, the write is the Function's output: the caller sees it.
+    marked = _FUNCTION.format(mark="ctx.mark_dirty(logits)\n        ")
+    rewrite = rewrite_at(marked, 5, "sub_")
+    assert not rewrite.certain and "argument of forward()" in rewrite.choices[0], rewrite
+    # A forward of a class that is no autograd.Function: its caller holds the argument.
+    plain = _FUNCTION.format(mark="").replace("torch.autograd.Function", "torch.nn.Module")
+    assert not rewrite_at(plain, 4, "sub_").certain
+
+
 def test_a_parameter_is_never_rebound():
     rewrite = rewrite_at("p.data.mul_(2)\n", 1, "mul_", parameter=True)
     assert not rewrite.certain and "after backward()" in rewrite.choices[0]

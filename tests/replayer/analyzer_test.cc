@@ -348,8 +348,9 @@ TEST(AnalyzerTest, NestedInPlaceOpIsAttributedToTheOutermostFunction) {
   auto scope = b.NewId();
   auto outer = b.NewId();
   uint32_t v0 = b.Version(y.out);
+  // Nested in an ATen op: no stack of its own (the recorder gives none).
   auto inner = b.Op({.name = "aten::clamp_min_", .inputs = {y.out}, .outputs = {y.out},
-                     .writes = {y.out}, .parent = outer, .stack = b.At(40)});
+                     .writes = {y.out}, .parent = outer});
   b.Op({.name = "aten::relu_", .inputs = {y.out}, .outputs = {y.out},
         .started_at = {{y.out, v0}}, .id = outer, .parent = scope, .stack = b.At(40)});
   b.Op({.name = "my_block", .inputs = {y.out}, .started_at = {{y.out, v0}}, .id = scope,
@@ -361,9 +362,40 @@ TEST(AnalyzerTest, NestedInPlaceOpIsAttributedToTheOutermostFunction) {
   EXPECT_EQ(v.culprit->id, outer);
   EXPECT_EQ(v.culprit->name, "aten::relu_");
   EXPECT_EQ(v.culprit->detail, "aten::clamp_min_");
+  EXPECT_TRUE(v.culprit->function.empty());  // In a user's range: no Function's op.
+  EXPECT_FALSE(v.culprit->called_from);
   EXPECT_TRUE(v.later_culprits.empty());
   EXPECT_EQ(report.version_bumps, 1u);
   (void)inner;
+}
+
+// A Python Function's forward writes in place (`logits -= logits.max(...)`): the recorder gives
+// the ops its forward calls stacks of their own, so the write is named at its line in forward,
+// with the Function and the apply() call's line as context, not as the apply op.
+TEST(AnalyzerTest, AWriteInsideAFunctionsForwardIsNamedAtItsOwnLine) {
+  TraceBuilder b;
+  auto x = b.Leaf({4, 8});
+  auto y = b.Forward("aten::sigmoid", "SigmoidBackward0", {x}, {{"result", kOutput}}, b.At(11));
+  auto apply = b.NewId();
+  uint32_t v0 = b.Version(y.out);
+  const format::InternId in_forward = b.Stack({{"train.py", 20, "XEntropy.forward", false},
+                                       {"train.py", 31, "<module>", false}});
+  b.Op({.name = "aten::sub_", .inputs = {y.out}, .outputs = {y.out}, .writes = {y.out},
+        .parent = apply, .stack = in_forward, .grad_mode = false});
+  b.Op({.name = "XEntropy", .inputs = {y.out}, .started_at = {{y.out, v0}}, .id = apply,
+        .stack = b.At(31, "train.py", "<module>"), .sequence_nr = 7});
+  b.Backward({y.node}, y.node);
+  Report report = Analyze(b.records);
+  ASSERT_EQ(report.violations.size(), 1u);
+  const OpRef& culprit = *report.violations[0].culprit;
+  EXPECT_EQ(culprit.name, "aten::sub_");
+  EXPECT_TRUE(culprit.detail.empty());
+  ASSERT_TRUE(culprit.user_frame);
+  EXPECT_EQ(culprit.user_frame->line, 20u);
+  EXPECT_EQ(culprit.function, "XEntropy");
+  EXPECT_FALSE(culprit.in_function_backward);
+  ASSERT_TRUE(culprit.called_from);
+  EXPECT_EQ(culprit.called_from->line, 31u);
 }
 
 // v = y[0]; v.mul_(2): the view shares y's counter, so the version check catches it.

@@ -347,7 +347,7 @@ class Rewriter:
             args = scope.args
             params = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
             params += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
-            if name in params:
+            if name in params and not self._function_forward_input(scope, name):
                 return f"is an argument of {getattr(scope, 'name', 'a lambda')}(), whose " \
                        "caller holds it too"
         binding = None  # The last assignment to the name before this statement.
@@ -371,6 +371,24 @@ class Rewriter:
             return f"is a view of another tensor (line {binding.lineno}), which the write " \
                    "changes too"
         return None
+
+    def _function_forward_input(self, scope: ast.AST, name: str) -> bool:
+        """Whether `name` is an input of a torch.autograd.Function's forward that the forward
+        does not mark dirty (ctx.mark_dirty): autograd's contract is then that the caller does
+        not see a write into it, so rebinding the name hides nothing the caller may rely on."""
+        owner = self.src.parents.get(scope)
+        if not isinstance(scope, ast.FunctionDef) or scope.name != "forward" or \
+                not isinstance(owner, ast.ClassDef):
+            return False
+        if not any((base.attr if isinstance(base, ast.Attribute) else
+                    getattr(base, "id", "")) == "Function" for base in owner.bases):
+            return False
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "mark_dirty":
+                if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node)):
+                    return False
+        return True
 
     def _method(self) -> Optional[Rewrite]:
         """`y.mul_(g)` -> `y = y.mul(g)`; `torch.relu_(x)` -> `x = torch.relu(x)`."""

@@ -55,12 +55,31 @@ class Frame:
 
 
 @dataclass
+class FunctionContext:
+    """The Python ``torch.autograd.Function`` whose own code ran an op: ``name`` its class,
+    ``backward`` whether in its backward (else its forward), ``called_from`` the program's first
+    line outside the Function that ran it (the ``.apply(...)`` call; in backward, the
+    ``backward()`` call), None when the stack shows none."""
+    name: str
+    backward: bool = False
+    called_from: Optional[Frame] = None
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> Optional["FunctionContext"]:
+        if d is None:
+            return None
+        return cls(d.get("name", ""), bool(d.get("backward", False)),
+                   Frame.from_json(d.get("called_from")))
+
+
+@dataclass
 class Op:
     """An OpRecord: ``op`` is the ATen op name (``aten::mul_``), ``user_frame`` the innermost
     frame outside framework code, ``stack`` all frames innermost first. With ``hook`` set it is
     no op but a saved_tensors_hooks unpack hook (``op`` None, ``id`` 0): ``user_frame`` is where
     the hook was defined. ``module``: the nn.Module it ran under, ``"model.layers.1.mlp.act_fn
-    (SiLU)"`` (None when none ran, or the trace does not say)."""
+    (SiLU)"`` (None when none ran, or the trace does not say). ``function``: for an op a Python
+    autograd.Function's own forward or backward ran, that Function (None otherwise)."""
     id: int
     op: Optional[str]
     overload: str = ""
@@ -71,6 +90,7 @@ class Op:
     raw: dict = field(default_factory=dict, repr=False)
     hook: bool = False
     module: Optional[str] = None
+    function: Optional[FunctionContext] = None
 
     @classmethod
     def from_json(cls, d: Optional[dict]) -> Optional["Op"]:
@@ -79,7 +99,8 @@ class Op:
         stack = [Frame.from_json(f) for f in d.get("stack", [])]
         return cls(d.get("id", 0), d.get("op"), d.get("overload", ""), d.get("detail"),
                    d.get("thread", 0), _user_frame(d.get("user_frame"), stack), stack, d,
-                   d.get("hook", False), d.get("module"))
+                   d.get("hook", False), d.get("module"),
+                   FunctionContext.from_json(d.get("function")))
 
     @property
     def name(self) -> str:

@@ -1,6 +1,8 @@
 // The session's op pipeline: what OnStart and OnEnd do with each recorded op, from its stack to
 // the records its end writes.
 #include <algorithm>
+#include <cstring>
+#include <string_view>
 #include <exception>
 #include <vector>
 
@@ -18,6 +20,27 @@
 namespace torchrr::recorder {
 
 using format::ObjectId;
+
+namespace {
+
+// Whether the ops directly inside this one run a Python autograd.Function's own code: its apply()
+// (THPFunction_apply's RecordFunction: numbered, named by the class, so with no "ns::"), or the
+// engine running its node (a PyNode) in backward. A C++ backward formula's ops stay folded under
+// it, and so do torch.compile's Functions (CompiledFunction, CompiledFunctionBackward), whose
+// graphs' ops are named through the region that runs them.
+bool RunsFunctionCode(const at::RecordFunction& fn, const format::OpRecord& op,
+                      const void* exec_node) {
+  static constexpr std::string_view kCompiled = "CompiledFunction";
+  if (std::strncmp(fn.name(), kCompiled.data(), kCompiled.size()) == 0) return false;
+  if (op.scope == format::OpScope::kBackwardFunction) {
+    return exec_node != nullptr &&
+           IsPythonNode(typeid(*static_cast<const torch::autograd::Node*>(exec_node)));
+  }
+  return op.scope == format::OpScope::kFunction && op.sequence_nr >= 0 &&
+         std::strstr(fn.name(), "::") == nullptr;
+}
+
+}  // namespace
 
 format::ObjectId Session::RecordDeferredWrapper(ThreadState& ts, EncodedRecords& out) {
   // Every deferred wrapper on the stack not yet recorded, outermost first (a backward run inside
@@ -84,7 +107,12 @@ bool Session::BeginOp(const at::RecordFunction& fn, ThreadState& ts, OpFrame& fr
   const bool recomputed = !is_backward && op.grad_mode && ts.backward_depth > 0 &&
                           !ts.op_scopes.empty() &&
                           ts.op_scopes.back() == format::OpScope::kBackwardFunction;
-  return (outermost && !is_backward && !engine_wrapper) || recomputed;
+  // Directly inside a Python autograd.Function's forward or backward: the Function's own code
+  // (a fused kernel's, a 4-bit matmul's), whose writes are named at their lines, not at apply()'s
+  // or backward()'s.
+  const bool in_function_code = !is_backward && !ts.runs_function_code.empty() &&
+                                ts.runs_function_code.back();
+  return (outermost && !is_backward && !engine_wrapper) || recomputed || in_function_code;
 }
 
 void Session::Defer(const at::RecordFunction& fn, ThreadState& ts, OpFrame& frame) {
@@ -93,6 +121,7 @@ void Session::Defer(const at::RecordFunction& fn, ThreadState& ts, OpFrame& fram
   ts.deferred_wrappers.push_back(&frame);
   ts.op_stack.push_back(0);
   ts.op_scopes.push_back(frame.op.scope);
+  ts.runs_function_code.push_back(false);
   ++ts.transparent_scopes;
   frame.active = true;
 }
@@ -153,6 +182,7 @@ void Session::StartLocked(const at::RecordFunction& fn, ThreadState& ts, OpFrame
   if (!frame.before.empty()) PushGroupLocked(frame.before);
   ts.op_stack.push_back(op.op);
   ts.op_scopes.push_back(op.scope);
+  ts.runs_function_code.push_back(RunsFunctionCode(fn, op, frame.exec_node_address));
   if (frame.transparent) ++ts.transparent_scopes;
   if (is_backward) ++ts.backward_depth;
   frame.active = true;
@@ -210,6 +240,7 @@ bool Session::EndOnThread(OpFrame& frame, ThreadState& ts) {
   if (!ts.op_stack.empty() && ts.op_stack.back() == op.op) {
     ts.op_stack.pop_back();
     ts.op_scopes.pop_back();
+    ts.runs_function_code.pop_back();
     if (frame.transparent && ts.transparent_scopes > 0) --ts.transparent_scopes;
   }
   if (op.scope == format::OpScope::kBackwardFunction && ts.backward_depth > 0) {

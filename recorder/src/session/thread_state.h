@@ -122,6 +122,9 @@ struct OpOutput {
 struct ThreadState {
   std::vector<format::ObjectId> op_stack;  // Ids of the ops running on this thread, innermost last.
   std::vector<format::OpScope> op_scopes;  // Their scopes, parallel to op_stack.
+  // Parallel to op_stack: whether the op runs a Python autograd.Function's forward or backward,
+  // code the program wrote, whose ops get stacks of their own (OnStart's `wants_stack`).
+  std::vector<bool> runs_function_code;
   int backward_depth = 0;                  // Backward functions running on this thread.
   // The sequence number when the outermost op running on this thread started: a node numbered
   // from there on is an enclosing op's, maybe still being built (a saved-tensor pack hook runs
@@ -150,6 +153,7 @@ struct ThreadState {
   void ForgetRunningOps() {
     op_stack.clear();
     op_scopes.clear();
+    runs_function_code.clear();
     backward_depth = 0;
     transparent_scopes = 0;
     deferred_wrappers.clear();

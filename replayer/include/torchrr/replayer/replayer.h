@@ -80,6 +80,12 @@ struct OpRef {
   // no name).
   bool hook = false;
   bool grad_mode = true;         // GradMode at the op's start (OpRecord.grad_mode).
+  // An op a Python autograd.Function's own code ran (its forward or backward): the Function
+  // ("XEntropy"), whether in backward, and the program's line outside the Function that ran it
+  // (the apply() call; in backward, the backward() call). Empty and nullopt otherwise.
+  std::string function;
+  bool in_function_backward = false;
+  std::optional<UserFrame> called_from;
 };
 
 enum class ViolationKind : uint8_t {
