@@ -13,6 +13,7 @@
 #ifndef TORCHRR_REPLAYER_SRC_ANALYSIS_STATE_H_
 #define TORCHRR_REPLAYER_SRC_ANALYSIS_STATE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -141,6 +142,9 @@ struct SavedState {
   int64_t use_ns = 0;
   // The ContentLineage of its storage when its node was recorded; 0 when the storage is unknown.
   uint64_t content_at_save = 0;
+  // A tensor a Python Function's forward left in its ctx's attributes (a saved tensor named
+  // "ctx...."): checked only where its backward read it (AnalysisState::stash_reads).
+  bool stash = false;
   // Ops that wrote to or aliased its bytes since the save (fingerprinted saved tensors only).
   uint32_t touch_head = UINT32_MAX;
   uint32_t touch_tail = UINT32_MAX;
@@ -269,6 +273,18 @@ struct CutFinding {
 
 struct AnalysisState {
   uint64_t seq = 0;  // The record being analyzed, from 1.
+
+  // The storages of the tensors Functions stashed on their ctx (SavedState::stash), and, by op,
+  // those of them that ops in the op's subtree took as inputs, until the op's own record (a
+  // backward op's: until its execution is checked). Empty in programs without such stashes.
+  std::unordered_set<format::ObjectId> stash_storages;
+  std::unordered_map<format::ObjectId, std::vector<format::ObjectId>> stash_reads;
+  // Whether an op in `op`'s subtree read `storage` (a stash's).
+  bool StashRead(format::ObjectId op, format::ObjectId storage) const {
+    auto it = stash_reads.find(op);
+    return it != stash_reads.end() &&
+           std::find(it->second.begin(), it->second.end(), storage) != it->second.end();
+  }
 
   // Interned definitions, by id.
   std::vector<std::string> strings;

@@ -91,6 +91,7 @@ class Analyzer::Impl {
     state_.current_step = r.step;
   }
   void NoteStepBoundary(const format::OpRecord& r);
+  void NoteStashReads(const format::OpRecord& r);
 
   CounterState& GetCounter(ObjectId id);
   uint64_t CloseOpSubtree(const format::OpRecord& r);
@@ -274,6 +275,7 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   }
   NoteStepBoundary(r);
   uint64_t subtree_first = CloseOpSubtree(r);
+  if (!state_.stash_storages.empty()) NoteStashReads(r);
   lineage_.OnOp(r);
   TrackVersions(r);
   if (r.name != 0 && (r.name == detach_op_name_ || r.name == detach_inner_name_)) NoteDetach(r);
@@ -288,6 +290,27 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
     backward_.OnBackwardOp(r, subtree_first);
   } else {
     backward_.OnForwardOp(r);
+  }
+}
+
+// The stashes (ctx attributes' tensors) that `r` took as inputs, or that ops in its subtree did,
+// handed up to its parent; a backward op keeps them for its execution's check.
+void Analyzer::Impl::NoteStashReads(const format::OpRecord& r) {
+  std::vector<ObjectId> reads;
+  if (auto own = state_.stash_reads.find(r.op); own != state_.stash_reads.end()) {
+    reads = std::move(own->second);
+    state_.stash_reads.erase(own);
+  }
+  for (const format::TensorUse& use : r.inputs) {
+    const TensorState* t = state_.FindTensor(use.tensor);
+    if (t != nullptr && state_.stash_storages.contains(t->storage)) reads.push_back(t->storage);
+  }
+  if (reads.empty()) return;
+  if (r.scope == OpScope::kBackwardFunction) {
+    state_.stash_reads[r.op] = std::move(reads);
+  } else if (r.parent != 0) {
+    std::vector<ObjectId>& up = state_.stash_reads[r.parent];
+    up.insert(up.end(), reads.begin(), reads.end());
   }
 }
 
@@ -456,8 +479,11 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
   node.saved_begin = static_cast<uint32_t>(state_.saved.size());
   for (const auto& saved : r.saved) {
     state_.saved.push_back(MakeSavedState(saved, r));
-    state_.saved.back().save_seq = state_.seq;
-    state_.saved.back().content_at_save = lineage_.Of(saved.storage);
+    SavedState& s = state_.saved.back();
+    s.save_seq = state_.seq;
+    s.content_at_save = lineage_.Of(saved.storage);
+    s.stash = !saved.checked && state_.Str(saved.name).starts_with("ctx.");
+    if (s.stash && s.bytes_storage != 0) state_.stash_storages.insert(s.bytes_storage);
   }
   node.saved_count = static_cast<uint32_t>(state_.saved.size()) - node.saved_begin;
   if (r.saved_kind == format::SavedSetKind::kCustom && node.created_by != 0) {

@@ -250,6 +250,7 @@ void BackwardReplay::RunExec(ObjectId exec_op, const PendingExec& exec) {
     }
     silent_.Unwatch(slot);
   }
+  if (!state_.stash_reads.empty()) state_.stash_reads.erase(exec_op);
   if (exec.threw) {
     pass.threw = true;
     pass.stop_seq = exec.record_seq;
@@ -414,6 +415,9 @@ void BackwardReplay::CheckNode(uint32_t node_slot, uint64_t seq, bool simulated,
     }
     const bool unchecked = IsUncheckedButKnown(s.saved);
     if (!IsVersionChecked(s.saved) && !unchecked) continue;
+    // A ctx attribute's tensor matters where backward read it: a write to a stash it never
+    // reads, or one made by its own backward after the read, changes no gradient.
+    if (s.stash && (simulated || !state_.StashRead(exec_op, s.bytes_storage))) continue;
     const size_t findings_before = state_.findings.size();
     base.current_version = s.saved.saved_version;
     if (const TensorState* t = state_.FindTensor(s.saved.tensor)) {

@@ -565,7 +565,8 @@ void TextReport::EmitNeededBy(const Violation& v) {
   // A damaged or hostile trace may leave the node or the member without a name.
   std::string member = v.tensor.saved_name.empty()
                            ? std::string("a saved tensor the trace does not name")
-                           : "saved `" + Printable(v.tensor.saved_name);
+                           : (IsCtxStash(v) ? "kept on its ctx as `" : "saved `") +
+                                 Printable(v.tensor.saved_name);
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";
   }
@@ -593,6 +594,9 @@ void TextReport::EmitNeededBy(const Violation& v) {
   } else if (v.evidence == SilentEvidence::kAliasedWrite && v.recomputed) {
     Fact() << "activation checkpointing recomputed it in backward, and the write came after, as "
               "in the forward: backward used the bytes it left\n";
+  } else if (IsCtxStash(v)) {
+    Fact() << "the Function's backward read it from its ctx, which PyTorch does not check: only "
+              "what ctx.save_for_backward saved is version-checked\n";
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     Fact() << "backward used it without PyTorch's version check (a saved-tensor hook packed the "
               "tensor itself, or torch.compile saved it without a check)\n";
@@ -670,6 +674,8 @@ void TextReport::EmitPytorch(const Violation& v) {
       if (size_t cut = message.find(" Hint:"); cut != std::string::npos) message.resize(cut);
       out_ << ": " << Printable(message);
     }
+  } else if (IsCtxStash(v)) {
+    out_ << "no error: it does not check ctx attributes, so gradients are silently wrong";
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {
     out_ << "no error: it does not check this saved tensor, so gradients are silently wrong";
   } else if (v.evidence == SilentEvidence::kUnpackHook) {

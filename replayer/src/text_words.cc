@@ -164,6 +164,11 @@ std::string FixHint(const Violation& v) {
            "extension on data_ptr): `torchrr record --locate-write TRACE -- CMD` runs the "
            "program again and names the line; write into a .clone() instead";
   }
+  if (IsCtxStash(v)) {
+    return "keep the tensor for backward with ctx.save_for_backward (PyTorch then checks it), "
+           "or write into it only after backward; a buffer that must be refilled before then "
+           "needs a .clone() stashed in forward";
+  }
   if (silent && v.evidence == SilentEvidence::kUncheckedSave) {
     return "make the in-place op out of place, or .clone() the tensor before modifying it; "
            "PyTorch will not raise for it";

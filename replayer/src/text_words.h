@@ -42,6 +42,12 @@ std::string CulpritLabel(const Violation& v);
 // or .clone() the tensor before modifying it", "use out-of-place .detach(), ...".
 std::string FixHint(const Violation& v);
 
+// A silent violation on a tensor a Python Function's forward stashed in its ctx's attributes
+// (`ctx.weight = w`), which PyTorch never checks: the saved member's name is its path on the ctx.
+inline bool IsCtxStash(const Violation& v) {
+  return v.evidence == SilentEvidence::kUncheckedSave && v.tensor.saved_name.starts_with("ctx.");
+}
+
 // How often a group's violation happened and where: "40 times: steps 0-19; first at step 0";
 // "2 times" when the trace tells no steps.
 std::string TimesAndSteps(const ViolationGroup& group);

@@ -9,6 +9,7 @@ from torchrr import _fix_backward as fb
 from torchrr import _fix_check as fc
 from torchrr import _fix_other_lines as ol
 from torchrr import _fix_rewrite as rw
+from torchrr._fix_stash import stash_fix
 
 
 def source(text):
@@ -353,3 +354,53 @@ def test_what_remains_names_a_hook_and_a_freed_graph_without_an_op():
                      "  freed: backward() at /home/me/train.py:7",
                      "  version: aten::mul_ at /home/me/train.py:7"]
 
+
+
+_STASH = '''
+{imports}class _Matmul4bit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, packed, state):
+        ctx.tensors = (None, packed)  # keep
+        ctx.weight = packed
+        ctx.state = state
+        return x @ packed.t()
+'''
+
+
+class _OneSource:
+    """The Workspace surface stash_fix uses, over one file."""
+
+    def __init__(self, text):
+        self.src = source(text)
+
+    def source(self, path):
+        return self.src if path == self.src.path else None
+
+
+def _stash_violation(name, index=None):
+    frame = {"file": "/src/train.py", "line": 9, "python": True}
+    return {"tensor": {"name": name, "list_index": index},
+            "victim": {"op": "_Matmul4bit", "stack": [frame]}}
+
+
+@pytest.mark.parametrize("name, index, new", [
+    ("ctx.tensors", 1, "        ctx.tensors = (None, packed.clone())  # keep\n"),
+    ("ctx.weight", None, "        ctx.weight = packed.clone()\n"),
+    ("ctx.state.absmax", None, "        import copy\n        ctx.state = copy.copy(state)\n"
+                               "        ctx.state.absmax = ctx.state.absmax.clone()\n"),
+])
+def test_a_ctx_stash_is_cloned_where_forward_keeps_it(name, index, new):
+    space = _OneSource(_STASH.format(imports=""))
+    rewrite = stash_fix(space, _stash_violation(name, index))
+    assert rewrite.certain and rewrite.new == new, rewrite
+
+
+def test_a_ctx_stash_fix_uses_the_modules_copy_import_and_needs_one_assignment():
+    space = _OneSource(_STASH.format(imports="import copy\n"))
+    rewrite = stash_fix(space, _stash_violation("ctx.state.absmax"))
+    assert rewrite.new.startswith("        ctx.state = copy.copy(state)\n"), rewrite
+    twice = _STASH.format(imports="").replace("ctx.weight = packed",
+                                              "ctx.weight = packed\n        ctx.weight = x")
+    assert stash_fix(_OneSource(twice), _stash_violation("ctx.weight")) is None
+    # Not a stash's violation: a saved tensor's name.
+    assert stash_fix(space, _stash_violation("saved_tensors", 0)) is None

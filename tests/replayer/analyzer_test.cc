@@ -398,6 +398,33 @@ TEST(AnalyzerTest, AWriteInsideAFunctionsForwardIsNamedAtItsOwnLine) {
   EXPECT_EQ(culprit.called_from->line, 31u);
 }
 
+// A Function keeps a weight on its ctx (`ctx.w = w`, unchecked), and the program refills it
+// before backward: silent where the Function's backward read it, nothing where it never did.
+TEST(AnalyzerTest, AWriteToACtxStashIsSilentOnlyWhereBackwardReadsIt) {
+  for (bool read : {true, false}) {
+    TraceBuilder b;
+    auto x = b.Leaf({4, 8});
+    auto w = b.Tensor({8, 8});
+    auto y = b.Forward("Scale", "ScaleBackward", {x},
+                       {{.name = "ctx.w", .tensor = w, .checked = false}}, b.At(10));
+    b.Inplace("aten::copy_", w, {}, b.At(11));
+    b.BackwardReading(y.node, {read ? w : x});
+    Report report = Analyze(b.records);
+    if (!read) {
+      EXPECT_TRUE(report.violations.empty());
+      continue;
+    }
+    ASSERT_EQ(report.violations.size(), 1u);
+    const Violation& v = report.violations[0];
+    EXPECT_EQ(v.kind, ViolationKind::kSilent);
+    EXPECT_EQ(v.evidence, SilentEvidence::kUncheckedSave);
+    EXPECT_EQ(v.tensor.saved_name, "ctx.w");
+    ASSERT_TRUE(v.culprit && v.culprit->user_frame);
+    EXPECT_EQ(v.culprit->user_frame->line, 11u);
+    EXPECT_FALSE(v.pytorch_raised);
+  }
+}
+
 // v = y[0]; v.mul_(2): the view shares y's counter, so the version check catches it.
 TEST(AnalyzerTest, WriteThroughAViewBumpsTheSharedCounter) {
   TraceBuilder b;

@@ -43,6 +43,7 @@ struct SavedSpec {
   std::string name;
   ObjectId tensor = 0;  // kOutput: the op's output.
   bool has_hooks = false;
+  bool checked = true;  // false: kept where PyTorch checks nothing (a ctx attribute, "ctx.w").
 };
 
 struct Forwarded {
@@ -298,6 +299,24 @@ class TraceBuilder {
     }
   }
 
+  // Runs `node` in backward with an op inside its backward function for each tensor of `reads`,
+  // taking it as input (a Python Function's backward, whose ops are recorded).
+  void BackwardReading(ObjectId node, const std::vector<ObjectId>& reads, uint32_t thread = 1) {
+    for (auto& r : before_exec_[node]) records.push_back(std::move(r));
+    before_exec_.erase(node);
+    const ObjectId op = NewId();
+    for (ObjectId t : reads) {
+      Op({.name = "aten::mul", .inputs = {t}, .parent = op, .thread = thread, .grad_mode = false});
+    }
+    Op({.name = node_names_.at(node), .id = op, .scope = format::OpScope::kBackwardFunction,
+        .sequence_nr = node_seq_.at(node), .thread = thread});
+    format::NodeExecRecord exec;
+    exec.node = node;
+    exec.op = op;
+    exec.thread = thread;
+    records.push_back(exec);
+  }
+
   // --verify-saved's fingerprint of node's saved `name`: at save, written now; at use, written
   // just before the node's next execution (as the recorder does, at the backward op's start).
   void FingerprintAtSave(ObjectId node, const std::string& name, uint64_t hash) {
@@ -417,6 +436,7 @@ class TraceBuilder {
       st.saved_version = Version(tensor);
       st.is_output = s.tensor == kOutput;
       st.has_hooks = s.has_hooks;
+      st.checked = s.checked && !s.has_hooks;
       st.is_leaf = info.is_leaf && !st.is_output;
       st.output_nr = st.is_output ? 0 : info.output_nr;
       if (st.has_hooks) {

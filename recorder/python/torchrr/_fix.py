@@ -26,6 +26,7 @@ from . import _fix_cpp as cpp
 from . import _fix_made as made
 from . import _fix_other_lines as ol
 from . import _fix_rewrite as rw
+from . import _fix_stash as st
 
 # exit_codes.h's, passed by the verb; these defaults are the same numbers.
 _DEFAULT_CODES = {"ok": 0, "violations": 1, "usage": 2, "other": 7, "no_fix": 1,
@@ -254,6 +255,10 @@ def fix_for(space: Workspace, document: dict, v: dict) -> rw.Rewrite:
             return rewrite
         return _uncertain(frame.get("file") or "", frame.get("line") or 0, None,
                           f"no in-place op to rewrite ({kind})", choices)
+    # A tensor a Function kept on its ctx: the Function's forward keeps a clone.
+    stash = st.stash_fix(space, v)
+    if stash is not None:
+        return stash
     frame = _python_user_frame(culprit)
     if frame is None:
         frame = culprit.get("user_frame") or {}

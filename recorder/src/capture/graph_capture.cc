@@ -174,16 +174,26 @@ void GraphCapture::RecordUncheckedTensors(const torch::autograd::Node& node,
   auto it = std::find_if(unchecked_->begin(), unchecked_->end(),
                          [&node](const auto& entry) { return entry.first == &node; });
   if (it == unchecked_->end()) return;
-  for (size_t i = 0; i < it->second.size(); ++i) {
-    const at::Tensor& t = it->second[i];
+  const size_t checked_end = record.saved.size();
+  for (const UncheckedTensor& item : it->second) {
+    const at::Tensor& t = item.tensor;
     format::SavedTensor saved;
-    saved.name = interner_.OpName("_tensors_no_vc_check", defs);  // A literal: stable.
-    saved.list_index = static_cast<uint32_t>(i);
+    saved.name = interner_.String(item.name, defs);
+    saved.list_index = item.list_index;
     saved.defined = t.defined();
-    saved.checked = false;  // Backward reads the list as it is then.
+    saved.checked = false;  // Backward reads the list, or the attribute, as it is then.
     if (t.defined()) {
       const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
       saved.tensor = ids_.RefTensor(t, defs, nullptr, &saved.version_counter);
+      // A stash of what save_for_backward also saved (or a view of it, with its counter):
+      // PyTorch's check covers it.
+      if (std::any_of(record.saved.begin(), record.saved.begin() + checked_end,
+                      [&](const format::SavedTensor& other) {
+                        return other.checked && other.defined &&
+                               other.version_counter == saved.version_counter;
+                      })) {
+        continue;
+      }
       saved.storage = ids_.StorageId(impl, state);
       // Its version now, right after the region's forward: what a later write moves from.
       saved.saved_version = ReadVersionCounter(VersionCounterOf(impl));
@@ -434,7 +444,7 @@ void ReadInputsUnchecked(c10::ArrayRef<const c10::IValue> inputs, ThreadState& t
       return;
     }
     ts.unchecked_read[ts.unchecked_read_next++ % ts.unchecked_read.size()] = key;
-    std::vector<at::Tensor> tensors;
+    std::vector<UncheckedTensor> tensors;
     ReadUncheckedTensors(*grad_fn, tensors);
     if (!tensors.empty()) ts.unchecked_saves.emplace_back(grad_fn, std::move(tensors));
   });

@@ -56,6 +56,9 @@ const ThreadState::SchemaFacts& SchemaFactsOf(const at::RecordFunction& fn, Thre
 
 bool FoldedIntoTheOpAround(const at::RecordFunction& fn, ThreadState& ts) {
   if (fn.scope() != at::RecordScope::FUNCTION || ts.op_scopes.empty()) return false;
+  // The ops a Python Function's backward calls are its code: what they read is how the replayer
+  // knows which of its ctx's tensors backward used.
+  if (ts.runs_function_code.back()) return false;
   const format::OpScope around = ts.op_scopes.back();
   if (around != format::OpScope::kFunction && around != format::OpScope::kBackwardFunction) {
     return false;

@@ -103,7 +103,7 @@ format::SavedSetKind VisitSavedVariables(torch::autograd::Node& node,
   return format::SavedSetKind::kUnknown;
 }
 
-void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out) {
+void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<UncheckedTensor>& out) {
   static auto read = TORCHRR_PYTHON_NODES_FUNCTION(torchrr_read_unchecked_tensors);
   if (read != nullptr && IsPythonNode(typeid(node))) read(node, &out);
 }

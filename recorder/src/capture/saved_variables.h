@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <typeindex>
 #include <unordered_map>
 #include <vector>
@@ -88,10 +89,22 @@ struct SavedHookFacts {
 SavedHookFacts ReadSavedHook(torch::autograd::Node& node,
                              const torch::autograd::SavedVariable& saved, uint32_t saved_index);
 
-// The tensors a Python node's ctx holds for backward outside its SavedVariables, unchecked:
-// AOTAutograd's `_tensors_no_vc_check` (appended to `out`, an undefined tensor for an item that
-// is not one). Nothing for other nodes, or outside Python. Takes the GIL, as ReadSavedHook.
-void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<at::Tensor>& out);
+// A tensor a Python node's ctx holds for backward outside its SavedVariables, which backward reads
+// unchecked: an item of AOTAutograd's `_tensors_no_vc_check` (name "_tensors_no_vc_check",
+// list_index its place; an undefined tensor for an item that is not one), or one a Function's
+// forward stashed on its ctx, named by the path to it ("ctx.weight", "ctx.tensors" with
+// list_index 1, "ctx.state.absmax", "ctx.cache['k']").
+struct UncheckedTensor {
+  at::Tensor tensor;
+  std::string name;
+  uint32_t list_index = format::TensorUse::kNotInList;
+};
+
+// The tensors a Python node's ctx holds for backward outside its SavedVariables (appended to
+// `out`): AOTAutograd's `_tensors_no_vc_check`, and the tensors reachable from the ctx's
+// attributes (directly, in tuples, lists and dicts, and one level into a plain object's
+// attributes). Nothing for other nodes, or outside Python. Takes the GIL, as ReadSavedHook.
+void ReadUncheckedTensors(torch::autograd::Node& node, std::vector<UncheckedTensor>& out);
 
 // Where backward uses each tensor a torch.compile region's node saved, in the node's saved order
 // (`saved_tensors`, then `_tensors_no_vc_check`): the Python frames, innermost first, of the

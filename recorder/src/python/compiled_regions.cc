@@ -28,34 +28,6 @@ using torchrr::recorder::python::PythonUsable;
 using torchrr::recorder::python::SetFollowing;
 #include "saved_uses_source.h"  // kSavedUsesSource, generated from torchrr/_saved_uses.py.
 
-void torchrr_read_unchecked_tensors(torch::autograd::Node& node,
-                                               std::vector<at::Tensor>* out) {
-  if (!PythonUsable()) return;
-  auto& py_node = static_cast<torch::autograd::PyNode&>(node);
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* error_type = nullptr;
-  PyObject* error_value = nullptr;
-  PyObject* error_trace = nullptr;
-  PyErr_Fetch(&error_type, &error_value, &error_trace);
-  // Interned once, under the GIL; never released.
-  static PyObject* const kName = PyUnicode_InternFromString("_tensors_no_vc_check");
-  PyObject* ctx = compat::PythonObjectOf(py_node);
-  // An attribute AOTAutograd sets on the ctx (an instance attribute: the generic lookup finds it
-  // in the instance's dict, however the Python version lays that out).
-  PyObject* list =
-      ctx != nullptr && kName != nullptr ? PyObject_GenericGetAttr(ctx, kName) : nullptr;
-  if (list != nullptr && PyList_Check(list)) {
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); ++i) {
-      PyObject* item = PyList_GET_ITEM(list, i);
-      out->push_back(THPVariable_Check(item) ? THPVariable_Unpack(item) : at::Tensor());
-    }
-  }
-  Py_XDECREF(list);
-  PyErr_Clear();  // AttributeError: a ctx without the list (any Function's but AOTAutograd's).
-  PyErr_Restore(error_type, error_value, error_trace);
-  PyGILState_Release(gil);
-}
-
 namespace {
 
 // saved_uses(ctx_class) of torchrr/_saved_uses.py, which says what torch.compile's backward graph

@@ -48,10 +48,12 @@ int torchrr_function_ctx_pending();
 // did not end recorded are dropped on the way. Takes the GIL.
 void torchrr_take_function_node(int64_t sequence_nr, torchrr::recorder::compat::NodePtr* out);
 
-// The tensors AOTAutograd keeps on a compiled region's ctx without a version check
-// (`ctx._tensors_no_vc_check`, a list: what a user Function inside the region stashed on its
-// ctx), read under the GIL. Python's error state is left as it was.
-void torchrr_read_unchecked_tensors(torch::autograd::Node& node, std::vector<at::Tensor>* out);
+// The tensors a Python node's ctx holds outside its SavedVariables (ReadUncheckedTensors):
+// AOTAutograd's `ctx._tensors_no_vc_check` (what a user Function inside a compiled region stashed
+// on its ctx), and what a Function's forward left in the ctx's attributes. Read under the GIL;
+// Python's error state is left as it was.
+void torchrr_read_unchecked_tensors(torch::autograd::Node& node,
+                                    std::vector<torchrr::recorder::UncheckedTensor>* out);
 
 // Where backward uses each tensor a torch.compile region's node saved (kSavedUsesSource): the id
 // of what was read of the node's class (the same for every node of that class while it lives; 0

@@ -330,7 +330,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   if (op.scope == format::OpScope::kFunction && op.sequence_nr >= 0) {
     compat::NodePtr node = TakeFunctionNode(op.sequence_nr);
     if (node && !op.threw) {
-      std::vector<at::Tensor> unchecked;
+      std::vector<UncheckedTensor> unchecked;
       ReadUncheckedTensors(*node, unchecked);
       if (!unchecked.empty()) ts.unchecked_saves.emplace_back(node.get(), std::move(unchecked));
       ReadNodeSavedHooks(node.get(), ts.saved_hooks);

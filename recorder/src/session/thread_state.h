@@ -106,7 +106,7 @@ using SavedHooks = std::vector<std::pair<const torch::autograd::SavedVariable*, 
 // The tensors Python nodes keep unchecked (ReadUncheckedTensors), by node, read before the
 // session's lock.
 using UncheckedSaves =
-    std::vector<std::pair<const torch::autograd::Node*, std::vector<at::Tensor>>>;
+    std::vector<std::pair<const torch::autograd::Node*, std::vector<UncheckedTensor>>>;
 
 // One of an op's output tensors, with where it came from and its ids.
 struct OpOutput {
