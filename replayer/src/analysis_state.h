@@ -145,6 +145,10 @@ struct SavedState {
   // A tensor a Python Function's forward left in its ctx's attributes (a saved tensor named
   // "ctx...."): checked only where its backward read it (AnalysisState::stash_reads).
   bool stash = false;
+  // Not saved: a tensor a reentrant checkpoint's block read in forward (under
+  // CheckpointFunction's apply), which the recomputation in backward reads again as it is then
+  // (name 0). Checked as an unchecked saved tensor of the checkpoint's node.
+  bool read_by_recompute = false;
   // Ops that wrote to or aliased its bytes since the save (fingerprinted saved tensors only).
   uint32_t touch_head = UINT32_MAX;
   uint32_t touch_tail = UINT32_MAX;

@@ -154,6 +154,16 @@ class Analyzer::Impl {
   // unchecked (AOTAutograd's _tensors_no_vc_check) is recorded when the node is first seen, maybe
   // after a write to it: an input's version at the apply's end is the one backward was meant to
   // see.
+  // What the ops directly inside a Python Function's forward read (ops the recorder gave stacks,
+  // run with grad mode off), by the apply's op id, until the apply's record: by counter, the
+  // first tensor read and its version then, and the counters an op there wrote or made.
+  struct ForwardReads {
+    std::vector<std::pair<ObjectId, format::TensorUse>> first;  // (counter, use)
+    std::vector<ObjectId> written;
+  };
+  std::unordered_map<ObjectId, ForwardReads> forward_reads_;
+  void NoteForwardReads(const format::OpRecord& r);
+  void AddRecomputeReads(const format::NodeRecord& r, NodeState& node);
   struct FunctionApply {
     ObjectId op = 0;
     std::vector<format::TensorUse> inputs;
@@ -269,6 +279,10 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
     recent_sequenced_ops_[recent_next_++ % kRecentSequencedOps] = {r.thread, r.sequence_nr, r.op};
     if (!r.inputs.empty()) NoteFunctionApply(r);
   }
+  if (r.parent != 0 && r.stack != 0 && !r.grad_mode && r.scope == OpScope::kFunction) {
+    NoteForwardReads(r);
+  }
+  if (!forward_reads_.empty()) forward_reads_.erase(r.op);  // An apply's: its node has them.
   if (r.parent == 0) {
     last_top_level_op_ = r.op;
     last_top_level_threw_ = r.threw;
@@ -290,6 +304,69 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
     backward_.OnBackwardOp(r, subtree_first);
   } else {
     backward_.OnForwardOp(r);
+  }
+}
+
+void Analyzer::Impl::NoteForwardReads(const format::OpRecord& r) {
+  ForwardReads& reads = forward_reads_[r.parent];
+  for (const format::TensorUse& use : r.inputs) {
+    const TensorState* t = state_.FindTensor(use.tensor);
+    if (t == nullptr || t->counter == 0) continue;
+    if (use.version_after != use.version_before) {
+      reads.written.push_back(t->counter);
+      continue;
+    }
+    auto seen = std::find_if(reads.first.begin(), reads.first.end(),
+                             [&](const auto& read) { return read.first == t->counter; });
+    if (seen == reads.first.end()) reads.first.emplace_back(t->counter, use);
+  }
+  // What the block made is not read from outside it; a view of an input (its counter) is that
+  // input read.
+  for (const format::TensorUse& out : r.outputs) {
+    const TensorState* t = state_.FindTensor(out.tensor);
+    if (t == nullptr || t->counter == 0) continue;
+    const bool view = std::any_of(r.inputs.begin(), r.inputs.end(), [&](const auto& use) {
+      const TensorState* input = state_.FindTensor(use.tensor);
+      return input != nullptr && input->counter == t->counter;
+    });
+    if (!view) reads.written.push_back(t->counter);
+  }
+}
+
+// Reentrant checkpointing (torch.utils.checkpoint, use_reentrant=True) runs the block under
+// no_grad in forward and again in backward, reading the weights and buffers as they are then;
+// PyTorch checks only the block's inputs, which CheckpointFunction saves. Each other tensor the
+// block read in forward, and did not write itself, becomes an unchecked saved tensor of the
+// checkpoint's node: a write to it before the recomputation is a wrong gradient.
+void Analyzer::Impl::AddRecomputeReads(const format::NodeRecord& r, NodeState& node) {
+  auto it = forward_reads_.find(node.created_by);
+  if (it == forward_reads_.end()) return;
+  const ForwardReads& reads = it->second;
+  const uint32_t saved_end = static_cast<uint32_t>(state_.saved.size());
+  for (const auto& [counter, use] : reads.first) {
+    if (std::find(reads.written.begin(), reads.written.end(), counter) != reads.written.end()) {
+      continue;
+    }
+    bool saved = false;  // One of the block's inputs: PyTorch checks it.
+    for (uint32_t k = node.saved_begin; k < saved_end && !saved; ++k) {
+      saved = state_.saved[k].saved.version_counter == counter;
+    }
+    const TensorState* t = state_.FindTensor(use.tensor);
+    if (saved || t == nullptr || !t->is_leaf) continue;  // Weights and buffers, not activations.
+    format::SavedTensor read;
+    read.tensor = use.tensor;
+    read.storage = t->storage;
+    read.version_counter = counter;
+    read.saved_version = use.version_before;
+    read.defined = true;
+    read.checked = false;
+    read.is_leaf = true;
+    read.list_index = format::TensorUse::kNotInList;
+    state_.saved.push_back(MakeSavedState(read, r));
+    SavedState& s = state_.saved.back();
+    s.save_seq = state_.seq;
+    s.content_at_save = lineage_.Of(read.storage);
+    s.read_by_recompute = true;
   }
 }
 
@@ -485,6 +562,7 @@ void Analyzer::Impl::On(const format::NodeRecord& r) {
     s.stash = !saved.checked && state_.Str(saved.name).starts_with("ctx.");
     if (s.stash && s.bytes_storage != 0) state_.stash_storages.insert(s.bytes_storage);
   }
+  if (state_.Str(r.name) == "CheckpointFunctionBackward") AddRecomputeReads(r, node);
   node.saved_count = static_cast<uint32_t>(state_.saved.size()) - node.saved_begin;
   if (r.saved_kind == format::SavedSetKind::kCustom && node.created_by != 0) {
     UseVersionsAtApply(node.created_by, node.saved_begin);

@@ -121,6 +121,7 @@ json ViolationJson(const Violation& v) {
       {"backward_node", NodeJson(v.backward_node)},
       {"recomputing", v.recomputing ? NodeJson(*v.recomputing) : json(nullptr)},
       {"recomputed", v.recomputed},
+      {"read_by_recompute", v.read_by_recompute},
       {"saved_version", v.saved_version},
       {"current_version", v.current_version},
       {"tensor", TensorJson(v.tensor)},

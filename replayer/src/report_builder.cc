@@ -577,6 +577,7 @@ Violation ReportBuilder::MakeViolation(const Finding& f) const {
                                   : SilentEvidence::kAliasedWrite;
   }
   v.recomputed = f.recomputed;
+  v.read_by_recompute = s.read_by_recompute;
   if (f.recomputing != IdIndex::kAbsent) {
     const NodeState& r = state_.nodes[f.recomputing];
     v.recomputing = NodeRef{r.id, state_.Str(r.name), r.sequence_nr, r.forward_thread};

@@ -563,20 +563,23 @@ void TextReport::EmitNeededBy(const Violation& v) {
     return;
   }
   // A damaged or hostile trace may leave the node or the member without a name.
-  std::string member = v.tensor.saved_name.empty()
+  std::string member = v.read_by_recompute ? std::string("not saved: read by the checkpointed block")
+                       : v.tensor.saved_name.empty()
                            ? std::string("a saved tensor the trace does not name")
                            : (IsCtxStash(v) ? "kept on its ctx as `" : "saved `") +
                                  Printable(v.tensor.saved_name);
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";
   }
-  if (!v.tensor.saved_name.empty()) member += "`";
+  if (!v.tensor.saved_name.empty() && !v.read_by_recompute) member += "`";
   const std::string node = v.backward_node.name.empty()
                                ? "a node the trace does not name (#" +
                                      std::to_string(v.backward_node.id) + ")"
                                : Printable(v.backward_node.name);
-  Fact() << "needed by " << p_.Bold(node) << " (" << member << ", "
-         << (v.tensor.is_output ? "an output" : "an input") << " of its op)"
+  Fact() << "needed by " << p_.Bold(node) << " (" << member
+         << (v.read_by_recompute ? " in forward"
+                                 : v.tensor.is_output ? ", an output of its op" : ", an input of its op")
+         << ")"
          << (v.simulated ? ", in the part of the backward pass that did not run" : "")
          << (v.step ? ", in step " + std::to_string(*v.step) : std::string()) << "\n";
   if (v.recomputing) {
@@ -594,6 +597,10 @@ void TextReport::EmitNeededBy(const Violation& v) {
   } else if (v.evidence == SilentEvidence::kAliasedWrite && v.recomputed) {
     Fact() << "activation checkpointing recomputed it in backward, and the write came after, as "
               "in the forward: backward used the bytes it left\n";
+  } else if (v.read_by_recompute) {
+    Fact() << "activation checkpointing (use_reentrant=True) ran the block again in backward, "
+              "reading this tensor as it was then, not as forward read it: PyTorch checks only "
+              "the block's inputs\n";
   } else if (IsCtxStash(v)) {
     Fact() << "the Function's backward read it from its ctx, which PyTorch does not check: only "
               "what ctx.save_for_backward saved is version-checked\n";
@@ -674,6 +681,8 @@ void TextReport::EmitPytorch(const Violation& v) {
       if (size_t cut = message.find(" Hint:"); cut != std::string::npos) message.resize(cut);
       out_ << ": " << Printable(message);
     }
+  } else if (v.read_by_recompute) {
+    out_ << "no error: it checks only the block's inputs, so gradients are silently wrong";
   } else if (IsCtxStash(v)) {
     out_ << "no error: it does not check ctx attributes, so gradients are silently wrong";
   } else if (v.evidence == SilentEvidence::kUncheckedSave) {

@@ -164,6 +164,10 @@ std::string FixHint(const Violation& v) {
            "extension on data_ptr): `torchrr record --locate-write TRACE -- CMD` runs the "
            "program again and names the line; write into a .clone() instead";
   }
+  if (v.read_by_recompute) {
+    return "change what the checkpointed block reads (a weight, a buffer) only after backward: the "
+           "recomputation reads it as it is then; use_reentrant=False does not avoid this one";
+  }
   if (IsCtxStash(v)) {
     return "keep the tensor for backward with ctx.save_for_backward (PyTorch then checks it), "
            "or write into it only after backward; a buffer that must be refilled before then "

@@ -45,6 +45,7 @@ std::string FixHint(const Violation& v);
 // A silent violation on a tensor a Python Function's forward stashed in its ctx's attributes
 // (`ctx.weight = w`), which PyTorch never checks: the saved member's name is its path on the ctx.
 inline bool IsCtxStash(const Violation& v) {
+  if (v.read_by_recompute) return false;
   return v.evidence == SilentEvidence::kUncheckedSave && v.tensor.saved_name.starts_with("ctx.");
 }
 

@@ -12,7 +12,8 @@ line); `exit` (the script's, 1 by default); `violations` (a count, nothing else 
 (the modes a case runs under, from TAGS, so that each mode's cases can be found:
 `grep -l tags=.*checkpoint`); `function` (the culprit ran inside that Python autograd.Function's
 forward or backward: the `# CULPRIT` line is in the Function, and `# CALLED_FROM` marks the line
-that ran it, the apply() or the backward() call).
+that ran it, the apply() or the backward() call); `read_by_recompute=1` (the tensor was not saved
+but read by a reentrant checkpoint's block and again by its recomputation).
 
 `KEY@MAJOR.MINOR=VALUE` replaces KEY's value for traces that torch MAJOR.MINOR or later recorded
 (the torch the trace names), where PyTorch names things otherwise: `node@2.12=...`. The latest
@@ -118,6 +119,7 @@ def test_case(script, all_ops, tmp_path):
         assert v.pytorch_message and message in v.pytorch_message
     else:
         assert v.pytorch_message is None
+    assert v.read_by_recompute == (expect.get("read_by_recompute") == "1")
     if "evidence" in expect:  # "-": none (a violation PyTorch raised for).
         assert v.evidence == (None if expect["evidence"] == "-" else expect["evidence"])
 

@@ -224,6 +224,9 @@ class Violation:
     raw: dict = field(default_factory=dict, repr=False)
     # The training step of its backward pass (replayer/SCHEMA.md: `step`), None when unknown.
     step: Optional[int] = None
+    # Reentrant checkpointing: not saved, read by the block in forward and by its recomputation
+    # after the write (replayer/SCHEMA.md: `read_by_recompute`).
+    read_by_recompute: bool = False
 
     @classmethod
     def from_json(cls, d: dict) -> "Violation":
@@ -237,7 +240,8 @@ class Violation:
                    d.get("node_exec_op"), d.get("evidence"), d.get("fingerprint"),
                    [Candidate.from_json(c) for c in d.get("candidates", [])],
                    list(d.get("kernels", [])), BackwardNode.from_json(d.get("recomputing")),
-                   bool(d.get("recomputed", False)), d, d.get("step"))
+                   bool(d.get("recomputed", False)), d, d.get("step"),
+                   bool(d.get("read_by_recompute", False)))
 
     def __str__(self) -> str:
         """One line: ``version: aten::mul_.Tensor at train.py:66 in step modified what

@@ -207,6 +207,10 @@ struct Violation {
   // Activation checkpointing: the tensor is the one backward recomputed for the node (what the
   // node saved in forward was a placeholder), written after the recomputation saved it.
   bool recomputed = false;
+  // Reentrant activation checkpointing: the tensor was not saved, but read by the checkpointed
+  // block in forward (a weight, a buffer), and its recomputation in backward read it again after
+  // the write. `victim` is the checkpoint's call.
+  bool read_by_recompute = false;
   uint32_t saved_version = 0;
   uint32_t current_version = 0;         // The counter's version when the node ran (or would have).
   SavedTensorRef tensor;
