@@ -566,7 +566,7 @@ void TextReport::EmitNeededBy(const Violation& v) {
   std::string member = v.read_by_recompute ? std::string("not saved: read by the checkpointed block")
                        : v.tensor.saved_name.empty()
                            ? std::string("a saved tensor the trace does not name")
-                           : (IsCtxStash(v) ? "kept on its ctx as `" : "saved `") +
+                           : (IsCtxAttribute(v) ? "kept on its ctx as `" : "saved `") +
                                  Printable(v.tensor.saved_name);
   if (v.tensor.list_index != format::TensorUse::kNotInList) {
     member += "[" + std::to_string(v.tensor.list_index) + "]";

@@ -42,11 +42,14 @@ std::string CulpritLabel(const Violation& v);
 // or .clone() the tensor before modifying it", "use out-of-place .detach(), ...".
 std::string FixHint(const Violation& v);
 
-// A silent violation on a tensor a Python Function's forward stashed in its ctx's attributes
+// A violation on a tensor a Python Function's forward stashed in its ctx's attributes
 // (`ctx.weight = w`), which PyTorch never checks: the saved member's name is its path on the ctx.
+// IsCtxStash: one its counter shows (evidence unchecked_save).
+inline bool IsCtxAttribute(const Violation& v) {
+  return !v.read_by_recompute && v.tensor.saved_name.starts_with("ctx.");
+}
 inline bool IsCtxStash(const Violation& v) {
-  if (v.read_by_recompute) return false;
-  return v.evidence == SilentEvidence::kUncheckedSave && v.tensor.saved_name.starts_with("ctx.");
+  return IsCtxAttribute(v) && v.evidence == SilentEvidence::kUncheckedSave;
 }
 
 // How often a group's violation happened and where: "40 times: steps 0-19; first at step 0";
