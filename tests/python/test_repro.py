@@ -112,7 +112,8 @@ def test_linear_then_relu_in_place_raises_the_same_message(tmp_path):
 @pytest.mark.parametrize("case", [None, "weight_norm_data", "hook_identity_pack",
                                   "save_on_cpu_write", "ema_swap", "spectral_norm_swap",
                                   "preserve_version_counter", "unpack_hook_dtype_silent",
-                                  "checkpoint_recomputed_write", "checkpoint_optimizer_between"])
+                                  "checkpoint_recomputed_write", "checkpoint_optimizer_between",
+                                  "ctx_stash_refill"])
 def test_a_silent_write_shows_the_gradient_difference(tmp_path, case):
     source = DATA_WRITE if case is None else (CASES / f"{case}.py").read_text()
     trace, proc = _recorded(tmp_path, source)
@@ -196,6 +197,16 @@ def test_a_stand_in_saves_its_output_under_the_recorded_name(tmp_path):
 def test_compiled_regions_and_checkpoint_functions_raise_the_same_message(tmp_path, case):
     text = _raises_the_recorded_message(tmp_path, (CASES / f"{case}.py").read_text())
     assert "(torch.autograd.Function):" in text
+
+
+# A Function whose forward writes its input in place, after another op saved it: the stand-in for
+# the Function makes the write, before its own save, as the forward did.
+def test_a_function_that_writes_its_input_in_forward_is_stood_in_with_the_write(tmp_path):
+    text = _raises_the_recorded_message(
+        tmp_path, (CASES / "function_forward_write.py").read_text())
+    assert "class _XEntropy(torch.autograd.Function):" in text
+    forward = text[text.index("class _XEntropy"):]
+    assert forward.index("standin_write(inputs[0], 1)") < forward.index("ctx.save_for_backward")
 
 
 # Inductor hands a saved view of the region's input back over the input's bytes with a counter of

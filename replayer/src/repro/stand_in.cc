@@ -160,6 +160,21 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
   for (const TensorUse& use : inputs) {
     call_args += (call_args.empty() ? "" : ", ") + Var(use.tensor);
   }
+  // What its body wrote into its inputs (a Function whose forward writes in place: the culprit),
+  // before what it saved, as the body did; one counter's bumps once.
+  std::string writes;
+  std::unordered_set<ObjectId> counters;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorUse& use = inputs[k];
+    if (use.version_after <= use.version_before) continue;
+    const TensorInfo* info = input_info[k];
+    if (info != nullptr && info->version_counter != 0 &&
+        !counters.insert(info->version_counter).second) {
+      continue;
+    }
+    writes += "        standin_write(inputs[" + std::to_string(k) + "], " +
+              std::to_string(use.version_after - use.version_before) + ")\n";
+  }
   std::string targets;
   for (ObjectId tensor : outputs) {
     targets += (targets.empty() ? "" : ", ") + (tensor == 0 ? std::string("_") : Var(tensor));
@@ -175,7 +190,7 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
       "class " + name + "(torch.autograd.Function):\n"
       "    @staticmethod\n"
       "    def forward(ctx, *inputs):\n"
-      "        ctx.input_meta = [(x.shape, x.dtype, x.device) for x in inputs]\n"
+      "        ctx.input_meta = [(x.shape, x.dtype, x.device) for x in inputs]\n" + writes +
       "        outputs = [" + made + "]\n"
       "        ctx.save_for_backward(" + saved + ")\n" +
       (unchecked.empty() ? ""
