@@ -425,6 +425,41 @@ TEST(AnalyzerTest, AWriteToACtxStashIsSilentOnlyWhereBackwardReadsIt) {
   }
 }
 
+// Reentrant checkpointing runs the block again in backward with the weights as they are then:
+// a weight the block read in forward and the program scaled before backward is a silent
+// violation of the checkpoint's node; one the block wrote itself (BatchNorm's running statistics)
+// is not.
+TEST(AnalyzerTest, AWeightWrittenBeforeAReentrantRecomputationIsSilent) {
+  for (bool block_writes_it : {false, true}) {
+    TraceBuilder b;
+    auto x = b.Leaf({4, 8});
+    auto w = b.Tensor({8, 8});
+    auto h = b.Tensor({4, 8});
+    std::vector<format::ObjectId> writes;
+    if (block_writes_it) writes.push_back(w);
+    auto ckpt = b.FunctionApply(
+        "CheckpointFunction", {x}, {{.name = "saved_tensors", .tensor = x}}, b.At(19),
+        {{.name = "aten::mm", .inputs = {x, w}, .outputs = {h}, .writes = writes,
+          .stack = b.At(14), .grad_mode = false}});
+    b.Inplace("aten::mul_", w, {}, b.At(21), /*grad_mode=*/false);
+    b.Backward({ckpt.node});
+    Report report = Analyze(b.records);
+    if (block_writes_it) {
+      EXPECT_TRUE(report.violations.empty());
+      continue;
+    }
+    ASSERT_EQ(report.violations.size(), 1u);
+    const Violation& v = report.violations[0];
+    EXPECT_EQ(v.kind, ViolationKind::kSilent);
+    EXPECT_TRUE(v.read_by_recompute);
+    EXPECT_EQ(v.backward_node.name, "CheckpointFunctionBackward");
+    ASSERT_TRUE(v.culprit && v.culprit->user_frame && v.victim && v.victim->user_frame);
+    EXPECT_EQ(v.culprit->user_frame->line, 21u);
+    EXPECT_EQ(v.victim->name, "CheckpointFunction");
+    EXPECT_EQ(v.victim->user_frame->line, 19u);
+  }
+}
+
 // v = y[0]; v.mul_(2): the view shares y's counter, so the version check catches it.
 TEST(AnalyzerTest, WriteThroughAViewBumpsTheSharedCounter) {
   TraceBuilder b;

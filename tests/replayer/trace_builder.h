@@ -236,6 +236,27 @@ class TraceBuilder {
     return f;
   }
 
+  // A Python Function's apply whose forward ran the ops `inner` (their parent set to the apply):
+  // their records, then the node it made (`<name>Backward`, saving `saved`), then the apply's op,
+  // in the recorder's order.
+  Forwarded FunctionApply(const std::string& name, const std::vector<ObjectId>& inputs,
+                          const std::vector<SavedSpec>& saved, InternId stack,
+                          std::vector<OpSpec> inner) {
+    Forwarded f;
+    f.node = NewId();
+    f.op = NewId();
+    f.out = Tensor(Info(inputs.at(0)).shape, true, f.node);
+    int64_t seq = sequence_nr_++;
+    for (OpSpec& spec : inner) {
+      spec.parent = f.op;
+      Op(std::move(spec));
+    }
+    EmitNode(f.node, name + "Backward", seq, f.op, EdgesTo(inputs), saved, f.out);
+    Op({.name = name, .inputs = inputs, .outputs = {f.out}, .id = f.op, .stack = stack,
+        .sequence_nr = seq, .thread = forward_thread});
+    return f;
+  }
+
   // An in-place op under autograd on `target` (gets a new grad_fn, as PyTorch rebases history).
   Forwarded InplaceForward(const std::string& op_name, const std::string& node_name,
                            ObjectId target, const std::vector<ObjectId>& others, InternId stack,
