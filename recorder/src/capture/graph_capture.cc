@@ -185,9 +185,11 @@ void GraphCapture::RecordUncheckedTensors(const torch::autograd::Node& node,
     if (t.defined()) {
       const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
       saved.tensor = ids_.RefTensor(t, defs, nullptr, &saved.version_counter);
-      // A stash of what save_for_backward also saved (or a view of it, with its counter):
-      // PyTorch's check covers it.
-      if (std::any_of(record.saved.begin(), record.saved.begin() + checked_end,
+      // A ctx attribute's tensor ("ctx....") that save_for_backward also saved (or a view of it,
+      // with its counter): PyTorch's check covers it. AOTAutograd's list is kept whole: its
+      // items' places are those RecordUse reads the region's saved uses by.
+      if (item.name.starts_with("ctx.") &&
+          std::any_of(record.saved.begin(), record.saved.begin() + checked_end,
                       [&](const format::SavedTensor& other) {
                         return other.checked && other.defined &&
                                other.version_counter == saved.version_counter;
