@@ -2,6 +2,7 @@
 // autograd.Function that keeps the recorded save and its version semantics.
 #include <algorithm>
 #include <cctype>
+#include <optional>
 #include <string_view>
 #include <unordered_set>
 
@@ -67,6 +68,32 @@ std::string ClassName(const std::string& node_name) {
   std::string name = node_name;
   if (name.ends_with("Backward")) name.resize(name.size() - 8);
   return name.size() <= 64 && Identifier(name) && !Taken(name) ? name : "StandIn";
+}
+
+// The standin_write calls for what `op` wrote into `inputs` (its inputs, or those a stand-in
+// takes), `expr(k)` naming input k, each line after `indent`: one per version counter, as a tensor
+// passed twice, or a view and its base, share one and each of their uses records the counter's
+// whole change. nullopt, with `why` set, when a tensor it wrote is not in the trace.
+template <typename Expr>
+std::optional<std::string> WritesOf(const OpRecord& op, const std::vector<TensorUse>& inputs,
+                     const TraceIndex& index, Expr expr, std::string_view indent,
+                     std::string* why) {
+  const size_t at = index.IndexOf(op.op);
+  std::string writes;
+  std::unordered_set<format::ObjectId> counters;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorUse& use = inputs[k];
+    if (use.version_after <= use.version_before) continue;
+    const TensorInfo* info = index.InfoBefore(use.tensor, at);
+    if (info == nullptr) {
+      *why = "a tensor " + Printable(index.Str(op.name)) + " wrote is not in the trace";
+      return std::nullopt;
+    }
+    if (info->version_counter != 0 && !counters.insert(info->version_counter).second) continue;
+    writes += std::string(indent) + "standin_write(" + expr(k) + ", " +
+              std::to_string(use.version_after - use.version_before) + ")\n";
+  }
+  return writes;
 }
 
 std::string Meta(const TensorInfo& info) {
@@ -161,20 +188,11 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
     call_args += (call_args.empty() ? "" : ", ") + Var(use.tensor);
   }
   // What its body wrote into its inputs (a Function whose forward writes in place: the culprit),
-  // before what it saved, as the body did; one counter's bumps once.
-  std::string writes;
-  std::unordered_set<ObjectId> counters;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    const TensorUse& use = inputs[k];
-    if (use.version_after <= use.version_before) continue;
-    const TensorInfo* info = input_info[k];
-    if (info != nullptr && info->version_counter != 0 &&
-        !counters.insert(info->version_counter).second) {
-      continue;
-    }
-    writes += "        standin_write(inputs[" + std::to_string(k) + "], " +
-              std::to_string(use.version_after - use.version_before) + ")\n";
-  }
+  // before what it saved, as the body did.
+  const std::optional<std::string> writes = WritesOf(
+      op, inputs, index, [](size_t k) { return "inputs[" + std::to_string(k) + "]"; },
+      "        ", why);
+  if (!writes) return "";
   std::string targets;
   for (ObjectId tensor : outputs) {
     targets += (targets.empty() ? "" : ", ") + (tensor == 0 ? std::string("_") : Var(tensor));
@@ -190,7 +208,7 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
       "class " + name + "(torch.autograd.Function):\n"
       "    @staticmethod\n"
       "    def forward(ctx, *inputs):\n"
-      "        ctx.input_meta = [(x.shape, x.dtype, x.device) for x in inputs]\n" + writes +
+      "        ctx.input_meta = [(x.shape, x.dtype, x.device) for x in inputs]\n" + *writes +
       "        outputs = [" + made + "]\n"
       "        ctx.save_for_backward(" + saved + ")\n" +
       (unchecked.empty() ? ""
@@ -204,7 +222,6 @@ std::string StandInCall(const OpRecord& op, const format::NodeRecord& node,
 }
 
 std::string ForeignCall(const OpRecord& op, const TraceIndex& index, std::string* why) {
-  const size_t at = index.IndexOf(op.op);
   std::string made, targets;
   for (const TensorUse& use : op.outputs) {
     // An output that is one of its inputs (a mutable schema's `Tensor(a!)`) is that tensor.
@@ -221,29 +238,17 @@ std::string ForeignCall(const OpRecord& op, const TraceIndex& index, std::string
     made += (made.empty() ? "" : ", ") + std::string("output(") + std::to_string(use.tensor) +
             ", " + Meta(*info) + ")" + (info->requires_grad ? ".requires_grad_()" : "");
   }
-  std::string writes;
-  // One version counter's bumps once: a tensor passed twice, or a view and its base, share it,
-  // and each of their uses records the counter's whole change.
-  std::unordered_set<ObjectId> counters;
-  for (const TensorUse& use : op.inputs) {
-    if (use.version_after <= use.version_before) continue;
-    const TensorInfo* info = index.InfoBefore(use.tensor, at);
-    if (info == nullptr) {
-      *why = "a tensor " + Printable(index.Str(op.name)) + " wrote is not in the trace";
-      return "";
-    }
-    if (info->version_counter != 0 && !counters.insert(info->version_counter).second) continue;
-    writes += "standin_write(" + Var(use.tensor) + ", " +
-              std::to_string(use.version_after - use.version_before) + ")\n";
-  }
+  const std::optional<std::string> writes =
+      WritesOf(op, op.inputs, index, [&](size_t k) { return Var(op.inputs[k].tensor); }, "", why);
+  if (!writes) return "";
   std::string text = "# A stand-in for " + Printable(index.Str(op.name)) +
                      ", an op outside aten (a torch.library or extension op)\n"
                      "# the script cannot call: it makes the op's outputs as seeded tensors of "
                      "the recorded\n# metadata and writes what the op wrote, one version bump "
                      "for each recorded.\n";
   if (!targets.empty()) text += targets + " = " + made + "\n";
-  if (targets.empty() && writes.empty()) text += "pass  # it returned nothing and wrote nothing\n";
-  text += writes;
+  if (targets.empty() && writes->empty()) text += "pass  # it returned nothing and wrote nothing\n";
+  text += *writes;
   text.pop_back();
   return text;
 }
