@@ -149,11 +149,6 @@ class Analyzer::Impl {
   std::array<SequencedOp, kRecentSequencedOps> recent_sequenced_ops_{};
   uint64_t recent_next_ = 0;
 
-  // The latest autograd Function applies (a Python Function's op, named by its class:
-  // "CompiledFunction"), with their inputs' versions at their end. What a Function's node keeps
-  // unchecked (AOTAutograd's _tensors_no_vc_check) is recorded when the node is first seen, maybe
-  // after a write to it: an input's version at the apply's end is the one backward was meant to
-  // see.
   // What the ops directly inside a Python Function's forward read (ops the recorder gave stacks,
   // run with grad mode off), by the apply's op id, until the apply's record: by counter, the
   // first tensor read and its version then, and the counters an op there wrote or made.
@@ -164,6 +159,12 @@ class Analyzer::Impl {
   std::unordered_map<ObjectId, ForwardReads> forward_reads_;
   void NoteForwardReads(const format::OpRecord& r);
   void AddRecomputeReads(const format::NodeRecord& r, NodeState& node);
+
+  // The latest autograd Function applies (a Python Function's op, named by its class:
+  // "CompiledFunction"), with their inputs' versions at their end. What a Function's node keeps
+  // unchecked (AOTAutograd's _tensors_no_vc_check) is recorded when the node is first seen, maybe
+  // after a write to it: an input's version at the apply's end is the one backward was meant to
+  // see.
   struct FunctionApply {
     ObjectId op = 0;
     std::vector<format::TensorUse> inputs;

@@ -30,14 +30,16 @@ namespace {
 // graphs' ops are named through the region that runs them.
 bool RunsFunctionCode(const at::RecordFunction& fn, const format::OpRecord& op,
                       const void* exec_node) {
+  // Most ops are neither (ATen ops without a number, C++ formulas): decided before any name.
+  const bool backward = op.scope == format::OpScope::kBackwardFunction;
+  if (backward ? exec_node == nullptr
+               : op.scope != format::OpScope::kFunction || op.sequence_nr < 0) {
+    return false;
+  }
   static constexpr std::string_view kCompiled = "CompiledFunction";
   if (std::strncmp(fn.name(), kCompiled.data(), kCompiled.size()) == 0) return false;
-  if (op.scope == format::OpScope::kBackwardFunction) {
-    return exec_node != nullptr &&
-           IsPythonNode(typeid(*static_cast<const torch::autograd::Node*>(exec_node)));
-  }
-  return op.scope == format::OpScope::kFunction && op.sequence_nr >= 0 &&
-         std::strstr(fn.name(), "::") == nullptr;
+  return backward ? IsPythonNode(typeid(*static_cast<const torch::autograd::Node*>(exec_node)))
+                  : std::strstr(fn.name(), "::") == nullptr;
 }
 
 }  // namespace
