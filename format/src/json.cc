@@ -1,7 +1,9 @@
 #include "torchrr/format/json.h"
 
 #include <array>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -56,6 +58,11 @@ json ToJson(const T& value) {
     return FieldsToJson(value);
   } else if constexpr (std::is_same_v<T, double>) {
     return Number(value);
+  } else if constexpr (std::is_same_v<T, float>) {
+    // Its shortest decimal as a float (7.1e4f is 71000, not 70999.9921875).
+    char text[32];
+    auto [end, ec] = std::to_chars(text, text + sizeof(text), value);
+    return Number(std::strtod(std::string(text, end).c_str(), nullptr));
   } else if constexpr (std::is_arithmetic_v<T> || std::is_same_v<T, std::string>) {
     return value;
   } else {

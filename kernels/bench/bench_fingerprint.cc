@@ -1,10 +1,14 @@
-// bench_fingerprint: the speed of fingerprint v1 (fingerprint.h).
-//   CPU   FingerprintHost on 64 and 256 MiB.
+// bench_fingerprint: the speed of fingerprint v1 (fingerprint.h) and of finiteness scans
+// (finite.h).
+//   CPU   FingerprintHost on 64 and 256 MiB; ScanFiniteHost on the same, read as float32 and as
+//         bfloat16.
 //   CUDA  (built with it, and a device present) FingerprintCuda on 64 MiB, 256 MiB and 1 GiB; on
 //         4 KiB and 1 MiB, whose time is mostly the fixed cost of a call; and on 64 MiB at an
 //         unaligned address (the byte-load path). Each next to a device-to-device copy of the same
 //         size, whose bandwidth counts the bytes read and written. Fingerprint times are whole
-//         calls (launches, stream synchronize, result): what the recorder pays.
+//         calls (launches, stream synchronize, result): what the recorder pays. Then
+//         ScanFiniteCudaAsync on 64 MiB, 256 MiB and 1 GiB as float32 and bfloat16, timed from
+//         the queueing to ReadFiniteSlotsCuda's return (one scan, one read).
 //
 // Prints one table and exits 0; a CUDA step that fails prints why and the table goes on without it.
 //   bench_fingerprint [runs]   (runs per measurement, default 10; the median is shown)
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -22,10 +27,21 @@
 #endif
 
 #include "torchrr/kernels/fingerprint.h"
+#include "torchrr/kernels/finite.h"
 
 namespace {
 
 using torchrr::kernels::FingerprintHost;
+using torchrr::kernels::FloatKind;
+
+// The finiteness scans' element types benchmarked: training's usual two.
+struct ScannedKind {
+  FloatKind kind;
+  const char* name;
+  uint64_t bytes;
+};
+constexpr ScannedKind kScannedKinds[] = {{FloatKind::kFloat32, "f32", 4},
+                                         {FloatKind::kBFloat16, "bf16", 2}};
 
 constexpr uint64_t kMiB = 1ull << 20;
 // An H200's HBM3e bandwidth (datasheet), the yardstick of the CUDA implementation.
@@ -88,6 +104,19 @@ void BenchCpu(int runs) {
         runs, [&] { return HostSeconds([&] { sink = FingerprintHost(data.data(), bytes); }); });
     PrintRow("cpu", SizeName(bytes), seconds, bytes, 0);
   }
+  // Random bytes hold NaNs and infinities too; the scan's loop is the same for any value.
+  for (const ScannedKind& k : kScannedKinds) {
+    for (uint64_t bytes : {64 * kMiB, 256 * kMiB}) {
+      const int64_t count = static_cast<int64_t>(bytes / k.bytes), stride = 1;
+      volatile double sink = 0;
+      const double seconds = MedianSeconds(runs, [&] {
+        return HostSeconds([&] {
+          sink = torchrr::kernels::ScanFiniteHost(data.data(), k.kind, &count, &stride, 1).max_abs;
+        });
+      });
+      PrintRow("cpu", SizeName(bytes) + " " + k.name + " scan", seconds, bytes, 0);
+    }
+  }
 }
 
 #ifdef TORCHRR_KERNELS_CUDA
@@ -96,6 +125,77 @@ bool Ok(cudaError_t rc, const char* what) {
   if (rc == cudaSuccess) return true;
   std::printf("cuda: %s failed: %s; CUDA rows skipped\n", what, cudaGetErrorString(rc));
   return false;
+}
+
+// ScanFiniteCudaAsync then ReadFiniteSlotsCuda, next to a copy of the same size. `source` holds
+// `host` (64 MiB) then a pattern, up to 1 GiB.
+void BenchCudaFinite(int runs, int device, const unsigned char* source, unsigned char* target,
+                     const std::vector<unsigned char>& host, cudaStream_t stream, cudaEvent_t start,
+                     cudaEvent_t stop) {
+  using torchrr::kernels::FiniteScan;
+  using torchrr::kernels::FiniteSlot;
+  std::string error;
+  // Slots accumulate: one fresh slot for each kind's check against the CPU, one for the timings.
+  constexpr size_t kTimingSlot = std::size(kScannedKinds);
+  FiniteSlot* slots = torchrr::kernels::AllocFiniteSlotsCuda(device, kTimingSlot + 1, &error);
+  if (slots == nullptr) {
+    std::printf("cuda: AllocFiniteSlotsCuda failed: %s; scan rows skipped\n", error.c_str());
+    return;
+  }
+  // One scan into slots[slot] and its read; false when either fails.
+  auto scan = [&](FloatKind kind, int64_t count, size_t slot, FiniteScan* result) {
+    const int64_t stride = 1;
+    return torchrr::kernels::ScanFiniteCudaAsync(source, kind, &count, &stride, 1, device, stream,
+                                                 slots + slot, &error) &&
+           torchrr::kernels::ReadFiniteSlotsCuda(slots + slot, 1, device, stream, result, &error);
+  };
+  for (size_t i = 0; i < std::size(kScannedKinds); ++i) {
+    const ScannedKind& k = kScannedKinds[i];
+    const int64_t count = static_cast<int64_t>(64 * kMiB / k.bytes), stride = 1;
+    FiniteScan on_gpu;
+    if (!scan(k.kind, count, i, &on_gpu)) {
+      std::printf("cuda: ScanFiniteCudaAsync failed: %s; scan rows skipped\n", error.c_str());
+      torchrr::kernels::FreeFiniteSlotsCuda(slots);
+      return;
+    }
+    const FiniteScan on_cpu =
+        torchrr::kernels::ScanFiniteReference(host.data(), k.kind, &count, &stride, 1);
+    std::printf("cuda: 64 MiB %s scan %s the CPU reference's\n", k.name,
+                on_gpu.flags == on_cpu.flags && on_gpu.max_abs == on_cpu.max_abs ? "equals"
+                                                                                 : "DIFFERS FROM");
+  }
+  for (uint64_t bytes : {64 * kMiB, 256 * kMiB, 1024 * kMiB}) {
+    bool failed = false;
+    const double copy = MedianSeconds(runs, [&] {
+      float ms = 0;
+      failed |=
+          cudaEventRecord(start, stream) != cudaSuccess ||
+          cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess ||
+          cudaEventRecord(stop, stream) != cudaSuccess ||
+          cudaEventSynchronize(stop) != cudaSuccess ||
+          cudaEventElapsedTime(&ms, start, stop) != cudaSuccess;
+      return ms / 1e3;
+    });
+    if (failed) {
+      std::printf("cuda: %s copy failed\n", SizeName(bytes).c_str());
+      continue;
+    }
+    PrintRow("copy", SizeName(bytes) + " r+w", copy, 2 * bytes, 0);
+    for (const ScannedKind& k : kScannedKinds) {
+      const double seconds = MedianSeconds(runs, [&] {
+        FiniteScan result;
+        return HostSeconds([&] { failed |= !scan(k.kind, bytes / k.bytes, kTimingSlot, &result); });
+      });
+      if (failed) {
+        std::printf("cuda: %s %s scan failed: %s\n", SizeName(bytes).c_str(), k.name,
+                    error.c_str());
+        continue;
+      }
+      PrintRow("cuda", SizeName(bytes) + " " + k.name + " scan", seconds, bytes,
+               2.0 * bytes / copy / 1e9);
+    }
+  }
+  torchrr::kernels::FreeFiniteSlotsCuda(slots);
 }
 
 void BenchCuda(int runs) {
@@ -175,6 +275,7 @@ void BenchCuda(int runs) {
     PrintRow("copy", range + " r+w", copy, 2 * c.bytes, 0);
     PrintRow("cuda", range, fingerprint, c.bytes, copy_gbps);
   }
+  BenchCudaFinite(runs, device, source, target, host, stream, start, stop);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaStreamDestroy(stream);
@@ -188,7 +289,10 @@ void BenchCuda(int runs) {
 
 int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
-  std::printf("fingerprint v1: median of %d runs after a warm-up; GB = 1e9 bytes\n", runs);
+  std::printf(
+      "fingerprint v1 and finiteness scans: median of %d runs after a warm-up; "
+      "GB = 1e9 bytes\n",
+      runs);
   PrintHeader();
   BenchCpu(runs);
 #ifdef TORCHRR_KERNELS_CUDA

@@ -40,6 +40,9 @@ inline constexpr int kExitMemory = 14;
 // replay: no violation, but the gradient stopped: backward raised "does not require grad", or
 // trainable parameters got no gradient from a backward that ran (Report::gradient_cuts).
 inline constexpr int kExitGradientCut = 15;
+// replay: no violation and no cut, but a NaN or Inf reached the loss, a gradient or a weight
+// (Report::non_finite).
+inline constexpr int kExitNonFinite = 16;
 inline constexpr int kExitNotRun = 127;  // record: the program could not be run (as a shell's).
 
 struct ExitCodeMeaning {
@@ -70,6 +73,7 @@ inline constexpr ExitCodeMeaning kExitCodeMeanings[] = {
     {kExitGradientCut,
      "replay: the gradient stopped: backward found no path to the loss, or trainable parameters "
      "got no gradient"},
+    {kExitNonFinite, "replay: a NaN or Inf reached the loss, a gradient or a weight"},
     {kExitNotRun, "record: the program could not be run"},
 };
 
@@ -115,12 +119,13 @@ constexpr int ExitCodeFor(format::StatusCode code) {
 // recording are reported all the same; the code says the verdict covers only part of the run.
 // A gradient cut (`gradient_cut`) without violations is 15.
 constexpr int ReplayExitCode(int read_code, bool incomplete, bool violations, bool empty,
-                             bool gradient_cut = false) {
+                             bool gradient_cut = false, bool non_finite = false) {
   if (read_code != 0) return read_code;
   if (incomplete) return kExitIncomplete;
   if (empty) return kExitEmpty;
   if (violations) return kExitViolations;
-  return gradient_cut ? kExitGradientCut : kExitOk;
+  if (gradient_cut) return kExitGradientCut;
+  return non_finite ? kExitNonFinite : kExitOk;
 }
 
 }  // namespace torchrr::cli

@@ -91,6 +91,9 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
               : !report.gradient_cuts.empty()
                   ? "the gradient stopped at " + std::to_string(report.gradient_cuts.size()) +
                         " place" + (report.gradient_cuts.size() == 1 ? "" : "s")
+              : report.non_finite
+                  ? std::string("a ") + (report.non_finite->nan ? "NaN" : "Inf") + " reached " +
+                        report.non_finite->reached
               : report.ops == 0 ? "no op recorded"
                                 : "no violation") +
              (code != format::StatusCode::kOk ? ", trace " + std::string(StatusName(code))
@@ -103,9 +106,10 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
                      report.program_error.has_value();
   // A window with nothing in it is no clean bill for the steps it did not keep.
   const bool cut = !report.gradient_cuts.empty();
-  replayed->exit_code =
-      ReplayExitCode(read_code, report.incomplete() || (report.window() && !found && !cut), found,
-                     report.ops == 0, cut);
+  const bool non_finite = report.non_finite.has_value();
+  replayed->exit_code = ReplayExitCode(
+      read_code, report.incomplete() || (report.window() && !found && !cut && !non_finite), found,
+      report.ops == 0, cut, non_finite);
   if (options.format == ReplayFormat::kGnu || options.format == ReplayFormat::kSarif) {
     replayed->report = std::move(report);
   }
@@ -116,7 +120,7 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
 // then a trace with no op, then violations.
 int Severity(int exit_code) {
   if (exit_code == kExitOk) return 0;
-  if (exit_code == kExitGradientCut) return 1;
+  if (exit_code == kExitGradientCut || exit_code == kExitNonFinite) return 1;
   if (exit_code == kExitViolations) return 2;
   if (exit_code == kExitEmpty) return 3;
   if (exit_code == kExitIncomplete) return 4;
@@ -218,9 +222,10 @@ void RegisterReplayCommand(CLI::App& app, int* exit_code) {
       ->option_text("auto|always|never");
   replay->footer(ExitCodesFooter(
       {kExitOk, kExitViolations, kExitUsage, kExitNotATrace, kExitTruncated, kExitCorrupt,
-       kExitTooNew, kExitOther, kExitIncomplete, kExitEmpty, kExitMemory, kExitGradientCut},
+       kExitTooNew, kExitOther, kExitIncomplete, kExitEmpty, kExitMemory, kExitGradientCut,
+       kExitNonFinite},
       "A damaged trace's code (4, 5) or 8 wins over 1: violations are still reported. 1 wins "
-      "over 15."));
+      "over 15, and 15 over 16."));
   AddSourceRootOption(*replay, &options->source_roots);
   replay->callback([options, exit_code] {
     *exit_code = RunReplay(*options, std::cout, isatty(STDOUT_FILENO) != 0);

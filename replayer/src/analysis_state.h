@@ -275,6 +275,23 @@ struct CutFinding {
   uint64_t backward_passes = 0;
 };
 
+// The first NaN or Inf as found (NonFiniteWatch), resolved into a NonFinite by BuildReport.
+struct NonFiniteFinding {
+  NonFiniteCause cause = NonFiniteCause::kOther;
+  bool nan = false;
+  format::ObjectId op = 0;          // The op that made it (innermost), or the first reader (kData).
+  format::ObjectId node = 0;        // A backward op's node (its NodeExecRecord), 0 otherwise.
+  format::ObjectId became_nan = 0;  // The op where its Inf turned NaN, 0 when none.
+  bool backward = false;
+  format::DType dtype = -1;
+  float input_max_abs = 0;
+  uint64_t step = kNoStep;
+  const char* reached = "";
+  uint64_t later_ops = 0;
+  uint64_t steps = 0;
+  static constexpr uint64_t kNoStep = UINT64_MAX;
+};
+
 struct AnalysisState {
   uint64_t seq = 0;  // The record being analyzed, from 1.
 
@@ -335,6 +352,11 @@ struct AnalysisState {
   std::vector<Finding> findings;
   // Where the gradient stopped (GradientCutWatch::Finish).
   std::vector<CutFinding> cut_findings;
+  // The first NaN or Inf (NonFiniteWatch::Finish), steps a GradScaler skipped, and whether the
+  // trace has value ranges at all.
+  std::optional<NonFiniteFinding> non_finite;
+  uint64_t scaler_skipped_steps = 0;
+  bool ranges_recorded = false;
   // Writes to parameters (leaves that require grad), in record order.
   struct ParameterWrite {
     uint64_t seq = 0;

@@ -25,6 +25,7 @@
 #include "backward_replay.h"
 #include "content_lineage.h"
 #include "gradient_cut.h"
+#include "non_finite.h"
 #include "report_builder.h"
 #include "silent_writes.h"
 #include "torchrr/format/step_rule.h"
@@ -77,7 +78,10 @@ class Analyzer::Impl {
   void On(const format::TensorInfo& r);
   void On(const format::OpRecord& r);
   void On(const format::NodeRecord& r);
-  void On(const format::NodeExecRecord& r) { backward_.OnNodeExec(r); }
+  void On(const format::NodeExecRecord& r) {
+    non_finite_.OnNodeExec(r);
+    backward_.OnNodeExec(r);
+  }
   void On(const format::ErrorRecord& r);
   void On(const format::DataLossRecord& r);
   void On(const format::CudaKernelRecord& r);
@@ -113,6 +117,7 @@ class Analyzer::Impl {
   SilentWriteWatch silent_{state_};
   BackwardReplay backward_{state_, silent_};
   GradientCutWatch cut_{state_};
+  NonFiniteWatch non_finite_{state_};
   bool finished_ = false;
 
   // Per thread, the open ops that already have ended children, innermost last. Ops nest properly
@@ -186,6 +191,7 @@ Report Analyzer::Impl::Finish() {
   if (finished_) return {};
   backward_.Finish();
   cut_.Finish();
+  non_finite_.Finish();
   finished_ = true;
   Report report = BuildReport(state_);
   report.sources = std::move(state_.sources);
@@ -301,6 +307,7 @@ void Analyzer::Impl::On(const format::OpRecord& r) {
   if (r.threw && r.scope == OpScope::kFunction) NoteThrew(r);
   silent_.OnOp(r);
   cut_.OnOp(r);
+  non_finite_.OnOp(r, state_.inferred_step, state_.current_step);
   if (r.scope == OpScope::kBackwardFunction) {
     backward_.OnBackwardOp(r, subtree_first);
   } else {

@@ -207,6 +207,27 @@ json GradientCutsJson(const Report& report) {
   return cuts;
 }
 
+// The first NaN or Inf: {"cause", "nan", "op", "backward", "forward", "became_nan", "dtype",
+// "dtype_max", "input_max_abs", "step", "reached", "later_ops", "steps", "help"}, or null.
+json NonFiniteJson(const Report& report) {
+  if (!report.non_finite) return nullptr;
+  const NonFinite& n = *report.non_finite;
+  return {{"cause", NonFiniteCauseName(n.cause)},
+          {"nan", n.nan},
+          {"op", n.op.id == 0 ? json(nullptr) : OpJson(n.op)},
+          {"backward", n.backward},
+          {"forward", OptionalOpJson(n.forward)},
+          {"became_nan", OptionalOpJson(n.became_nan)},
+          {"dtype", n.dtype},
+          {"dtype_max", n.dtype_max},
+          {"input_max_abs", n.input_max_abs},
+          {"step", n.step == UINT64_MAX ? json(nullptr) : json(n.step)},
+          {"reached", n.reached},
+          {"later_ops", n.later_ops},
+          {"steps", n.steps},
+          {"help", n.help}};
+}
+
 // The violations that are one diagnostic: [{"violations": [index, ...], "count", "steps"}].
 json GroupsJson(const Report& report) {
   json groups = json::array();
@@ -263,6 +284,9 @@ nlohmann::json ToJson(const Report& report) {
           {"program_error", ProgramErrorJson(report)},
           {"restored_writes", RestoredWritesJson(report)},
           {"gradient_cuts", GradientCutsJson(report)},
+          {"non_finite", NonFiniteJson(report)},
+          {"scaler_skipped_steps", report.scaler_skipped_steps},
+          {"ranges_recorded", report.ranges_recorded},
           {"warnings", report.warnings}};
 }
 

@@ -1,6 +1,7 @@
 // What the analysis found, in the user's words; see report_builder.h.
 #include "report_builder.h"
 #include "gradient_cut.h"
+#include "non_finite.h"
 
 #include <algorithm>
 #include <charconv>
@@ -131,6 +132,7 @@ class ReportBuilder {
     AddWarnings(report);
     AddUnexplainedErrors(report);
     AddGradientCuts(report);
+    AddNonFinite(report);
     AddProgramError(report);
     AddRestored(report);
     return report;
@@ -179,6 +181,7 @@ class ReportBuilder {
   void AddProgramError(Report& report) const;
   void AddRestored(Report& report) const;
   void AddGradientCuts(Report& report) const;
+  void AddNonFinite(Report& report) const;
   Violation MakeViolation(const Finding& f) const;
   void AddCulprits(const Finding& f, Violation& v) const;
   void AddFreedBy(const Finding& f, Violation& v) const;
@@ -789,6 +792,34 @@ void ReportBuilder::AddGradientCuts(Report& report) const {
     cut.help = CutHelp(cut.cause);
     report.gradient_cuts.push_back(std::move(cut));
   }
+}
+
+void ReportBuilder::AddNonFinite(Report& report) const {
+  report.ranges_recorded = state_.ranges_recorded;
+  report.scaler_skipped_steps = state_.scaler_skipped_steps;
+  if (!state_.non_finite) return;
+  const NonFiniteFinding& f = *state_.non_finite;
+  NonFinite n;
+  n.cause = f.cause;
+  n.nan = f.nan;
+  n.backward = f.backward;
+  if (f.op != 0) n.op = f.backward ? MakeOpRef(f.op) : UserOpRef(f.op);
+  if (f.backward && f.node != 0) {
+    uint32_t slot = state_.index.Find(f.node, IdKind::kNode);
+    if (slot != IdIndex::kAbsent && state_.nodes[slot].created_by != 0) {
+      n.forward = UserOpRef(state_.nodes[slot].created_by);
+    }
+  }
+  if (f.became_nan != 0) n.became_nan = UserOpRef(f.became_nan);
+  n.dtype = f.dtype >= 0 ? DTypeName(f.dtype) : "";
+  n.dtype_max = DTypeMax(f.dtype);
+  n.input_max_abs = f.input_max_abs;
+  n.step = f.step;
+  n.reached = f.reached;
+  n.later_ops = f.later_ops;
+  n.steps = f.steps;
+  n.help = NonFiniteHelp(f.cause);
+  report.non_finite = std::move(n);
 }
 
 }  // namespace

@@ -69,12 +69,43 @@ std::string GradientCutVerdict(const Report& report, const std::string& trace) {
   return out.str();
 }
 
+// The first NaN or Inf, when the trace has no violation and no cut: the op that made it, its
+// code, what it reached, and the help.
+std::string NonFiniteVerdict(const Report& report, const std::string& trace) {
+  const NonFinite& n = *report.non_finite;
+  const std::string shown = Printable(trace);
+  SourceCache sources(&report.sources);
+  std::ostringstream out;
+  const std::string what = n.nan ? "NaN" : "Inf";
+  out << "torchrr: a " << what << " reached " << n.reached << " in " << shown;
+  if (n.step != UINT64_MAX) out << " (step " << n.step << ")";
+  out << "\n";
+  const OpRef& at = n.backward && n.forward ? *n.forward : n.op;
+  if (at.id != 0) {
+    out << "  first:   " << Location(at) << "\n"
+        << CodeLine(sources, std::optional<OpRef>(at)) << "           "
+        << (n.backward ? n.op.name + " (the backward of " + OpName(at) + ")" : OpName(at))
+        << " made it (" << NonFiniteCauseName(n.cause)
+        << (n.dtype.empty() ? "" : ", " + n.dtype) << ")\n"
+        << RunInside(at);
+  }
+  if (n.became_nan) out << "  nan at:  " << Location(*n.became_nan) << "\n";
+  if (n.later_ops != 0) out << "  then:    " << n.later_ops << " later ops carried it on\n";
+  out << "  help: " << Printable(n.help) << "\n";
+  std::string page = trace;
+  if (page.ends_with(".trr")) page.resize(page.size() - 4);
+  out << "the whole report: torchrr replay " << shown << "; as a page: torchrr report " << shown
+      << " -o " << Printable(page) << ".html\n";
+  return out.str();
+}
+
 }  // namespace
 
 std::string FormatShortVerdict(const Report& report, const std::string& trace) {
   if (report.violations.empty() && !report.gradient_cuts.empty()) {
     return GradientCutVerdict(report, trace);
   }
+  if (report.violations.empty() && report.non_finite) return NonFiniteVerdict(report, trace);
   if (report.violations.empty()) return "";
   const std::string shown = Printable(trace);
   const size_t n = report.violations.size();

@@ -53,6 +53,7 @@ class TextReport {
   void EmitUnexplainedError(const UnexplainedError& error);
   void EmitProgramError(const ProgramError& error);
   void EmitGradientCut(const GradientCut& cut);
+  void EmitNonFinite(const NonFinite& n);
   void EmitSummary(const Report& report);
   std::string Text() const { return out_.str(); }
 
@@ -255,6 +256,75 @@ void TextReport::EmitGradientCut(const GradientCut& cut) {
   out_ << p_.Help("help") << ": " << Printable(cut.help) << "\n\n";
 }
 
+// Two significant digits: "7.1e+04", "0.5".
+std::string Magnitude(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2g", value);
+  return text;
+}
+
+// The first NaN or Inf (NonFinite):
+//   error: the first NaN reached a gradient: aten::log made it from finite inputs, step 2
+//     --> train.py:12 in forward
+//      |
+//   12 |     y = torch.log(x)
+//      |         ^^^^^^^^^^^^ aten::log made a NaN (float32)
+//      = in encoder.0 (Linear)
+//      = 14 later ops carried it on, in 1 step
+//   help: keep the argument in the function's domain: ...
+void TextReport::EmitNonFinite(const NonFinite& n) {
+  const std::string what = n.nan ? "NaN" : "Inf";
+  const std::string maker = n.backward && n.forward
+                                ? n.op.name + " (the backward of " + OpName(*n.forward) + ")"
+                                : OpName(n.op);
+  std::string step = n.step == UINT64_MAX ? "" : ", step " + std::to_string(n.step);
+  out_ << p_.Error("error") << ": "
+       << p_.Bold(n.cause == NonFiniteCause::kData
+                      ? "a " + what + " came in with the data and reached " + n.reached
+                      : "the first " + what + " reached " + n.reached + ": " + maker +
+                            " made it from finite inputs" + step)
+       << "\n";
+  const OpRef& at = n.backward && n.forward ? *n.forward : n.op;
+  if (at.id != 0) {
+    Arrow() << Location(at) << "\n";
+    std::string label;
+    switch (n.cause) {
+      case NonFiniteCause::kData:
+        label = OpName(at) + " read a tensor that already held a " + what;
+        break;
+      case NonFiniteCause::kWhereTrap:
+        label = "in backward, " + n.op.name + " made a " + what +
+                " for the branch torch.where did not take";
+        break;
+      default:
+        label = (n.backward ? "in backward, " + n.op.name : OpName(at)) + " made a " + what +
+                (n.dtype.empty() ? "" : " (" + n.dtype + ")");
+    }
+    if (!EmitSourceQuote(at, label)) Fact() << label << "\n";
+    if (std::string library = LibraryLocation(at); !library.empty()) {
+      Fact() << "run by " << Printable(library) << "\n";
+    }
+    if (!at.module.empty()) Fact() << "in " << Printable(at.module) << "\n";
+  } else {
+    Arrow() << "<the op that read it was not recorded>\n";
+  }
+  if (n.cause == NonFiniteCause::kOverflow && n.dtype_max > 0) {
+    Fact() << n.dtype << " overflows past " << Magnitude(n.dtype_max)
+           << "; the inputs' largest magnitude was " << Magnitude(n.input_max_abs) << "\n";
+  } else if (n.cause == NonFiniteCause::kMaskedRow) {
+    Fact() << "a row of its input had no finite score (every position masked to -inf)\n";
+  }
+  if (n.became_nan) {
+    Note() << "the Inf became a NaN at " << OpName(*n.became_nan) << " at "
+           << Location(*n.became_nan) << "\n";
+  }
+  if (n.later_ops != 0 || n.steps > 1) {
+    Fact() << n.later_ops << " later op" << (n.later_ops == 1 ? "" : "s")
+           << " carried it on, in " << n.steps << " step" << (n.steps == 1 ? "" : "s") << "\n";
+  }
+  out_ << p_.Help("help") << ": " << Printable(n.help) << "\n\n";
+}
+
 // A message of several lines (torch.compile's errors name the frame and the user code on lines of
 // their own) as fact lines, each escaped on its own so that none can pass for a diagnostic:
 //      = torch._dynamo.exc.Unsupported: Attempted to call function marked as skipped
@@ -305,6 +375,11 @@ void TextReport::EmitSummary(const Report& report) {
               " under a preserved version counter put back the saved values, as FSDP2's "
               "all-gather does (--json: restored_writes)";
   }
+  if (report.scaler_skipped_steps != 0) {
+    counts += "; a GradScaler skipped " + std::to_string(report.scaler_skipped_steps) + " step" +
+              (report.scaler_skipped_steps == 1 ? "" : "s") +
+              " whose gradients were not finite, as it does while its scale settles";
+  }
   if (report.window()) {
     counts += "; steps " + std::to_string(report.first_step) + " to " +
               std::to_string(report.last_step) + " of the run, the earlier ones not kept";
@@ -321,6 +396,10 @@ void TextReport::EmitSummary(const Report& report) {
     size_t n = report.gradient_cuts.size();
     out_ << p_.Bold("the gradient stopped at " + std::to_string(n) + " place" +
                     (n == 1 ? "" : "s"))
+         << "; no saved tensor was modified (" << counts << ")\n";
+  } else if (report.violations.empty() && report.non_finite) {
+    out_ << p_.Bold(std::string("a ") + (report.non_finite->nan ? "NaN" : "Inf") + " reached " +
+                    report.non_finite->reached)
          << "; no saved tensor was modified (" << counts << ")\n";
   } else if (report.program_error) {
     out_ << "no saved tensor was modified, but the program raised an error that torchrr does not "
@@ -743,6 +822,7 @@ std::string FormatText(const Report& report, bool color, bool each) {
   }
   for (const UnexplainedError& e : report.unexplained_errors) text.EmitUnexplainedError(e);
   for (const GradientCut& cut : report.gradient_cuts) text.EmitGradientCut(cut);
+  if (report.non_finite) text.EmitNonFinite(*report.non_finite);
   if (report.program_error) text.EmitProgramError(*report.program_error);
   text.EmitSummary(report);
   return text.Text();

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Step time of the PEFT LoRA sample: plain, under torchrr (Python stacks on; also with the ops
-it folds by default into the op around them: --all-ops), under
+"""Step time of the PEFT LoRA sample: plain, under torchrr (Python stacks on; also without its
+NaN/Inf check: --no-check-finite; also with the ops it folds by default into the op around them:
+--all-ops), under
 torch.autograd.set_detect_anomaly(True), and under torch.profiler.profile(record_shapes=True,
 with_stack=True). The configurations run interleaved in rounds within one process, so the
 machine's noise hits them alike; the table gives medians and ratios to plain. Each round starts
@@ -19,7 +20,8 @@ GPU benchmark (tests/gpu/run.sh); a CUDA step is timed to its end (synchronized)
 
 Usage: bench_peft.py [--rounds R] [--steps K] [--threads T] [--hidden H] [--layers L] [--seq S]
                      [--batch B] [--vocab V] [--device cpu|cuda] [--dtype float32|bfloat16]
-                     [--configs plain,torchrr,torchrr-nomodules,torchrr-all,anomaly,profiler]
+                     [--configs plain,torchrr,torchrr-nofinite,torchrr-nomodules,torchrr-all,
+                                anomaly,profiler]
                      [--verify-saved]
 
 --configs also takes torchrr-core (no module names, no Python stacks) and profiler-nostacks
@@ -60,7 +62,8 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--configs",
-                        default="plain,torchrr,torchrr-nomodules,torchrr-all,anomaly,profiler")
+                        default="plain,torchrr,torchrr-nofinite,torchrr-nomodules,torchrr-all,"
+                                "anomaly,profiler")
     parser.add_argument("--verify-saved", action="store_true",
                         help="also time torchrr with --verify-saved")
     args = parser.parse_args()
@@ -69,6 +72,10 @@ def main():
         "plain": ("plain", contextlib.nullcontext),
         "torchrr": ("torchrr (Python stacks)",
                     lambda: torchrr.record(os.path.join(tmp, "run.trr"), native_stacks=False)),
+        # Without the NaN/Inf check (--no-check-finite): what the check costs, side by side.
+        "torchrr-nofinite": ("torchrr, no NaN/Inf check",
+                             lambda: torchrr.record(os.path.join(tmp, "nofinite.trr"),
+                                                    native_stacks=False, check_finite=False)),
         # Also the ops folded into the op around them (RecorderOptions::all_ops).
         "torchrr-all": ("torchrr, all ops",
                         lambda: torchrr.record(os.path.join(tmp, "all.trr"), native_stacks=False,

@@ -69,6 +69,13 @@ void ClearSince1_9(Record& r) {
   if (auto* t = std::get_if<TensorInfo>(&r)) t->inner = 0;
 }
 
+void ClearSince1_16(Record& r) {
+  if (auto* op = std::get_if<OpRecord>(&r)) {
+    op->input_ranges.clear();
+    op->output_ranges.clear();
+  }
+}
+
 // How many record kinds a minor version has: Record's first ones.
 size_t KindsOf(uint16_t minor) { return minor < 4 ? 12 : minor < 5 ? 14 : kRecordKindCount; }
 
@@ -83,6 +90,7 @@ void AsOf(uint16_t minor, std::vector<Record>& want) {
     if (minor < 7) ClearSince1_7(r);
     if (minor < 8) ClearSince1_8(r);
     if (minor < 9) ClearSince1_9(r);
+    if (minor < 16) ClearSince1_16(r);
   }
 }
 
@@ -183,8 +191,9 @@ void ExpectEveryField(const std::string& file, uint16_t minor) {
   EXPECT_EQ(trace.summary.header.minor, minor);
   // Step coding is read from 1.10 on, its recent ids from 1.11 on, its offset deltas from 1.12,
   // its recent ids by kind from 1.13, its node execution times from 1.14, its times from the
-  // previous steps' from 1.15.
-  EXPECT_EQ(trace.summary.header.oldest_reader_minor, minor < 10 ? 0 : minor);
+  // previous steps' from 1.15; 1.16 codes as 1.15.
+  EXPECT_EQ(trace.summary.header.oldest_reader_minor,
+            minor < 10 ? 0 : std::min<uint16_t>(minor, kOldestStepCodingReaderMinor));
   std::vector<Record> want = testing::ManySteps(2);
   AsOf(minor, want);
   ASSERT_EQ(trace.records.size(), want.size());
@@ -265,6 +274,27 @@ TEST(Golden, V1_9ReadsEveryField) {
   const TensorInfo& wrapper = Nth<TensorInfo>(trace, 1);
   EXPECT_NE(wrapper.inner, 0u);
   EXPECT_NE(wrapper.inner, wrapper.tensor);
+}
+
+TEST(Golden, V1_16ReadsEveryField) {
+  ExpectEveryField("/v1_16.trr", 16);
+  const Trace trace = ReadTraceFileAll(kGolden + "/v1_16.trr");
+  const OpRecord& op = Nth<OpRecord>(trace, 1);
+  ASSERT_EQ(op.input_ranges.size(), op.inputs.size());
+  ASSERT_EQ(op.output_ranges.size(), op.outputs.size());
+  EXPECT_EQ(op.input_ranges[0].max_abs, 7.1e4f);
+  EXPECT_FALSE(op.input_ranges[1].checked());
+  EXPECT_FALSE(op.input_ranges[2].finite());
+  EXPECT_EQ(op.output_ranges[0].flags, ValueRange::kChecked | ValueRange::kPosInf);
+}
+
+// A reader of 1.15 reads a step-coded 1.16 file (oldest reader 1.15): the ranges are fields it
+// skips, appended to a table.
+TEST(Golden, V1_16NeedsOnlyA1_15Reader) {
+  std::ifstream in(kGolden + "/v1_16.trr", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 16u);
+  EXPECT_EQ(bytes[14], 15);
 }
 
 // From 1.10 on, each minor only codes the same records otherwise: 1.10 step coding, 1.11 recent

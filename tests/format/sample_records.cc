@@ -71,6 +71,9 @@ std::vector<Record> EveryKind(uint64_t base, uint64_t old_id, int64_t t0) {
   Value vl{2, ValueKind::kIntList, 0, 0, 0, 0, {-1, 0, 1, INT64_MAX, INT64_MIN}, {1e300, -1e-300}};
   op.values = {vb, vd, vl};
   op.module_path = intern(1);
+  op.input_ranges = {ValueRange{ValueRange::kChecked, 7.1e4f}, ValueRange{},
+                     ValueRange{ValueRange::kChecked | ValueRange::kNan | ValueRange::kNegInf, 0}};
+  op.output_ranges = {ValueRange{ValueRange::kChecked | ValueRange::kPosInf, 3.4028235e38f}};
   out.push_back(op);
 
   NodeRecord node;

@@ -25,11 +25,12 @@ import warnings as _warnings
 from . import _native
 from ._recording import (Recording, flush, ops_recorded, options_in_effect, record,
                          record_error, recording, start, step, stop)
-from ._report import (BackwardNode, Frame, FunctionContext, GradientCut, Op, ReplayError, Report,
-                      Tensor, Violation, replay)
+from ._report import (BackwardNode, Frame, FunctionContext, GradientCut, NonFinite, Op,
+                      ReplayError, Report, Tensor, Violation, replay)
 
 __all__ = [  # And __version__, read from the build when asked (__getattr__).
-    "BackwardNode", "Frame", "FunctionContext", "GradientCut", "Op", "Recording", "ReplayError", "Report", "Tensor",
+    "BackwardNode", "Frame", "FunctionContext", "GradientCut", "NonFinite", "Op", "Recording",
+    "ReplayError", "Report", "Tensor",
     "TorchVersionWarning", "Violation", "flush", "ops_recorded", "options_in_effect", "record",
     "load_ipython_extension", "record_error", "recording", "replay", "start", "step", "stop",
 ]

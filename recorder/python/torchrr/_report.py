@@ -290,6 +290,53 @@ class GradientCut:
 
 
 @dataclass
+class NonFinite:
+    """The first NaN or Inf that reached the loss, a gradient or a weight. cause:
+    ``"overflow"``, ``"domain"``, ``"masked_row"``, ``"where_trap"``, ``"data"``,
+    ``"optimizer"`` or ``"other"``; nan: a NaN (else an Inf); op: the op that made it from finite
+    inputs, at its line (for a backward node, the node; for ``"data"``, the first op that read
+    it); forward: for a backward node, the op that made it; became_nan: where its Inf turned into
+    a NaN; dtype, dtype_max, input_max_abs: the output's dtype, its largest finite value, the
+    inputs' largest finite magnitude; step; reached: ``"the loss"``, ``"a gradient"`` or ``"a
+    weight"``; later_ops: the ops whose non-finite outputs follow from it; help: what to change
+    (replayer/SCHEMA.md, ``non_finite``)."""
+    cause: str
+    nan: bool
+    op: Optional[Op]
+    backward: bool
+    forward: Optional[Op]
+    became_nan: Optional[Op]
+    dtype: str
+    dtype_max: float
+    input_max_abs: float
+    step: Optional[int]
+    reached: str
+    later_ops: int
+    steps: int
+    help: str
+    raw: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[dict]) -> Optional["NonFinite"]:
+        if not d:
+            return None
+        return cls(d.get("cause", ""), bool(d.get("nan", False)), Op.from_json(d.get("op")),
+                   bool(d.get("backward", False)), Op.from_json(d.get("forward")),
+                   Op.from_json(d.get("became_nan")), d.get("dtype", ""),
+                   float(d.get("dtype_max", 0)), float(d.get("input_max_abs", 0)), d.get("step"),
+                   d.get("reached", ""), d.get("later_ops", 0), d.get("steps", 0),
+                   d.get("help", ""), d)
+
+    def __str__(self) -> str:
+        """One line: ``first NaN (domain): aten::log at train.py:12 in forward; reached the
+        loss``."""
+        at = self.forward if self.backward and self.forward else self.op
+        where = f": {at}" if at else ""
+        return (f"first {'NaN' if self.nan else 'Inf'} ({self.cause}){where}; reached "
+                f"{self.reached}")
+
+
+@dataclass
 class Report:
     """The whole report. ``trace`` is the reader's verdict: ``{"path", "status": "ok" |
     "truncated" | "corrupt", "message", "warnings"}``."""
@@ -307,8 +354,8 @@ class Report:
     trace: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False)
     # `torchrr replay`'s exit code for this report: 0 clean, 1 violations or an unexplained error,
-    # 4 truncated, 5 corrupt, 8 an incomplete recording, 10 a trace with no op, 15 a gradient cut
-    # (README).
+    # 4 truncated, 5 corrupt, 8 an incomplete recording, 10 a trace with no op, 15 a gradient cut,
+    # 16 a NaN or Inf that reached the loss, a gradient or a weight (README).
     exit_code: int = 0
     # The trace replay() read (absolute), and the directory it ran in, whose source files the
     # text and the page quote: str() and the notebook's view render from them.
@@ -341,6 +388,16 @@ class Report:
         """Where the gradient stopped (GradientCut), in the order found; empty when every
         trainable parameter a backward could reach got its gradient."""
         return [GradientCut.from_json(c) for c in self.raw.get("gradient_cuts") or []]
+
+    @property
+    def non_finite(self) -> Optional[NonFinite]:
+        """The first NaN or Inf that reached the loss, a gradient or a weight, or None."""
+        return NonFinite.from_json(self.raw.get("non_finite"))
+
+    @property
+    def scaler_skipped_steps(self) -> int:
+        """Steps whose gradients a GradScaler found non-finite and skipped (not an error)."""
+        return int(self.raw.get("scaler_skipped_steps") or 0)
 
     @classmethod
     def from_json(cls, d: dict) -> "Report":
@@ -394,6 +451,8 @@ class Report:
         counts."""
         lines = [str(v) for v in self.violations]
         lines += [str(c) for c in self.gradient_cuts]
+        if self.non_finite:
+            lines.append(str(self.non_finite))
         error = self.program_error
         if error:
             lines.append(f"the program raised {error.get('type')}: {error.get('message')}, "
@@ -460,7 +519,7 @@ def replay(path: str | os.PathLike) -> Report:
         except json.JSONDecodeError:
             document = None
     # Every exit code the CLI writes a report for (README, exit codes).
-    if proc.returncode in (0, 1, 4, 5, 8, 10, 15) and isinstance(document, dict) and \
+    if proc.returncode in (0, 1, 4, 5, 8, 10, 15, 16) and isinstance(document, dict) and \
             "violations" in document:
         report = Report.from_json(document)
         report.exit_code = proc.returncode

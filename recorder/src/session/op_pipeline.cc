@@ -213,6 +213,11 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     }
     ts.unchecked_saves.clear();  // Outside mu_: the tensors may be Python's last references.
     ts.wrapper_inners.clear();
+    // Outside mu_: reading bytes blocks no other thread.
+    if (finite_ranges_.enabled()) {
+      finite_ranges_.NoteOpStart(frame->op);
+      finite_ranges_.ScanInputs(InputsOf(fn), frame->op);
+    }
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at the start of ") + fn.name() + ": " + e.what(), ts);
     frame.reset();
@@ -324,6 +329,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
     throw std::runtime_error("fault injected at this op (RecorderOptions::fail_at_op)");
   }
   CollectOutputs(fn.outputs(), ts.outputs);
+  finite_ranges_.ScanOutputs(ts.outputs, op);  // Before mu_: reading bytes blocks no thread.
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
   for (const OpOutput& output : ts.outputs) {
     ReadWrapperInner(*output.tensor, ts.wrapper_inners);  // Likewise.
@@ -347,6 +353,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
     std::lock_guard<std::mutex> lock(mu_);
     EndLocked(fn, frame, ts);
   }
+  finite_ranges_.NoteOutputs(op);
   ops_recorded_.fetch_add(1, std::memory_order_relaxed);
   // Outside mu_ (hashing bytes blocks no other thread); after the NodeRecords they name.
   if (!ts.fingerprints.empty()) {

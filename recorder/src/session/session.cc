@@ -30,6 +30,7 @@ Session::Session(const RecorderOptions& options)
       pid_(getpid()),
       serial_(g_next_serial.fetch_add(1, std::memory_order_relaxed)),
       fingerprints_(options.verify_saved),
+      finite_ranges_(options.check_finite),
       ids_(fingerprints_.enabled_flag()) {}
 
 Session::~Session() { Stop(); }
@@ -253,6 +254,7 @@ bool Session::Flush() {
 }
 
 void Session::MarkStep() {
+  finite_ranges_.ForgetKnown();
   PushFromProgram([](ThreadState&, EncodedRecords& group) {
     format::StepRecord mark;
     mark.time_ns = NowNs();

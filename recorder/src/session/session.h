@@ -35,6 +35,7 @@
 #include "capture/id_registry.h"
 #include "capture/interner.h"
 #include "sink/record_bytes.h"
+#include "capture/finite_ranges.h"
 #include "capture/saved_fingerprints.h"
 #include "session/thread_state.h"
 #include "torchrr/format/records.h"
@@ -155,6 +156,7 @@ class Session {
   std::unique_ptr<TraceSink> sink_;
   std::atomic<bool> recording_{false};
   SavedFingerprints fingerprints_;  // options_.verify_saved until a fingerprint fails.
+  FiniteRanges finite_ranges_;      // options_.check_finite.
   std::unique_ptr<CudaActivityTracer::Sink> cuda_sink_;  // A CudaSink (session_cuda.cc).
   std::atomic<bool> draining_cuda_{false};  // Stop() takes CUPTI's last delivery.
   // cuda_tracer_ is set once, from inside an op (counted in in_flight_), and reset by Stop() after

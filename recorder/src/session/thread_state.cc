@@ -22,7 +22,8 @@ void OpFrame::Reset() {
     if (value.ints.capacity() != 0) spare_ints.push_back(std::move(value.ints));
   }
   ResetKeepingCapacity(op, &format::OpRecord::inputs, &format::OpRecord::outputs,
-                       &format::OpRecord::values);
+                       &format::OpRecord::values, &format::OpRecord::input_ranges,
+                       &format::OpRecord::output_ranges);
   input_counters.clear();
   before.clear();
   uncaught_at_start = 0;

@@ -146,6 +146,23 @@ Diagnostic OfGradientCut(const GradientCut& cut) {
   return d;
 }
 
+// The first NaN or Inf: at the line of the op that made it (a backward node's forward op's).
+Diagnostic OfNonFinite(const NonFinite& n) {
+  Diagnostic d;
+  d.rule = kNonFiniteRule;
+  d.evidence = NonFiniteCauseName(n.cause);
+  const OpRef& op = n.backward && n.forward ? *n.forward : n.op;
+  if (op.id != 0) d.at = PlaceOf(std::optional<OpRef>(op));
+  const std::string what = n.nan ? "NaN" : "Inf";
+  d.message = n.cause == NonFiniteCause::kData
+                  ? "a " + what + " came in with the data and reached " + n.reached
+                  : "the first " + what + " that reached " + n.reached + " was made here by " +
+                        (n.backward ? Printable(n.op.name) + ", the backward of " : "") +
+                        OpName(op) + " (" + NonFiniteCauseName(n.cause) + ")";
+  d.help = Printable(n.help);
+  return d;
+}
+
 // What makes two instances one diagnostic.
 std::string KeyOf(const Diagnostic& d) {
   auto place = [](const std::optional<DiagnosticPlace>& p) {
@@ -199,6 +216,7 @@ std::vector<Diagnostic> CollectDiagnostics(const std::vector<const Report*>& rep
     for (const GradientCut& cut : report->gradient_cuts) {
       add(OfGradientCut(cut), i, std::nullopt);
     }
+    if (report->non_finite) add(OfNonFinite(*report->non_finite), i, std::nullopt);
     if (report->program_error) add(OfProgramError(*report->program_error), i, std::nullopt);
   }
   return diagnostics;

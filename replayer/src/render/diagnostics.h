@@ -29,9 +29,11 @@ struct DiagnosticPlace {
 inline constexpr const char kUnexplainedErrorRule[] = "unexplained_error";
 inline constexpr const char kProgramErrorRule[] = "program_error";
 inline constexpr const char kGradientCutRule[] = "gradient_cut";
+inline constexpr const char kNonFiniteRule[] = "non_finite";
 
 struct Diagnostic {
-  // ViolationKindName(kind), kUnexplainedErrorRule, kProgramErrorRule or kGradientCutRule.
+  // ViolationKindName(kind), kUnexplainedErrorRule, kProgramErrorRule, kGradientCutRule or
+  // kNonFiniteRule.
   std::string rule;
   // The culprit's user line; without one, the victim's; nullopt when neither has a frame.
   std::optional<DiagnosticPlace> at;

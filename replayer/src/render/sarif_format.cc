@@ -74,6 +74,14 @@ constexpr Rule kRules[] = {
      "require grad, a kernel without backward).",
      "Follow the help of the result: run that part with gradients, or for a reentrant "
      "checkpoint call enable_input_require_grads() or use use_reentrant=False."},
+    {kNonFiniteRule, "NonFinite",
+     "A NaN or Inf reached the loss, a gradient or a weight.",
+     "The first op, in the order the ops ran, that made a NaN or an Inf from finite inputs and "
+     "whose value reached the loss, a gradient or a weight: an overflow in half precision, log, "
+     "sqrt or a division at zero, a softmax over a fully masked row, torch.where's untaken "
+     "branch in backward, data that held it, an optimizer's update.",
+     "Follow the help of the result: upcast, clamp into the domain, mask with a finite value, "
+     "make the untaken branch safe."},
 };
 
 // `path` as a URI reference: RFC 3986's unreserved characters and '/' kept, every other byte

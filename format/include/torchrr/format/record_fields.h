@@ -47,7 +47,8 @@
 #define TORCHRR_OP_RECORD_FIELDS(X, ID, TIME)                                                   \
   ID(op) X(name) X(overload) ID(parent) X(thread) X(scope) X(sequence_nr) X(forward_thread)    \
   TIME(start_ns) TIME(end_ns) X(stack) X(threw) X(grad_mode) X(inputs) X(outputs) X(values)   \
-  X(module_path)
+  X(module_path) X(input_ranges) X(output_ranges)
+#define TORCHRR_VALUE_RANGE_FIELDS(X, ID, TIME) X(flags) X(max_abs)
 #define TORCHRR_EDGE_FIELDS(X, ID, TIME) ID(node) X(input_nr)
 #define TORCHRR_SAVED_TENSOR_FIELDS(X, ID, TIME)                                                \
   X(name) X(list_index) ID(tensor) ID(storage) ID(version_counter) X(saved_version)            \
@@ -101,7 +102,8 @@
   X(StepRecord, TORCHRR_STEP_RECORD_FIELDS)
 // Every struct with a list that trace.fbs stores as a struct of the same name.
 #define TORCHRR_STRUCT_FIELD_LISTS(X) \
-  X(TensorUse, TORCHRR_TENSOR_USE_FIELDS) X(Edge, TORCHRR_EDGE_FIELDS) X(Dim3, TORCHRR_DIM3_FIELDS)
+  X(TensorUse, TORCHRR_TENSOR_USE_FIELDS) X(Edge, TORCHRR_EDGE_FIELDS) X(Dim3, TORCHRR_DIM3_FIELDS) \
+  X(ValueRange, TORCHRR_VALUE_RANGE_FIELDS)
 // Device is neither: TensorInfo stores its members as fields of its own (device_type,
 // device_index).
 

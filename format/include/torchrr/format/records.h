@@ -129,6 +129,23 @@ struct TensorUse {
   bool operator==(const TensorUse&) const = default;
 };
 
+// What a finiteness check saw in one tensor (1.16): whether it holds a NaN, a +Inf or a -Inf, and
+// the largest magnitude of its finite elements. `flags` 0 is a tensor that was not checked (not
+// floating, on a device the recorder does not scan, or too large to read in time).
+struct ValueRange {
+  static constexpr uint8_t kChecked = 1;
+  static constexpr uint8_t kNan = 2;
+  static constexpr uint8_t kPosInf = 4;
+  static constexpr uint8_t kNegInf = 8;
+  static constexpr uint8_t kNonFinite = kNan | kPosInf | kNegInf;
+  uint8_t flags = 0;
+  // Rounded to float and clamped to its largest value: the verdict quotes two digits of it.
+  float max_abs = 0;
+  bool checked() const { return (flags & kChecked) != 0; }
+  bool finite() const { return (flags & kNonFinite) == 0; }
+  bool operator==(const ValueRange&) const = default;
+};
+
 enum class ValueKind : uint8_t {
   kNone = 0, kBool = 1, kInt = 2, kDouble = 3, kString = 4, kIntList = 5, kDoubleList = 6,
   kDType = 7, kDevice = 8, kLayout = 9, kMemoryFormat = 10, kOther = 11, kBoolList = 12,
@@ -178,6 +195,10 @@ struct OpRecord {
   // outermost module running, then its class), "(Net)" for that outermost one; 0 when none or
   // not known (1.8).
   InternId module_path = 0;
+  // What the finiteness check saw in each input and output (1.16): parallel to `inputs` and
+  // `outputs`, or empty where the op's tensors were not checked.
+  std::vector<ValueRange> input_ranges;
+  std::vector<ValueRange> output_ranges;
   bool operator==(const OpRecord&) const = default;
 };
 

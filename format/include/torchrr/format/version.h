@@ -14,7 +14,7 @@
 namespace torchrr::format {
 
 inline constexpr uint16_t kFormatMajor = 1;
-inline constexpr uint16_t kFormatMinor = 15;
+inline constexpr uint16_t kFormatMinor = 16;
 
 inline constexpr uint16_t kOldestReaderMajor = 1;
 // A file written without step coding reads with every 1.x reader.

@@ -362,6 +362,40 @@ struct GradientCut {
   std::string help;               // What to change, one sentence.
 };
 
+// Where the first NaN or Inf that reached a loss, a gradient or a weight came from, by cause.
+enum class NonFiniteCause : uint8_t {
+  kOverflow = 0,   // A value past its dtype's largest (float16's 65504, bfloat16's 3.4e38).
+  kDomain = 1,     // log, sqrt, a division or a power at zero or below.
+  kMaskedRow = 2,  // A softmax over a row with no finite score: every score masked to -inf.
+  kWhereTrap = 3,  // torch.where's untaken branch: its NaN or Inf multiplies a zero gradient.
+  kData = 4,       // The tensor held it when it came into the step (a batch, a buffer, a weight).
+  kOptimizer = 5,  // An optimizer's update made a weight non-finite from finite values.
+  kOther = 6,      // An op made it from finite inputs, for no reason named above.
+};
+// "overflow", "domain", "masked_row", "where_trap", "data", "optimizer", "other"
+const char* NonFiniteCauseName(NonFiniteCause cause);
+
+// The first NaN or Inf (format 1.16's value ranges): the op that made it from finite inputs (or
+// the tensor that brought it in), in the order the ops ran, followed from a loss, a gradient or a
+// weight it reached. Values that went non-finite and were removed on the way (a masked fill, a
+// torch.where, nan_to_num) reach nothing and are not reported.
+struct NonFinite {
+  NonFiniteCause cause = NonFiniteCause::kOther;
+  bool nan = false;               // What it made: a NaN (else an Inf).
+  OpRef op;                       // The op, at its line (kData: the first op that read it).
+  bool backward = false;          // The op is a backward node's: `forward` made that node.
+  std::optional<OpRef> forward;
+  std::optional<OpRef> became_nan;  // Where its Inf turned into a NaN, when another op.
+  std::string dtype;              // The output's, "float16".
+  double input_max_abs = 0;       // The inputs' largest finite magnitude.
+  double dtype_max = 0;           // The dtype's largest finite value; 0 when not floating.
+  uint64_t step = 0;              // The step it ran in; UINT64_MAX when unknown.
+  std::string reached;            // "the loss", "a gradient", "a weight".
+  uint64_t later_ops = 0;         // Ops whose non-finite outputs follow from it.
+  uint64_t steps = 0;             // Steps in which a non-finite value reached something.
+  std::string help;               // What to change, one sentence.
+};
+
 // What the analysis found, and how much it looked at.
 struct Report {
   // Every violation. When PyTorch raised, the first one is the one it stopped at; the rest follow
@@ -410,6 +444,13 @@ struct Report {
   // Where the gradient stopped (GradientCut), in the order found; empty when every trainable
   // parameter a backward could reach got its gradient.
   std::vector<GradientCut> gradient_cuts;
+  // The first NaN or Inf, when one reached a loss, a gradient or a weight outside the steps a
+  // GradScaler skipped.
+  std::optional<NonFinite> non_finite;
+  // Steps whose gradients a GradScaler found non-finite and skipped (its scale calibrating).
+  uint64_t scaler_skipped_steps = 0;
+  // The trace has value ranges (format 1.16, recorded with the finiteness check on).
+  bool ranges_recorded = false;
 };
 
 // The streaming analysis: feed records in file order, then Finish(). Memory grows with the

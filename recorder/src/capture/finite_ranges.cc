@@ -1,0 +1,134 @@
+#include "capture/finite_ranges.h"
+
+#include <cfloat>
+#include <optional>
+
+#include "torchrr/kernels/finite.h"
+
+namespace torchrr::recorder {
+namespace {
+
+std::optional<kernels::FloatKind> KindOf(c10::ScalarType type) {
+  switch (type) {
+    case c10::ScalarType::Half: return kernels::FloatKind::kFloat16;
+    case c10::ScalarType::BFloat16: return kernels::FloatKind::kBFloat16;
+    case c10::ScalarType::Float: return kernels::FloatKind::kFloat32;
+    case c10::ScalarType::Double: return kernels::FloatKind::kFloat64;
+    default: return std::nullopt;
+  }
+}
+
+// Calls fn(tensor) for each defined tensor of `inputs`, in RecordInputs' order (op.inputs').
+template <class Fn>
+void ForEachInputTensor(c10::ArrayRef<const c10::IValue> inputs, Fn&& fn) {
+  for (const c10::IValue& v : inputs) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) {
+        at::Tensor t = list.get(j);
+        if (t.defined()) fn(t);
+      }
+    } else if (v.isList()) {
+      for (const c10::IValue& element : v.toListRef()) {
+        if (element.isTensor() && element.toTensor().defined()) fn(element.toTensor());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+format::ValueRange ScanTensorRange(const at::Tensor& tensor) {
+  format::ValueRange range;
+  try {
+    if (!tensor.defined()) return range;
+    const c10::TensorImpl& impl = *tensor.unsafeGetTensorImpl();
+    const std::optional<kernels::FloatKind> kind = KindOf(impl.dtype().toScalarType());
+    if (!kind || !impl.has_storage() || impl.layout() != c10::kStrided) return range;
+    // Python subclasses (FakeTensor under torch.compile, wrapper subclasses) hold no bytes of
+    // their own here.
+    if (impl.is_python_dispatch()) return range;
+    const c10::Storage& storage = impl.unsafe_storage();
+    if (storage.device().type() != c10::DeviceType::CPU) return range;
+    const auto sizes = impl.sizes();
+    const auto strides = impl.strides();
+    const uint64_t item = impl.itemsize();
+    int64_t last = impl.storage_offset();  // In elements.
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] == 0) {
+        range.flags = format::ValueRange::kChecked;
+        return range;
+      }
+      if (strides[d] < 0) return range;
+      last += (sizes[d] - 1) * strides[d];
+    }
+    const auto* base = static_cast<const unsigned char*>(storage.data());
+    if (base == nullptr || static_cast<uint64_t>(last + 1) * item > storage.nbytes()) return range;
+    const kernels::FiniteScan scan =
+        kernels::ScanFiniteHost(base + impl.storage_offset() * item, *kind, sizes.data(),
+                                strides.data(), static_cast<int>(sizes.size()));
+    range.flags = format::ValueRange::kChecked;
+    if (scan.flags & kernels::kHasNan) range.flags |= format::ValueRange::kNan;
+    if (scan.flags & kernels::kHasPosInf) range.flags |= format::ValueRange::kPosInf;
+    if (scan.flags & kernels::kHasNegInf) range.flags |= format::ValueRange::kNegInf;
+    range.max_abs = scan.max_abs > FLT_MAX ? FLT_MAX : static_cast<float>(scan.max_abs);
+  } catch (const std::exception&) {
+    return format::ValueRange{};  // Custom sizes, or an impl that refuses: not checked.
+  }
+  return range;
+}
+
+void FiniteRanges::ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::OpRecord& op) {
+  if (!enabled_ || op.inputs.empty()) return;
+  // Which inputs are new, under the lock; then the scans, outside it.
+  size_t i = 0;
+  bool any = false;
+  ForEachInputTensor(inputs, [&](const at::Tensor& t) {
+    if (i >= op.inputs.size()) return;
+    const format::TensorUse& use = op.inputs[i++];
+    if (!KindOf(t.scalar_type())) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!known_.insert(Key(use.tensor, use.version_before)).second) return;
+    }
+    if (op.input_ranges.empty()) op.input_ranges.resize(op.inputs.size());
+    op.input_ranges[i - 1] = ScanTensorRange(t);
+    any = true;
+  });
+  if (!any) op.input_ranges.clear();
+}
+
+void FiniteRanges::ScanOutputs(const std::vector<OpOutput>& outputs, format::OpRecord& op) {
+  op.output_ranges.clear();
+  if (!enabled_) return;
+  bool any = false;
+  for (const OpOutput& output : outputs) {
+    op.output_ranges.push_back(ScanTensorRange(*output.tensor));
+    any = any || op.output_ranges.back().checked();
+  }
+  if (!any) op.output_ranges.clear();
+}
+
+void FiniteRanges::NoteOutputs(const format::OpRecord& op) {
+  if (op.scope == format::OpScope::kBackwardFunction) {
+    after_backward_.store(true, std::memory_order_relaxed);
+  }
+  if (op.output_ranges.size() != op.outputs.size()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded: a step of a large model makes millions of tensors; forgetting costs only rescans.
+  if (known_.size() > (size_t{1} << 22)) known_.clear();
+  for (size_t i = 0; i < op.outputs.size(); ++i) {
+    if (op.output_ranges[i].checked()) {
+      known_.insert(Key(op.outputs[i].tensor, op.outputs[i].version_after));
+    }
+  }
+}
+
+void FiniteRanges::ForgetKnown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  known_.clear();
+}
+
+}  // namespace torchrr::recorder
