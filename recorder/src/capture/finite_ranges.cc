@@ -80,8 +80,10 @@ format::ValueRange ScanTensorRange(const at::Tensor& tensor) {
   return range;
 }
 
-void FiniteRanges::ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::OpRecord& op) {
+void FiniteRanges::ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::OpRecord& op,
+                              std::vector<InputSpan>& spans) {
   if (!enabled_ || op.inputs.empty()) return;
+  spans.assign(op.inputs.size(), InputSpan{});
   // Which inputs are new, under the lock; then the scans, outside it.
   size_t i = 0;
   bool any = false;
@@ -89,23 +91,75 @@ void FiniteRanges::ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::O
     if (i >= op.inputs.size()) return;
     const format::TensorUse& use = op.inputs[i++];
     if (!KindOf(t.scalar_type())) return;
+    const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
+    if (impl.has_storage() && impl.layout() == c10::kStrided && !impl.is_python_dispatch()) {
+      try {
+        if (impl.is_contiguous()) {
+          spans[i - 1] = InputSpan{impl.unsafe_storage().unsafeGetStorageImpl(),
+                                   impl.storage_offset(), impl.numel(), impl.dtype()};
+        }
+      } catch (const std::exception&) {
+        // Custom sizes: no view takes its range.
+      }
+    }
+    const uint64_t key = Key(use.tensor, use.version_before);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!known_.insert(Key(use.tensor, use.version_before)).second) return;
+      if (known_.count(key) != 0) return;
     }
     if (op.input_ranges.empty()) op.input_ranges.resize(op.inputs.size());
-    op.input_ranges[i - 1] = ScanTensorRange(t);
+    const format::ValueRange range = ScanTensorRange(t);
+    op.input_ranges[i - 1] = range;
     any = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    known_.emplace(key, range);
   });
   if (!any) op.input_ranges.clear();
 }
 
-void FiniteRanges::ScanOutputs(const std::vector<OpOutput>& outputs, format::OpRecord& op) {
+std::optional<format::ValueRange> FiniteRanges::ViewRange(const at::Tensor& output,
+                                                          const std::vector<InputSpan>& spans,
+                                                          const format::OpRecord& op) {
+  const c10::TensorImpl& out = *output.unsafeGetTensorImpl();
+  if (!out.has_storage() || out.layout() != c10::kStrided || out.is_python_dispatch()) {
+    return std::nullopt;
+  }
+  const c10::StorageImpl* storage = out.unsafe_storage().unsafeGetStorageImpl();
+  int64_t first = out.storage_offset(), last = first;
+  const auto sizes = out.sizes();
+  const auto strides = out.strides();
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0 || strides[d] < 0) return std::nullopt;
+    last += (sizes[d] - 1) * strides[d];
+  }
+  for (size_t i = 0; i < spans.size() && i < op.inputs.size(); ++i) {
+    const InputSpan& in = spans[i];
+    const format::TensorUse& use = op.inputs[i];
+    // A view into an input the op did not write, its elements within the input's span.
+    if (in.storage != storage || in.dtype != out.dtype() || use.version_after != use.version_before ||
+        first < in.first || last >= in.first + in.numel) {
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = known_.find(Key(use.tensor, use.version_before));
+    if (it != known_.end() && it->second.checked() && it->second.finite()) return it->second;
+  }
+  return std::nullopt;
+}
+
+void FiniteRanges::ScanOutputs(const std::vector<OpOutput>& outputs,
+                               const std::vector<InputSpan>& spans, format::OpRecord& op) {
   op.output_ranges.clear();
   if (!enabled_) return;
   bool any = false;
   for (const OpOutput& output : outputs) {
-    op.output_ranges.push_back(ScanTensorRange(*output.tensor));
+    std::optional<format::ValueRange> view;
+    try {
+      if (!spans.empty()) view = ViewRange(*output.tensor, spans, op);
+    } catch (const std::exception&) {
+      view.reset();  // Custom sizes: scanned below, which says so.
+    }
+    op.output_ranges.push_back(view ? *view : ScanTensorRange(*output.tensor));
     any = any || op.output_ranges.back().checked();
   }
   if (!any) op.output_ranges.clear();
@@ -121,7 +175,7 @@ void FiniteRanges::NoteOutputs(const format::OpRecord& op) {
   if (known_.size() > (size_t{1} << 22)) known_.clear();
   for (size_t i = 0; i < op.outputs.size(); ++i) {
     if (op.output_ranges[i].checked()) {
-      known_.insert(Key(op.outputs[i].tensor, op.outputs[i].version_after));
+      known_[Key(op.outputs[i].tensor, op.outputs[i].version_after)] = op.output_ranges[i];
     }
   }
 }

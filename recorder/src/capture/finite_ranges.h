@@ -19,7 +19,8 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
-#include <unordered_set>
+#include <optional>
+#include <unordered_map>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -45,10 +46,15 @@ class FiniteRanges {
   // At an op's start, once op.inputs holds the inputs' ids and versions: fills op.input_ranges
   // for the inputs not already described (`inputs`: the op's arguments, in the order
   // RecordInputs walked them). Leaves it empty when every input was known or none is floating.
-  void ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::OpRecord& op);
+  // Also `spans`, parallel to op.inputs: where each input's elements lie, for ScanOutputs.
+  void ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::OpRecord& op,
+                  std::vector<InputSpan>& spans);
   // At an op's end, before its record is made: op.output_ranges, parallel to `outputs` (which
-  // RecordOutputs turns into op.outputs, in the same order).
-  void ScanOutputs(const std::vector<OpOutput>& outputs, format::OpRecord& op);
+  // RecordOutputs turns into op.outputs, in the same order). An output that is a view into a
+  // contiguous input the op did not write, whose range is known and finite, takes that range
+  // unscanned: its elements are among the input's (its max_abs is then a bound).
+  void ScanOutputs(const std::vector<OpOutput>& outputs, const std::vector<InputSpan>& spans,
+                   format::OpRecord& op);
   // Once op.outputs holds the outputs' ids and versions: their ranges are described.
   void NoteOutputs(const format::OpRecord& op);
   // A step starts: nothing is described yet. Called for a step the program marks, and by
@@ -64,6 +70,9 @@ class FiniteRanges {
   }
 
  private:
+  std::optional<format::ValueRange> ViewRange(const at::Tensor& output,
+                                              const std::vector<InputSpan>& spans,
+                                              const format::OpRecord& op);
   static uint64_t Key(format::ObjectId tensor, uint32_t version) {
     return tensor * 0x9E3779B97F4A7C15ull ^ version;
   }
@@ -71,7 +80,8 @@ class FiniteRanges {
   const bool enabled_;
   std::atomic<bool> after_backward_{false};  // A backward function ended since the last forget.
   std::mutex mu_;
-  std::unordered_set<uint64_t> known_;  // Guarded by mu_.
+  // The ranges described in the step so far, by (tensor, version). Guarded by mu_.
+  std::unordered_map<uint64_t, format::ValueRange> known_;
 };
 
 }  // namespace torchrr::recorder

@@ -216,7 +216,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     // Outside mu_: reading bytes blocks no other thread.
     if (finite_ranges_.enabled()) {
       finite_ranges_.NoteOpStart(frame->op);
-      finite_ranges_.ScanInputs(InputsOf(fn), frame->op);
+      finite_ranges_.ScanInputs(InputsOf(fn), frame->op, frame->input_spans);
     }
   } catch (const std::exception& e) {
     Degrade(std::string("internal error at the start of ") + fn.name() + ": " + e.what(), ts);
@@ -329,7 +329,8 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
     throw std::runtime_error("fault injected at this op (RecorderOptions::fail_at_op)");
   }
   CollectOutputs(fn.outputs(), ts.outputs);
-  finite_ranges_.ScanOutputs(ts.outputs, op);  // Before mu_: reading bytes blocks no thread.
+  // Before mu_: reading bytes blocks no other thread.
+  finite_ranges_.ScanOutputs(ts.outputs, frame.input_spans, op);
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
   for (const OpOutput& output : ts.outputs) {
     ReadWrapperInner(*output.tensor, ts.wrapper_inners);  // Likewise.

@@ -25,6 +25,7 @@ void OpFrame::Reset() {
                        &format::OpRecord::values, &format::OpRecord::input_ranges,
                        &format::OpRecord::output_ranges);
   input_counters.clear();
+  input_spans.clear();
   before.clear();
   uncaught_at_start = 0;
   sequence_at_start = sequence_at_end = thread = 0;

@@ -40,6 +40,15 @@ void ResetKeepingCapacity(T& record, Vectors T::*... vectors) {
   ((record.*vectors).clear(), ...);
 }
 
+// Where an input's elements lie, taken at the op's start (the op's boxed arguments are gone by its
+// end): FiniteRanges gives an output that is a view into it the input's range unscanned.
+struct InputSpan {
+  const void* storage = nullptr;  // StorageImpl; nullptr when the input cannot be a view's base.
+  int64_t first = 0;              // Storage offset of its first element.
+  int64_t numel = 0;              // Its elements, contiguous from `first`.
+  caffe2::TypeMeta dtype;
+};
+
 // What the start callback keeps for the end callback. Frames are reused, op after op, from a
 // per-thread pool (their vectors and buffers keep their capacity): see OpHandle.
 struct OpFrame {
@@ -48,6 +57,7 @@ struct OpFrame {
   // the op are read from them even if an input died inside the op.
   std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> input_counters;
   EncodedRecords before;  // Definitions and TensorInfos to write before the op.
+  std::vector<InputSpan> input_spans;  // check_finite: parallel to op.inputs, or empty.
   // The int lists of earlier ops' values (kIntList, kBoolList), for this op's: a shape or a dim
   // list argument costs no allocation once the frame has held as many.
   std::vector<std::vector<int64_t>> spare_ints;
