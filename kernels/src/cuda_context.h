@@ -6,8 +6,6 @@
 // contexts. So a call makes its device current and puts back whatever context was current before,
 // including none: cudaGetDevice/cudaSetDevice cannot, and setting device 0 back on a thread that
 // had no context would create one (and use memory) on device 0.
-//
-// fingerprint.cu holds an older copy of this, with its messages prefixed in place.
 #ifndef TORCHRR_KERNELS_CUDA_CONTEXT_H_
 #define TORCHRR_KERNELS_CUDA_CONTEXT_H_
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_context.h"
 #include "fingerprint_plan.h"
 #include "torchrr/kernels/fingerprint.h"
 #include "xxh64_lanes.h"
@@ -155,81 +156,24 @@ bool Fail(std::string* error, const std::string& message) {
   return false;
 }
 
-// "<what>: <description> (<name>)".
-std::string Describe(cudaError_t rc, const char* what) {
-  return std::string(what) + ": " + cudaGetErrorString(rc) + " (" + cudaGetErrorName(rc) + ")";
-}
+using cuda_context::Describe;
 
 // False, with Describe(rc, what) in *error, when `rc` is an error.
 bool Check(cudaError_t rc, const char* what, std::string* error) {
   return rc == cudaSuccess || Fail(error, Describe(rc, what));
 }
 
-// The driver's cuCtxGetCurrent / cuCtxSetCurrent, looked up through the runtime (no link-time
-// dependency on libcuda). They save and restore the calling thread's current context exactly,
-// including "none": cudaGetDevice/cudaSetDevice cannot, and setting device 0 back on a thread
-// that had no context would create a context (and use memory) on device 0.
-struct DriverContextApi {
-  decltype(&cuCtxGetCurrent) get_current = nullptr;
-  decltype(&cuCtxSetCurrent) set_current = nullptr;
-  std::string error;  // Why they are missing, when they are (without Fail's prefix).
-};
-
-const DriverContextApi& ContextApi() {
-  static const DriverContextApi* api = [] {
-    auto* found = new DriverContextApi;  // Process lifetime.
-    void* get = nullptr;
-    void* set = nullptr;
-    cudaDriverEntryPointQueryResult get_status{}, set_status{};
-    // 12000: the ABI of these two functions since CUDA 12.0 (unchanged since 4.0).
-    cudaError_t rc = cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000,
-                                                      cudaEnableDefault, &get_status);
-    if (rc == cudaSuccess) {
-      rc = cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
-                                            &set_status);
-    }
-    if (rc != cudaSuccess) {
-      found->error =
-          Describe(rc, "cudaGetDriverEntryPointByVersion(cuCtxGetCurrent, cuCtxSetCurrent)");
-    } else if (get == nullptr || set == nullptr || get_status != cudaDriverEntryPointSuccess ||
-               set_status != cudaDriverEntryPointSuccess) {
-      found->error = "the CUDA driver lacks cuCtxGetCurrent or cuCtxSetCurrent";
-    } else {
-      found->get_current = reinterpret_cast<decltype(&cuCtxGetCurrent)>(get);
-      found->set_current = reinterpret_cast<decltype(&cuCtxSetCurrent)>(set);
-    }
-    return found;
-  }();
-  return *api;
-}
-
-// Makes `device` current on the calling thread for its lifetime, then puts back the context that
-// was current before (or none).
+// Makes `device` current for its lifetime, then puts back the context that was current before
+// (cuda_context.h), its failures worded as this file's others.
 class DeviceScope {
  public:
-  DeviceScope() = default;
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-  ~DeviceScope() {
-    if (!entered_) return;
-    CUcontext now = nullptr;
-    if (api_->get_current(&now) != CUDA_SUCCESS || now != saved_) api_->set_current(saved_);
-  }
-
   bool Enter(int device, std::string* error) {
-    api_ = &ContextApi();
-    if (api_->get_current == nullptr) return Fail(error, api_->error);
-    if (api_->get_current(&saved_) != CUDA_SUCCESS) {
-      return Fail(error, "cuCtxGetCurrent failed");
-    }
-    entered_ = true;
-    return Check(cudaSetDevice(device), "cudaSetDevice", error);
+    std::string why;
+    return scope_.Enter(device, &why) || Fail(error, why);
   }
 
  private:
-  const DriverContextApi* api_ = nullptr;
-  CUcontext saved_ = nullptr;
-  bool entered_ = false;
+  cuda_context::DeviceScope scope_;
 };
 
 // A memory pool per device for the scratch (the levels' hashes and the result), so that the

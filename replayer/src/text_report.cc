@@ -282,7 +282,10 @@ void TextReport::EmitNonFinite(const NonFinite& n) {
        << p_.Bold(n.cause == NonFiniteCause::kData
                       ? "a " + what + " came in with the data and reached " + n.reached
                       : "the first " + what + " reached " + n.reached + ": " + maker +
-                            " made it from finite inputs" + step)
+                            (n.cause == NonFiniteCause::kMaskedRow
+                                 ? " made it from a row of -inf"
+                                 : " made it from finite inputs") +
+                            step)
        << "\n";
   const OpRef& at = n.backward && n.forward ? *n.forward : n.op;
   if (at.id != 0) {

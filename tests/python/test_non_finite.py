@@ -167,6 +167,71 @@ def test_text_gnu_and_sarif_name_the_line(runs):
     assert [r["ruleId"] for r in results] == ["non_finite"]
 
 
+TRAINER = """\
+import sys
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+model = get_peft_model(LlamaForCausalLM(config),
+                       LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        ids = torch.randint(1, 128, (16,), generator=torch.Generator().manual_seed(i))
+        labels = ids.clone()
+        if i == 2 and sys.argv[1] == "masked":
+            labels[:] = -100  # A prompt-only example: no label left to learn from.
+        return {"input_ids": ids, "labels": labels}
+
+
+args = TrainingArguments(output_dir=sys.argv[2], per_device_train_batch_size=1, max_steps=8,
+                         logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
+                         disable_tqdm=True, dataloader_num_workers=0)
+Trainer(model=model, args=args, train_dataset=Data()).train()  # TRAIN
+"""
+
+
+@needs_build
+@pytest.mark.parametrize("labels", ["masked", "all"])
+def test_trainer_peft_step_with_no_label_is_named_in_the_loss(tmp_path, labels):
+    """transformers' Trainer logs such a step's NaN loss as 0 (its NaN filter); the recording
+    names the division by no token in transformers' loss, run from the user's train() line."""
+    pytest.importorskip("peft")
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    trace = tmp_path / "run.trr"
+    proc = record_warm(trace, [sys.executable, script, labels, tmp_path / "out"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = torchrr.replay(trace)
+    if labels == "all":
+        assert report.non_finite is None and report.exit_code == 0, report.non_finite
+        return
+    n = report.non_finite
+    assert n is not None and report.exit_code == 16
+    assert (n.cause, n.nan, n.reached, n.op.op) == ("domain", True, "the loss", "aten::div")
+    assert n.op.user_frame.line == marker_line(script, "TRAIN")
+    assert any((f.file or "").endswith("transformers/loss/loss_utils.py") for f in n.op.stack)
+
+
+@needs_build
+def test_the_page_shows_it(runs, tmp_path):
+    _, trace, _ = runs["masked_row"]
+    page = tmp_path / "page.html"
+    proc = subprocess.run([cli(), "report", trace, "-o", page], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "the first NaN reached the loss: aten::softmax.int made it from a row of -inf" in \
+        page.read_text()
+
+
 @needs_build
 def test_no_check_finite_records_no_ranges(tmp_path):
     script = tmp_path / "prog.py"
