@@ -92,7 +92,7 @@ int ReplayOne(const std::string& path, const ReplayOptions& options, std::ostrea
                   ? "the gradient stopped at " + std::to_string(report.gradient_cuts.size()) +
                         " place" + (report.gradient_cuts.size() == 1 ? "" : "s")
               : report.non_finite
-                  ? std::string("a ") + (report.non_finite->nan ? "NaN" : "Inf") + " reached " +
+                  ? std::string(report.non_finite->nan ? "a NaN" : "an Inf") + " reached " +
                         report.non_finite->reached
               : report.ops == 0 ? "no op recorded"
                                 : "no violation") +

@@ -77,7 +77,7 @@ std::string NonFiniteVerdict(const Report& report, const std::string& trace) {
   SourceCache sources(&report.sources);
   std::ostringstream out;
   const std::string what = n.nan ? "NaN" : "Inf";
-  out << "torchrr: a " << what << " reached " << n.reached << " in " << shown;
+  out << "torchrr: " << (n.nan ? "a " : "an ") << what << " reached " << n.reached << " in " << shown;
   if (n.step != UINT64_MAX) out << " (step " << n.step << ")";
   out << "\n";
   const OpRef& at = n.backward && n.forward ? *n.forward : n.op;

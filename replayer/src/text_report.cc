@@ -263,6 +263,13 @@ std::string Magnitude(double value) {
   return text;
 }
 
+// A dtype's largest value as its documentation gives it: "65504", "3.40282e+38".
+std::string DTypeLimit(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
 // The first NaN or Inf (NonFinite):
 //   error: the first NaN reached a gradient: aten::log made it from finite inputs, step 2
 //     --> train.py:12 in forward
@@ -274,13 +281,14 @@ std::string Magnitude(double value) {
 //   help: keep the argument in the function's domain: ...
 void TextReport::EmitNonFinite(const NonFinite& n) {
   const std::string what = n.nan ? "NaN" : "Inf";
+  const std::string a_what = n.nan ? "a NaN" : "an Inf";
   const std::string maker = n.backward && n.forward
                                 ? n.op.name + " (the backward of " + OpName(*n.forward) + ")"
                                 : OpName(n.op);
   std::string step = n.step == UINT64_MAX ? "" : ", step " + std::to_string(n.step);
   out_ << p_.Error("error") << ": "
        << p_.Bold(n.cause == NonFiniteCause::kData
-                      ? "a " + what + " came in with the data and reached " + n.reached
+                      ? a_what + " came in with the data and reached " + n.reached
                       : "the first " + what + " reached " + n.reached + ": " + maker +
                             (n.cause == NonFiniteCause::kMaskedRow
                                  ? " made it from a row of -inf"
@@ -293,14 +301,14 @@ void TextReport::EmitNonFinite(const NonFinite& n) {
     std::string label;
     switch (n.cause) {
       case NonFiniteCause::kData:
-        label = OpName(at) + " read a tensor that already held a " + what;
+        label = OpName(at) + " read a tensor that already held " + a_what;
         break;
       case NonFiniteCause::kWhereTrap:
-        label = "in backward, " + n.op.name + " made a " + what +
+        label = "in backward, " + n.op.name + " made " + a_what +
                 " for the branch torch.where did not take";
         break;
       default:
-        label = (n.backward ? "in backward, " + n.op.name : OpName(at)) + " made a " + what +
+        label = (n.backward ? "in backward, " + n.op.name : OpName(at)) + " made " + a_what +
                 (n.dtype.empty() ? "" : " (" + n.dtype + ")");
     }
     if (!EmitSourceQuote(at, label)) Fact() << label << "\n";
@@ -312,7 +320,7 @@ void TextReport::EmitNonFinite(const NonFinite& n) {
     Arrow() << "<the op that read it was not recorded>\n";
   }
   if (n.cause == NonFiniteCause::kOverflow && n.dtype_max > 0) {
-    Fact() << n.dtype << " overflows past " << Magnitude(n.dtype_max)
+    Fact() << n.dtype << " overflows past " << DTypeLimit(n.dtype_max)
            << "; the inputs' largest magnitude was " << Magnitude(n.input_max_abs) << "\n";
   } else if (n.cause == NonFiniteCause::kMaskedRow) {
     Fact() << "a row of its input had no finite score (every position masked to -inf)\n";
@@ -401,7 +409,7 @@ void TextReport::EmitSummary(const Report& report) {
                     (n == 1 ? "" : "s"))
          << "; no saved tensor was modified (" << counts << ")\n";
   } else if (report.violations.empty() && report.non_finite) {
-    out_ << p_.Bold(std::string("a ") + (report.non_finite->nan ? "NaN" : "Inf") + " reached " +
+    out_ << p_.Bold(std::string(report.non_finite->nan ? "a NaN" : "an Inf") + " reached " +
                     report.non_finite->reached)
          << "; no saved tensor was modified (" << counts << ")\n";
   } else if (report.program_error) {

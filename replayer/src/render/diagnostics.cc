@@ -155,7 +155,7 @@ Diagnostic OfNonFinite(const NonFinite& n) {
   if (op.id != 0) d.at = PlaceOf(std::optional<OpRef>(op));
   const std::string what = n.nan ? "NaN" : "Inf";
   d.message = n.cause == NonFiniteCause::kData
-                  ? "a " + what + " came in with the data and reached " + n.reached
+                  ? std::string(n.nan ? "a " : "an ") + what + " came in with the data and reached " + n.reached
                   : "the first " + what + " that reached " + n.reached + " was made here by " +
                         (n.backward ? Printable(n.op.name) + ", the backward of " : "") +
                         OpName(op) + " (" + NonFiniteCauseName(n.cause) + ")";
