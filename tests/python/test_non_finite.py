@@ -242,3 +242,17 @@ def test_no_check_finite_records_no_ranges(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = torchrr.replay(trace)
     assert report.non_finite is None and not report.raw["ranges_recorded"]
+
+
+@needs_build
+def test_fix_has_no_patch_for_it_and_says_so(runs):
+    """No rewrite of the program is certain for a NaN's origin: fix names it, with its help, and
+    exits as for a violation it cannot patch, never as a clean trace."""
+    script, trace, _ = runs["where_trap"]
+    proc = subprocess.run([cli(), "fix", trace], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    assert f"first made by SqrtBackward0 (the backward of aten::sqrt) at {script}:" in proc.stdout
+    assert "no certain patch" in proc.stdout
+    _, clean, _ = runs["plain"]
+    proc = subprocess.run([cli(), "fix", clean], capture_output=True, text=True)
+    assert proc.returncode == 0 and "nothing to fix" in proc.stdout

@@ -478,6 +478,22 @@ def options(argv: list) -> argparse.Namespace:
     return argparse.Namespace(trace=argv[0], **json.loads(os.environ["TORCHRR_FIX_OPTIONS"]))
 
 
+def unpatched_verdicts(document: dict) -> list:
+    """What the replay found that fix has no rewrite for: the first NaN or Inf, one line with its
+    place and help; [] when there is none."""
+    n = document.get("non_finite")
+    if not n:
+        return []
+    op = n.get("op") or {}
+    forward = n.get("forward") if n.get("backward") else None
+    name = op.get("op", "?") + (f" (the backward of {forward.get('op')})" if forward else "")
+    frame = (forward or op).get("user_frame") or {}
+    where = f" at {frame.get('file')}:{frame.get('line')}" if frame.get("file") else ""
+    what = "a NaN" if n.get("nan") else "an Inf"
+    return [f"torchrr: {what} reached {n.get('reached')}, first made by {name}{where} "
+            f"({n.get('cause')}): no certain patch; {n.get('help')}"]
+
+
 def main(argv: Optional[list] = None) -> int:
     codes = exit_codes()
     args = options(sys.argv[1:] if argv is None else argv)
@@ -492,11 +508,15 @@ def main(argv: Optional[list] = None) -> int:
     fixes = plan(space, document)
     texts = patched_texts(space, fixes)
     diff = unified_diff(space, texts)
-    all_certain = all(f["rewrite"].certain for f in fixes)
+    # A verdict fix has no rewrite for is no clean bill: it is said, and the exit is no_fix.
+    unpatched = [] if fixes else unpatched_verdicts(document)
+    all_certain = all(f["rewrite"].certain for f in fixes) and not unpatched
     if not args.json:
         for note in space.notes:
             print(f"note: {note}")
-        if not fixes:
+        for line in unpatched:
+            print(line)
+        if not fixes and not unpatched:
             print(f"torchrr: no violation in {args.trace}: nothing to fix")
         for line in describe(fixes):
             print(line)
@@ -508,8 +528,10 @@ def main(argv: Optional[list] = None) -> int:
         sys.stdout.flush()
         code = check(args, document, space, texts, codes, all_certain,
                      checked.append if args.json else print)
+        if unpatched and code == codes["ok"]:
+            code = codes["no_fix"]
     if args.json:
-        document = as_json(fixes, space.notes, diff)
+        document = as_json(fixes, space.notes + unpatched, diff)
         if args.check or args.apply:
             document["check"] = {"exit_code": code, "lines": checked}
         print(json.dumps(document, indent=2))
