@@ -132,7 +132,8 @@ void NonFiniteWatch::OnOp(const format::OpRecord& r, uint64_t step, uint64_t mar
     if (ranged_inputs && r.input_ranges[i].checked()) {
       const ValueRange& range = r.input_ranges[i];
       if (!range.finite() || values_.size() < kMaxFiniteValues) {
-        values_[key] = Value{range.flags, range.max_abs, 0, true, r.op};
+        values_[key] = Value{range.flags, range.max_abs, 0, true, r.op,
+                             r.inputs[i].version_after != r.inputs[i].version_before};
       }
     }
   }
@@ -157,6 +158,12 @@ void NonFiniteWatch::OnOp(const format::OpRecord& r, uint64_t step, uint64_t mar
     return;
   }
   if (r.output_ranges.size() != r.outputs.size()) return;
+  // An allocation's outputs hold whatever the memory held until they are written, and a
+  // collective's get their bytes at its work's wait() (recorders leave both unchecked).
+  if (Bare(name).starts_with("empty") || NameIs(Bare(name), {"new_empty", "new_empty_strided"}) ||
+      name.starts_with("c10d::") || name.starts_with("_c10d_functional::")) {
+    return;
+  }
   uint8_t out_flags = 0;
   for (const ValueRange& range : r.output_ranges) out_flags |= range.flags;
   const auto index = static_cast<uint32_t>(ops_.size());
@@ -203,6 +210,20 @@ void NonFiniteWatch::OnNodeExec(const format::NodeExecRecord& r) {
   if (it != exec_index_.end()) execs_[it->second].node = r.node;
 }
 
+// An op that is, or runs inside, a collective: its outputs get their bytes at the work's wait(),
+// after the op ended and was scanned.
+bool NonFiniteWatch::InsideCollective(const Op& op) const {
+  format::ObjectId id = op.op;
+  for (int depth = 0; id != 0 && depth < 64; ++depth) {
+    const OpInfo* info = state_.FindOp(id);
+    if (info == nullptr) return false;
+    const std::string& name = state_.Str(info->name);
+    if (name.starts_with("c10d::") || name.starts_with("_c10d_functional::")) return true;
+    id = info->parent;
+  }
+  return false;
+}
+
 uint8_t NonFiniteWatch::FlagsOf(uint64_t key) const {
   auto it = values_.find(key);
   return it == values_.end() ? 0 : it->second.flags;
@@ -210,6 +231,23 @@ uint8_t NonFiniteWatch::FlagsOf(uint64_t key) const {
 
 NonFiniteWatch::Root NonFiniteWatch::DataRoot(uint64_t key, bool on_purpose) const {
   Root root;
+  auto it = values_.find(key);
+  if (it != values_.end() && it->second.overwritten) {
+    return root;  // None: no data came in, the op wrote over whatever the memory held.
+  }
+  // First read through a view: a buffer made where no op was recorded (DDP's buckets, in its
+  // C++ reducer) may be memory not yet written; data is what an op computes with.
+  if (it != values_.end()) {
+    if (const OpInfo* reader = state_.FindOp(it->second.reader)) {
+      if (NameIs(Bare(state_.Str(reader->name)),
+                 {"as_strided", "view", "_reshape_alias", "reshape", "slice", "select", "narrow",
+                  "expand", "t", "transpose", "permute", "unsqueeze", "squeeze", "detach",
+                  "alias", "split", "split_with_sizes", "chunk", "unbind", "unflatten",
+                  "flatten", "view_as"})) {
+        return root;
+      }
+    }
+  }
   root.kind = Root::kData;
   root.data = key;
   root.on_purpose = on_purpose;
@@ -236,15 +274,23 @@ NonFiniteWatch::Root NonFiniteWatch::Earlier(const Root& a, const Root& b) {
 NonFiniteWatch::Root NonFiniteWatch::Follow(const Op& op, uint32_t index, bool nan,
                                             const std::vector<Root>& nan_roots,
                                             const std::vector<Root>& inf_roots) const {
+  if (InsideCollective(op)) return Root{};
   Root carried, inf_source;
+  bool over_garbage = false;
+  bool unknown_source = false;  // An input held it, from nowhere this watch can name.
   for (uint64_t key : op.inputs) {
     auto it = values_.find(key);
     if (it == values_.end()) continue;
     const Value& v = it->second;
+    // An op that returns its input as it was (lift_fresh): the value is its own output now.
+    if (v.producer == index + 1) continue;
+    over_garbage = over_garbage || (v.overwritten && (v.flags & ValueRange::kNonFinite) != 0);
     if (nan ? HasNan(v.flags) : HasInf(v.flags)) {
       // An Inf that came in is a mask the program made.
-      carried = Earlier(carried, v.producer != 0 ? (nan ? nan_roots : inf_roots)[v.producer - 1]
-                                                 : DataRoot(key, !nan));
+      const Root from = v.producer != 0 ? (nan ? nan_roots : inf_roots)[v.producer - 1]
+                                        : DataRoot(key, !nan);
+      carried = Earlier(carried, from);
+      unknown_source = unknown_source || !from.valid();
     }
     if (nan && HasInf(v.flags)) {
       inf_source = Earlier(inf_source,
@@ -252,6 +298,10 @@ NonFiniteWatch::Root NonFiniteWatch::Follow(const Op& op, uint32_t index, bool n
     }
   }
   if (carried.valid()) return carried;
+  // It wrote into memory that held a NaN or Inf no op made (a buffer never written, filled part
+  // by part, some of it by writes no op records, as FSDP2's all-gather does): what it left there
+  // is not known to be its own.
+  if (over_garbage || unknown_source) return Root{};
   // A NaN made of infinities: where the Inf was made, unless it was written on purpose.
   if (nan && inf_source.valid() && !inf_source.on_purpose) {
     inf_source.became_nan = index;

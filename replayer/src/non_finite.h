@@ -57,6 +57,9 @@ class NonFiniteWatch {
     uint32_t producer = 0;
     bool consumed = false;
     format::ObjectId reader = 0;
+    // Its first reader also wrote it (an out= or in-place destination, a collective's buffer):
+    // what it held before may be memory never written, not data.
+    bool overwritten = false;
   };
   // A forward or optimizer op with a non-finite output.
   struct Op {
@@ -101,6 +104,7 @@ class NonFiniteWatch {
     return (tensor << 20) ^ (tensor >> 44) ^ version ^ 0x8000000000000000ull;
   }
   uint8_t FlagsOf(uint64_t key) const;
+  bool InsideCollective(const Op& op) const;
   Root DataRoot(uint64_t key, bool on_purpose) const;
   static Root Earlier(const Root& a, const Root& b);
   Root Follow(const Op& op, uint32_t index, bool nan, const std::vector<Root>& nan_roots,

@@ -40,6 +40,13 @@ void ForEachInputTensor(c10::ArrayRef<const c10::IValue> inputs, Fn&& fn) {
 
 }  // namespace
 
+bool IsAllocation(std::string_view op_name) {
+  return op_name.starts_with("aten::empty") || op_name == "aten::new_empty" ||
+         op_name == "aten::new_empty_strided" ||
+         // Collectives run asynchronously: their outputs' bytes arrive at the work's wait().
+         op_name.starts_with("c10d::") || op_name.starts_with("_c10d_functional::");
+}
+
 format::ValueRange ScanTensorRange(const at::Tensor& tensor) {
   format::ValueRange range;
   try {
@@ -136,8 +143,9 @@ std::optional<format::ValueRange> FiniteRanges::ViewRange(const at::Tensor& outp
     const InputSpan& in = spans[i];
     const format::TensorUse& use = op.inputs[i];
     // A view into an input the op did not write, its elements within the input's span.
-    if (in.storage != storage || in.dtype != out.dtype() || use.version_after != use.version_before ||
-        first < in.first || last >= in.first + in.numel) {
+    if (in.storage != storage || in.dtype != out.dtype() ||
+        use.version_after != use.version_before || first < in.first ||
+        last >= in.first + in.numel) {
       continue;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -147,10 +155,10 @@ std::optional<format::ValueRange> FiniteRanges::ViewRange(const at::Tensor& outp
   return std::nullopt;
 }
 
-void FiniteRanges::ScanOutputs(const std::vector<OpOutput>& outputs,
+void FiniteRanges::ScanOutputs(std::string_view op_name, const std::vector<OpOutput>& outputs,
                                const std::vector<InputSpan>& spans, format::OpRecord& op) {
   op.output_ranges.clear();
-  if (!enabled_) return;
+  if (!enabled_ || IsAllocation(op_name)) return;
   bool any = false;
   for (const OpOutput& output : outputs) {
     std::optional<format::ValueRange> view;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
 
 #include <ATen/core/Tensor.h>
@@ -35,6 +36,10 @@ namespace torchrr::recorder {
 // floating point, not on the CPU, without sizes or storage, or whose elements lie outside its
 // storage. Reads the elements the view covers, on the calling thread. Never throws.
 format::ValueRange ScanTensorRange(const at::Tensor& tensor);
+
+// aten::empty and its kin, and collectives: ops whose outputs are memory not yet written when
+// the op ends.
+bool IsAllocation(std::string_view op_name);
 
 // Thread-safe: the known set has a lock of its own; scans run on the calling thread, outside it.
 class FiniteRanges {
@@ -53,8 +58,12 @@ class FiniteRanges {
   // RecordOutputs turns into op.outputs, in the same order). An output that is a view into a
   // contiguous input the op did not write, whose range is known and finite, takes that range
   // unscanned: its elements are among the input's (its max_abs is then a bound).
-  void ScanOutputs(const std::vector<OpOutput>& outputs, const std::vector<InputSpan>& spans,
-                   format::OpRecord& op);
+  // `op_name`: an allocation's (aten::empty*) outputs hold whatever the memory held, NaN bit
+  // patterns included, until they are written, and a collective's get their bytes at its
+  // work's wait(): they are left unchecked (IsAllocation), and a reader of them scans what it
+  // reads.
+  void ScanOutputs(std::string_view op_name, const std::vector<OpOutput>& outputs,
+                   const std::vector<InputSpan>& spans, format::OpRecord& op);
   // Once op.outputs holds the outputs' ids and versions: their ranges are described.
   void NoteOutputs(const format::OpRecord& op);
   // A step starts: nothing is described yet. Called for a step the program marks, and by

@@ -330,7 +330,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   }
   CollectOutputs(fn.outputs(), ts.outputs);
   // Before mu_: reading bytes blocks no other thread.
-  finite_ranges_.ScanOutputs(ts.outputs, frame.input_spans, op);
+  finite_ranges_.ScanOutputs(fn.name(), ts.outputs, frame.input_spans, op);
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
   for (const OpOutput& output : ts.outputs) {
     ReadWrapperInner(*output.tensor, ts.wrapper_inners);  // Likewise.
