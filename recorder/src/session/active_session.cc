@@ -49,8 +49,10 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
   if (session == nullptr || !session->recording()) return Unrecorded(fn);
   ThreadState* ts = ThisThread();
   if (ts == nullptr || ts->busy) return Unrecorded(fn);
-  if (!session->records_all_ops() && FoldedIntoTheOpAround(fn, *ts)) return Unrecorded(fn);
-  return session->OnStart(fn, *ts);
+  // A folded op is recorded only with all_ops; its bytes are then a kernel's, mid-write.
+  const bool folded = FoldedIntoTheOpAround(fn, *ts);
+  if (folded && !session->records_all_ops()) return Unrecorded(fn);
+  return session->OnStart(fn, *ts, folded);
 }
 
 // fork() copies the recording into the child: its tables, its locks as they were at that

@@ -191,13 +191,14 @@ void Session::StartLocked(const at::RecordFunction& fn, ThreadState& ts, OpFrame
 }
 
 std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& fn,
-                                                      ThreadState& ts) {
+                                                      ThreadState& ts, bool folded) {
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   BusyGuard busy(ts);
   std::unique_ptr<OpFrame> frame;
   try {
     frame = TakeFrame(ts);
     frame->session = serial_;
+    frame->folded = folded;
     const bool wants_stack = BeginOp(fn, ts, *frame);
     if (frame->deferred) {
       in_flight_.fetch_sub(1, std::memory_order_acq_rel);
@@ -214,7 +215,7 @@ std::unique_ptr<at::ObserverContext> Session::OnStart(const at::RecordFunction& 
     ts.unchecked_saves.clear();  // Outside mu_: the tensors may be Python's last references.
     ts.wrapper_inners.clear();
     // Outside mu_: reading bytes blocks no other thread.
-    if (finite_ranges_.enabled()) {
+    if (finite_ranges_.enabled() && !frame->folded) {
       finite_ranges_.NoteOpStart(frame->op);
       finite_ranges_.ScanInputs(InputsOf(fn), frame->op, frame->input_spans);
     }
@@ -330,7 +331,7 @@ void Session::RecordEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadStat
   }
   CollectOutputs(fn.outputs(), ts.outputs);
   // Before mu_: reading bytes blocks no other thread.
-  finite_ranges_.ScanOutputs(fn.name(), ts.outputs, frame.input_spans, op);
+  if (!frame.folded) finite_ranges_.ScanOutputs(fn.name(), ts.outputs, frame.input_spans, op);
   ReadSavedHooks(ts.outputs, ts.saved_hooks);  // Takes the GIL: before mu_.
   for (const OpOutput& output : ts.outputs) {
     ReadWrapperInner(*output.tensor, ts.wrapper_inners);  // Likewise.

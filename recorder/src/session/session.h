@@ -91,7 +91,9 @@ class Session {
   uint64_t serial() const { return serial_; }
 
   // Callback bodies (public for the static trampolines).
-  std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn, ThreadState& ts);
+  // `folded`: an op recorded only because of all_ops (FoldedIntoTheOpAround).
+  std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn, ThreadState& ts,
+                                               bool folded);
   void OnEnd(const at::RecordFunction& fn, OpFrame& frame, ThreadState& ts);
 
  private:

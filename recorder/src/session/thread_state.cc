@@ -36,6 +36,7 @@ void OpFrame::Reset() {
   transparent = false;
   deferred = false;
   deferred_name = nullptr;
+  folded = false;
 }
 
 [[gnu::noinline]] ThreadState* NewThreadState() {

@@ -81,6 +81,9 @@ struct OpFrame {
   // until then. `name` is the RecordFunction's, valid until the wrapper ends.
   bool deferred = false;
   const char* deferred_name = nullptr;
+  // Recorded only because of all_ops: an op a kernel runs below autograd, which writes memory
+  // no version counter follows until the kernel ends (its value ranges are left out).
+  bool folded = false;
 
   // Back to a fresh frame's state, keeping the capacity of what it holds.
   void Reset();
