@@ -119,8 +119,8 @@ void NonFiniteWatch::OnOp(const format::OpRecord& r, uint64_t step, uint64_t mar
   }
   const bool ranged_inputs = r.input_ranges.size() == r.inputs.size();
   if (!r.input_ranges.empty() || !r.output_ranges.empty()) state_.ranges_recorded = true;
-  std::vector<uint64_t> inputs;
-  inputs.reserve(r.inputs.size());
+  std::vector<uint64_t>& inputs = input_keys_;
+  inputs.clear();
   for (size_t i = 0; i < r.inputs.size(); ++i) {
     const uint64_t key = Key(r.inputs[i].tensor, r.inputs[i].version_before);
     inputs.push_back(key);
@@ -146,7 +146,7 @@ void NonFiniteWatch::OnOp(const format::OpRecord& r, uint64_t step, uint64_t mar
   }
   if (r.scope == format::OpScope::kBackwardFunction) {
     exec_index_[r.op] = static_cast<uint32_t>(execs_.size());
-    Exec exec{r.op, 0, r.name, order_, step, marked_step, -1, std::move(inputs)};
+    Exec exec{r.op, 0, r.name, order_, step, marked_step, -1, inputs};
     // The gradients' dtype, which the node's own output shares.
     for (const format::TensorUse& in : r.inputs) {
       if (const TensorState* t = state_.FindTensor(in.tensor)) {
@@ -160,10 +160,7 @@ void NonFiniteWatch::OnOp(const format::OpRecord& r, uint64_t step, uint64_t mar
   if (r.output_ranges.size() != r.outputs.size()) return;
   // An allocation's outputs hold whatever the memory held until they are written, and a
   // collective's get their bytes at its work's wait() (recorders leave both unchecked).
-  if (Bare(name).starts_with("empty") || NameIs(Bare(name), {"new_empty", "new_empty_strided"}) ||
-      name.starts_with("c10d::") || name.starts_with("_c10d_functional::")) {
-    return;
-  }
+  if (format::HasUnwrittenOutputs(name)) return;
   uint8_t out_flags = 0;
   for (const ValueRange& range : r.output_ranges) out_flags |= range.flags;
   const auto index = static_cast<uint32_t>(ops_.size());
@@ -182,7 +179,7 @@ void NonFiniteWatch::OnOp(const format::OpRecord& r, uint64_t step, uint64_t mar
   op.step = step;
   op.marked_step = marked_step;
   op.out_flags = out_flags;
-  op.inputs = std::move(inputs);
+  op.inputs = inputs;
   for (size_t i = 0; i < r.outputs.size(); ++i) {
     const ValueRange& range = r.output_ranges[i];
     if (!range.checked() || range.finite()) continue;
@@ -217,8 +214,7 @@ bool NonFiniteWatch::InsideCollective(const Op& op) const {
   for (int depth = 0; id != 0 && depth < 64; ++depth) {
     const OpInfo* info = state_.FindOp(id);
     if (info == nullptr) return false;
-    const std::string& name = state_.Str(info->name);
-    if (name.starts_with("c10d::") || name.starts_with("_c10d_functional::")) return true;
+    if (format::IsCollectiveOp(state_.Str(info->name))) return true;
     id = info->parent;
   }
   return false;

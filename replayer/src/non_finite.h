@@ -126,6 +126,7 @@ class NonFiniteWatch {
   std::unordered_set<uint64_t> where_steps_;
   std::unordered_set<uint64_t> where_marked_steps_;
   uint64_t order_ = 0;
+  std::vector<uint64_t> input_keys_;  // OnOp's scratch: the op's input keys, in order.
 };
 
 }  // namespace torchrr::replayer

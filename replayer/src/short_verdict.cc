@@ -36,6 +36,15 @@ std::string RunInside(const OpRef& op) {
   return library.empty() ? "" : "           run inside " + library + "\n";
 }
 
+// "the whole report: torchrr replay run.trr; as a page: torchrr report run.trr -o run.html".
+std::string WholeReportLine(const std::string& trace) {
+  std::string page = trace;
+  if (page.ends_with(".trr")) page.resize(page.size() - 4);
+  const std::string shown = Printable(trace);
+  return "the whole report: torchrr replay " + shown + "; as a page: torchrr report " + shown +
+         " -o " + Printable(page) + ".html\n";
+}
+
 // The gradient cuts, when the trace has no violation: where the gradient stopped, its code, the
 // parameters it kept from backward, and the help.
 std::string GradientCutVerdict(const Report& report, const std::string& trace) {
@@ -62,10 +71,7 @@ std::string GradientCutVerdict(const Report& report, const std::string& trace) {
     if (cut.loss) out << "  loss:    " << Location(*cut.loss) << "\n";
     out << "  help: " << Printable(cut.help) << "\n";
   }
-  std::string page = trace;
-  if (page.ends_with(".trr")) page.resize(page.size() - 4);
-  out << "the whole report: torchrr replay " << shown << "; as a page: torchrr report " << shown
-      << " -o " << Printable(page) << ".html\n";
+  out << WholeReportLine(trace);
   return out.str();
 }
 
@@ -77,7 +83,8 @@ std::string NonFiniteVerdict(const Report& report, const std::string& trace) {
   SourceCache sources(&report.sources);
   std::ostringstream out;
   const std::string what = n.nan ? "NaN" : "Inf";
-  out << "torchrr: " << (n.nan ? "a " : "an ") << what << " reached " << n.reached << " in " << shown;
+  out << "torchrr: " << (n.nan ? "a " : "an ") << what << " reached " << n.reached << " in "
+      << shown;
   if (n.step != UINT64_MAX) out << " (step " << n.step << ")";
   out << "\n";
   const OpRef& at = n.backward && n.forward ? *n.forward : n.op;
@@ -92,10 +99,7 @@ std::string NonFiniteVerdict(const Report& report, const std::string& trace) {
   if (n.became_nan) out << "  nan at:  " << Location(*n.became_nan) << "\n";
   if (n.later_ops != 0) out << "  then:    " << n.later_ops << " later ops carried it on\n";
   out << "  help: " << Printable(n.help) << "\n";
-  std::string page = trace;
-  if (page.ends_with(".trr")) page.resize(page.size() - 4);
-  out << "the whole report: torchrr replay " << shown << "; as a page: torchrr report " << shown
-      << " -o " << Printable(page) << ".html\n";
+  out << WholeReportLine(trace);
   return out.str();
 }
 
@@ -143,10 +147,7 @@ std::string FormatShortVerdict(const Report& report, const std::string& trace) {
     out << "  and " << more << " more place" << (more == 1 ? "" : "s") << "\n";
   }
   out << FixVerbLine(report, trace);
-  std::string page = trace;
-  if (page.ends_with(".trr")) page.resize(page.size() - 4);
-  out << "the whole report: torchrr replay " << shown << "; as a page: torchrr report " << shown
-      << " -o " << Printable(page) << ".html\n";
+  out << WholeReportLine(trace);
   return out.str();
 }
 

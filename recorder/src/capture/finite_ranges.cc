@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <optional>
 
+#include "capture/op_arguments.h"
 #include "torchrr/kernels/finite.h"
 
 namespace torchrr::recorder {
@@ -18,34 +19,7 @@ std::optional<kernels::FloatKind> KindOf(c10::ScalarType type) {
   }
 }
 
-// Calls fn(tensor) for each defined tensor of `inputs`, in RecordInputs' order (op.inputs').
-template <class Fn>
-void ForEachInputTensor(c10::ArrayRef<const c10::IValue> inputs, Fn&& fn) {
-  for (const c10::IValue& v : inputs) {
-    if (v.isTensor()) {
-      if (v.toTensor().defined()) fn(v.toTensor());
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      for (size_t j = 0; j < list.size(); ++j) {
-        at::Tensor t = list.get(j);
-        if (t.defined()) fn(t);
-      }
-    } else if (v.isList()) {
-      for (const c10::IValue& element : v.toListRef()) {
-        if (element.isTensor() && element.toTensor().defined()) fn(element.toTensor());
-      }
-    }
-  }
-}
-
 }  // namespace
-
-bool IsAllocation(std::string_view op_name) {
-  return op_name.starts_with("aten::empty") || op_name == "aten::new_empty" ||
-         op_name == "aten::new_empty_strided" ||
-         // Collectives run asynchronously: their outputs' bytes arrive at the work's wait().
-         op_name.starts_with("c10d::") || op_name.starts_with("_c10d_functional::");
-}
 
 format::ValueRange ScanTensorRange(const at::Tensor& tensor) {
   format::ValueRange range;
@@ -95,7 +69,8 @@ void FiniteRanges::ScanInputs(c10::ArrayRef<const c10::IValue> inputs, format::O
   size_t i = 0;
   bool any = false;
   ForEachInputTensor(inputs, [&](const at::Tensor& t) {
-    if (i >= op.inputs.size()) return;
+    // op.inputs has the defined ones (RecordInputs).
+    if (!t.defined() || i >= op.inputs.size()) return;
     const format::TensorUse& use = op.inputs[i++];
     if (!KindOf(t.scalar_type())) return;
     const c10::TensorImpl& impl = *t.unsafeGetTensorImpl();
@@ -158,7 +133,7 @@ std::optional<format::ValueRange> FiniteRanges::ViewRange(const at::Tensor& outp
 void FiniteRanges::ScanOutputs(std::string_view op_name, const std::vector<OpOutput>& outputs,
                                const std::vector<InputSpan>& spans, format::OpRecord& op) {
   op.output_ranges.clear();
-  if (!enabled_ || IsAllocation(op_name)) return;
+  if (!enabled_ || format::HasUnwrittenOutputs(op_name)) return;
   bool any = false;
   for (const OpOutput& output : outputs) {
     std::optional<format::ValueRange> view;

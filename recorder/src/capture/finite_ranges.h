@@ -37,10 +37,6 @@ namespace torchrr::recorder {
 // storage. Reads the elements the view covers, on the calling thread. Never throws.
 format::ValueRange ScanTensorRange(const at::Tensor& tensor);
 
-// aten::empty and its kin, and collectives: ops whose outputs are memory not yet written when
-// the op ends.
-bool IsAllocation(std::string_view op_name);
-
 // Thread-safe: the known set has a lock of its own; scans run on the calling thread, outside it.
 class FiniteRanges {
  public:
@@ -60,7 +56,7 @@ class FiniteRanges {
   // unscanned: its elements are among the input's (its max_abs is then a bound).
   // `op_name`: an allocation's (aten::empty*) outputs hold whatever the memory held, NaN bit
   // patterns included, until they are written, and a collective's get their bytes at its
-  // work's wait(): they are left unchecked (IsAllocation), and a reader of them scans what it
+  // work's wait(): they are left unchecked (format::HasUnwrittenOutputs), and a reader of them scans what it
   // reads.
   void ScanOutputs(std::string_view op_name, const std::vector<OpOutput>& outputs,
                    const std::vector<InputSpan>& spans, format::OpRecord& op);

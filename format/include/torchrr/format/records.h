@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -145,6 +146,18 @@ struct ValueRange {
   bool finite() const { return (flags & kNonFinite) == 0; }
   bool operator==(const ValueRange&) const = default;
 };
+
+// A collective (c10d's, or a functional one): its outputs' bytes arrive at the work's wait(),
+// after the op ended.
+inline bool IsCollectiveOp(std::string_view name) {
+  return name.starts_with("c10d::") || name.starts_with("_c10d_functional::");
+}
+// Ops whose outputs are memory not yet written when they end, and so have no ValueRanges:
+// allocations (aten::empty*, aten::new_empty*) and collectives (SPEC.md, "Value ranges").
+inline bool HasUnwrittenOutputs(std::string_view name) {
+  return name.starts_with("aten::empty") || name.starts_with("aten::new_empty") ||
+         IsCollectiveOp(name);
+}
 
 enum class ValueKind : uint8_t {
   kNone = 0, kBool = 1, kInt = 2, kDouble = 3, kString = 4, kIntList = 5, kDoubleList = 6,
